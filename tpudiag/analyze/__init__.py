@@ -1,0 +1,1 @@
+"""Analyze: pure functions over parsed artifacts (no I/O, no click, no rich)."""

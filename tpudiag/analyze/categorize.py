@@ -1,0 +1,106 @@
+"""Classifies an HLO instruction: a readable category and the breakdown class its time counts in.
+
+Reads `parse.hlo` model objects; returns small `OpInfo` records. No I/O.
+
+Breakdown classes (`bound`): "compute" (matmul, convolution, fusions and custom calls that
+contain them), "memory" (everything else that runs on the device: elementwise, reductions, data
+movement), "communication" (collectives), "host" (host transfers: infeed/outfeed, send/recv to
+host), "control" (while/conditional/call: only their own time outside their body ops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpudiag.parse.hlo import HloModule, Instruction
+
+_COLLECTIVE = frozenset({
+    "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute",
+    "collective-broadcast", "all-reduce-start", "all-reduce-done", "all-gather-start", "all-gather-done",
+    "collective-permute-start", "collective-permute-done", "reduce-scatter-start", "reduce-scatter-done",
+})
+_HOST = frozenset({"infeed", "outfeed", "send", "send-done", "recv", "recv-done"})
+_DATA = frozenset({
+    "copy", "copy-start", "copy-done", "transpose", "gather", "scatter", "dynamic-slice",
+    "dynamic-update-slice", "slice", "concatenate", "pad", "reshape", "broadcast", "bitcast", "reverse",
+    "tuple", "get-tuple-element", "bitcast-convert", "iota", "constant", "parameter",
+})
+_REDUCE = frozenset({"reduce", "reduce-window", "select-and-scatter", "sort", "reduce-precision"})
+_CONTROL = frozenset({"while", "conditional", "call", "async-start", "async-done", "async-update"})
+_MATMUL = frozenset({"dot", "convolution", "ragged-dot"})
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    opcode: str
+    category: str  # matmul | convolution | fusion:<kind> | reduction | elementwise | data_movement | ...
+    bound: str  # compute | memory | communication | host | control
+    shape: str
+    source: str | None  # "file.py:12" of the innermost Python frame, if the HLO metadata has it
+    fused_opcodes: tuple[str, ...] = ()
+
+
+def _contains_matmul(module: HloModule, comp_names: list[str], depth: int = 0) -> bool:
+    for name in comp_names:
+        comp = module.computations.get(name)
+        if comp is None or depth > 8:
+            continue
+        for i in comp.instructions:
+            if i.opcode in _MATMUL or (i.opcode == "custom-call" and _is_matmul_call(i)):
+                return True
+            if i.opcode == "fusion" and _contains_matmul(module, i.called, depth + 1):
+                return True
+    return False
+
+
+def _is_matmul_call(instr: Instruction) -> bool:
+    target = (instr.custom_call_target or "").lower()
+    return any(k in target for k in ("matmul", "gemm", "dot", "conv", "tpu_custom_call", "mosaic"))
+
+
+def classify(module: HloModule, instr: Instruction) -> OpInfo:
+    op = instr.opcode
+    fused: tuple[str, ...] = ()
+    if op == "dot" or op == "ragged-dot":
+        cat, bound = "matmul", "compute"
+    elif op == "convolution":
+        cat, bound = "convolution", "compute"
+    elif op == "fusion":
+        kind = (instr.fusion_kind or "kLoop")[1:].lower()
+        cat = f"fusion:{kind}"
+        fused = tuple(sorted({i.opcode for c in instr.called if c in module.computations
+                              for i in module.computations[c].instructions
+                              if i.opcode not in ("parameter", "constant")}))
+        bound = "compute" if _contains_matmul(module, instr.called) else "memory"
+        if any(o in _COLLECTIVE for o in fused):
+            bound = "communication"
+    elif op in _COLLECTIVE:
+        cat, bound = "collective", "communication"
+    elif op in _HOST:
+        cat, bound = "host_transfer", "host"
+    elif op == "custom-call":
+        cat = "custom_call"
+        bound = "compute" if _is_matmul_call(instr) else "memory"
+    elif op in _CONTROL:
+        cat, bound = "control_flow", "control"
+    elif op in _REDUCE:
+        cat, bound = "reduction", "memory"
+    elif op in _DATA:
+        cat, bound = "data_movement", "memory"
+    else:
+        cat, bound = "elementwise", "memory"
+    frames = module.source_frames(instr)
+    source = f"{frames[0][0]}:{frames[0][1]}" if frames else None
+    return OpInfo(opcode=op, category=cat, bound=bound, shape=instr.shape, source=source, fused_opcodes=fused)
+
+
+def index_module(module: HloModule) -> dict[str, OpInfo]:
+    """OpInfo for every instruction that can execute as a unit (not those inside fusions)."""
+    fused = module.fused_computations()
+    out: dict[str, OpInfo] = {}
+    for comp in module.computations.values():
+        if comp.name in fused:
+            continue
+        for instr in comp.instructions:
+            out[instr.name] = classify(module, instr)
+    return out

@@ -1,0 +1,123 @@
+"""Assembles the `tpudiag.report/1` document from parsed pieces: timeline, breakdown, top ops, compiles.
+
+Input: the parsed trace, the HLO op index, the compile frame and the run manifest (or None for a
+bare `.xplane.pb`). Output: a frozen `ProfileReport` whose `to_dict()` is the JSON document
+(schema in docs/report-schema.md) and whose `timeline` keeps the per-instance frame for
+renderers and exporters. No I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tpudiag.analyze.breakdown import Breakdown, split_window
+from tpudiag.analyze.compiles import compile_intervals, compile_table
+from tpudiag.analyze.timeline import aggregate_ops, build_timeline, step_table
+from tpudiag.config import AnalysisConfig
+from tpudiag.parse.xplane import Trace
+
+SCHEMA = "tpudiag.report/1"
+_S = 1e-9
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    doc: dict
+    timeline: pd.DataFrame = field(repr=False, compare=False)
+    ops: pd.DataFrame = field(repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        return self.doc
+
+    @property
+    def breakdown(self) -> Breakdown:
+        return Breakdown(**self.doc["breakdown"])
+
+
+def _intervals(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    s = df["start_ns"].to_numpy(dtype=np.int64)
+    return s, s + df["duration_ns"].to_numpy(dtype=np.int64)
+
+
+def _median(values) -> float | None:
+    return float(np.median(values)) if len(values) else None
+
+
+def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, cache_hits: dict,
+                         manifest: dict | None, artifacts: dict[str, str], config: AnalysisConfig,
+                         warnings: list[str] | None = None) -> ProfileReport:
+    warnings = list(warnings or [])
+    timeline = build_timeline(trace.ops, trace.steps, hlo_index)
+    ops = aggregate_ops(timeline)
+
+    classes = {}
+    for bound in ("compute", "memory", "communication", "control", "host"):
+        sel = timeline[timeline["bound"] == bound]
+        if len(sel):
+            classes[bound] = _intervals(sel)
+    host = trace.host[trace.host["duration_ns"] >= config.min_host_event_ns]
+    hs, he = _intervals(host)
+    if "host" in classes:
+        classes["host"] = (np.concatenate([classes["host"][0], hs]), np.concatenate([classes["host"][1], he]))
+    else:
+        classes["host"] = (hs, he)
+    if len(compiles) and trace.start_time_ns:
+        classes["compile"] = compile_intervals(compiles, trace.start_time_ns)
+    bd = split_window(trace.window_ns, classes)
+
+    unknown = ops[ops["category"] == "unknown"]
+    if len(unknown):
+        warnings.append(f"{len(unknown)} of {len(ops)} ops have no matching instruction in the HLO dump "
+                        "(their category and source line are unknown)")
+    steps = step_table(timeline, trace.steps)
+    ctab = compile_table(compiles, cache_hits)
+    m = manifest or {}
+    doc = {
+        "schema": SCHEMA,
+        "status": m.get("status", "ok"),
+        "reason": m.get("reason"),
+        "exit_code": m.get("exit_code"),
+        "program": m.get("program"),
+        "argv": m.get("argv"),
+        "command": m.get("command"),
+        "backend": trace.backend,
+        "host": trace.hostname,
+        "devices": list(trace.devices),
+        "wall_s": trace.window_ns * _S,
+        "process_wall_s": m.get("wall_s"),
+        "traced": {"steps": m.get("steps"), "skip": m.get("skip", 0) if m else None},
+        "breakdown": bd.to_dict(),
+        "totals": {
+            "op_instances": int(len(timeline)),
+            "distinct_ops": int(len(ops)),
+            "op_self_s": float(timeline["self_ns"].sum()) * _S,
+            "modules": int(timeline["module"].nunique()),
+        },
+        "steps": {
+            "count": int(len(steps)),
+            "median_s": (_median(steps["duration_ns"].to_numpy()) or 0) * _S if len(steps) else None,
+            "rows": [{"step_num": int(r.step_num), "duration_s": r.duration_ns * _S, "op_s": r.op_ns * _S}
+                     for r in steps.itertuples()],
+        },
+        "ops": [
+            {"name": r.op, "module": r.module, "program_id": int(r.program_id), "category": r.category,
+             "opcode": r.opcode, "bound": r.bound, "shape": r.shape,
+             "source": r.source if isinstance(r.source, str) else None,
+             "occurrences": int(r.occurrences), "total_s": r.total_ns * _S, "self_s": r.self_ns * _S,
+             "avg_s": r.avg_ns * _S, "share": float(r.share)}
+            for r in ops.itertuples()
+        ],
+        "compile": [
+            {"function": r.fun_name, "compiles": int(r.compiles), "tracing_s": r.tracing_ns * _S,
+             "lowering_s": r.lowering_ns * _S, "backend_compile_s": r.backend_compile_ns * _S,
+             "total_s": r.total_ns * _S, "cache_hits": int(r.cache_hits)}
+            for r in ctab.itertuples()
+        ],
+        "artifacts": artifacts,
+        "versions": m.get("versions", {"jax": trace.jax_version}),
+        "warnings": warnings,
+    }
+    return ProfileReport(doc=doc, timeline=timeline, ops=ops)

@@ -1,0 +1,228 @@
+"""The bootstrap that runs inside the profiled child process.
+
+`python -m tpudiag.capture.child SPEC.json` reads the spec written by `runner.py`, registers
+jax.monitoring listeners, starts the profiler (for the whole run, or only for the selected
+`StepTraceAnnotation` steps), then runs the user's script as `__main__` with its own `sys.argv`
+and `sys.path[0]`. Whatever happens to the program, it stops the profiler so the trace is
+written, records how the program ended in `capture/child.json`, prints the *program's*
+traceback (not ours) and exits with the program's own exit code.
+
+The dump flags (XLA_FLAGS, JAX_DUMP_IR_TO) are already in this process's environment, set by
+the parent, so they are in force when jax first loads here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+class _Recorder:
+    """Appends one JSON line per jax.monitoring event; `end_ns` is wall-clock (epoch) time."""
+
+    def __init__(self, path: Path):
+        self._f = open(path, "a", buffering=1)
+
+    def duration(self, event: str, duration_secs: float, **kwargs) -> None:
+        self._write({"event": event, "duration_s": float(duration_secs), "end_ns": time.time_ns(),
+                     **{k: str(v) for k, v in kwargs.items()}})
+
+    def plain(self, event: str, **kwargs) -> None:
+        self._write({"event": event, "end_ns": time.time_ns(), **{k: str(v) for k, v in kwargs.items()}})
+
+    def _write(self, row: dict) -> None:
+        try:
+            self._f.write(json.dumps(row) + "\n")
+        except ValueError:  # file closed at interpreter exit
+            pass
+
+
+class _Tracer:
+    """Starts and stops jax's profiler once; remembers whether it ran."""
+
+    def __init__(self, log_dir: str, python_trace: bool):
+        from jax._src import profiler
+
+        self.log_dir, self.python_trace = log_dir, python_trace
+        self.started = self.stopped = False
+        self.start_ns = self.stop_ns = None
+        self._start, self._stop = profiler.start_trace, profiler.stop_trace
+        # Only one profiler session may run: while ours runs, the program's own
+        # jax.profiler.trace/start_trace/stop_trace become no-ops instead of raising.
+        profiler.start_trace = self._program_start
+        profiler.stop_trace = self._program_stop
+        import jax.profiler
+
+        jax.profiler.start_trace, jax.profiler.stop_trace = self._program_start, self._program_stop
+
+    def _program_start(self, *args, **kwargs) -> None:
+        if self.started and not self.stopped:
+            sys.stderr.write("tpudiag: the program's own jax.profiler trace is ignored (tpudiag is tracing)\n")
+            return
+        self._start(*args, **kwargs)
+
+    def _program_stop(self) -> None:
+        if self.started and not self.stopped:
+            return
+        self._stop()
+
+    def start_at_backend_init(self) -> None:
+        """Start when the program first initializes a jax backend, not before.
+
+        Programs often set XLA_FLAGS (e.g. --xla_force_host_platform_device_count) at their top,
+        before their first jax computation; starting the profiler initializes the backends, so
+        starting it any earlier would silently drop those flags. No compile or execution can
+        happen before a backend exists, so nothing of interest is missed.
+        """
+        from jax._src import xla_bridge
+
+        original = xla_bridge.backends
+
+        def backends():
+            result = original()
+            if not self.started:
+                xla_bridge.backends = original  # once is enough; also avoids re-entry from start()
+                self.start()
+            return result
+
+        xla_bridge.backends = backends
+
+    def start(self) -> None:
+        if self.started:
+            return
+        import jax
+
+        opts = jax.profiler.ProfileOptions()
+        # The Python tracer records every Python call: 2-5x slower programs. Off unless asked.
+        opts.python_tracer_level = 1 if self.python_trace else 0
+        self._start(self.log_dir, profiler_options=opts)
+        self.started, self.start_ns = True, time.time_ns()
+
+    def stop(self) -> None:
+        if self.started and not self.stopped:
+            self.stopped = True
+            self.stop_ns = time.time_ns()
+            self._stop()
+
+
+def _install_step_window(tracer: _Tracer, skip: int, steps: int) -> dict:
+    """Trace only steps [skip, skip+steps) of the program's StepTraceAnnotation steps.
+
+    Steps are counted in the order they are entered (step_num may be absent or repeat).
+    We replace `jax.profiler.StepTraceAnnotation` before the script imports it.
+    """
+    import jax.profiler as jp
+
+    original = jp.StepTraceAnnotation
+    counter = {"entered": 0}
+
+    class StepTraceAnnotation(original):  # noqa: D401 - same API as jax's
+        def __enter__(self):
+            self._tpudiag_index = counter["entered"]
+            counter["entered"] += 1
+            if self._tpudiag_index == skip:
+                tracer.start()
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            result = super().__exit__(*exc)
+            if self._tpudiag_index == skip + steps - 1:
+                tracer.stop()
+            return result
+
+    StepTraceAnnotation.__doc__ = original.__doc__
+    jp.StepTraceAnnotation = StepTraceAnnotation
+    return counter
+
+
+def _program_traceback(exc: BaseException, script: str) -> str:
+    """The traceback from the first frame in the user's script on: our bootstrap frames are noise."""
+    if isinstance(exc, SyntaxError):
+        return "".join(traceback.format_exception_only(type(exc), exc))
+    tb = exc.__traceback__
+    first = tb
+    while first is not None and os.path.abspath(first.tb_frame.f_code.co_filename) != script:
+        first = first.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, first or tb))
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message") prints the message and exits 1
+    return 1
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    run = Path(spec["run_dir"])
+    script = os.path.abspath(spec["script"])
+    status = {"exit_code": 0, "reason": None, "exception": None}
+
+    # SIGTERM would kill us before the trace is written: turn it into an orderly exit.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+    recorder = _Recorder(run / "capture" / "monitoring.jsonl")
+    import jax.monitoring
+
+    jax.monitoring.register_event_duration_secs_listener(recorder.duration)
+    jax.monitoring.register_event_listener(recorder.plain)
+
+    tracer = _Tracer(str(run / "trace"), spec.get("python_trace", False))
+    steps_seen: dict = {}
+    if spec.get("steps") is None:
+        tracer.start_at_backend_init()
+    else:
+        steps_seen = _install_step_window(tracer, int(spec.get("skip") or 0), int(spec["steps"]))
+
+    sys.argv = [spec["script"], *spec["args"]]
+    sys.path[0] = os.path.dirname(script)
+    t0 = time.time_ns()
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        status["exit_code"] = _exit_code(e)
+        if status["exit_code"] != 0:
+            status["reason"] = f"program called sys.exit({e.code!r})" if e.code != 128 + signal.SIGTERM else "terminated (SIGTERM)"
+    except KeyboardInterrupt:
+        status.update(exit_code=130, reason="interrupted (SIGINT / Ctrl-C)")
+        sys.stderr.write("tpudiag: program interrupted; writing what was captured\n")
+    except BaseException as e:  # the program's own error, including SyntaxError in the script
+        sys.stderr.write(_program_traceback(e, script))
+        status.update(exit_code=1, reason=f"program raised {type(e).__name__}: {e}".splitlines()[0][:300],
+                      exception=type(e).__name__)
+    finally:
+        # A second Ctrl-C must not cut the trace write short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        program_end = time.time_ns()
+        try:
+            sys.stdout.flush()
+            tracer.stop()
+        except Exception as e:  # a profiler failure must not hide the program's own result
+            sys.stderr.write(f"tpudiag: stopping the profiler failed: {e}\n")
+        status.update(
+            program_start_ns=t0,
+            program_end_ns=program_end,
+            trace_started=tracer.started,
+            trace_start_ns=tracer.start_ns,
+            trace_stop_ns=tracer.stop_ns,
+            steps_entered=steps_seen.get("entered"),
+        )
+        (run / "capture" / "child.json").write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(status["exit_code"])
+
+
+if __name__ == "__main__":
+    main()

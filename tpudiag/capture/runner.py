@@ -1,0 +1,187 @@
+"""Runs a Python script in a child process with the profiler on and XLA/JAX dumps enabled.
+
+Writes the run directory (see `rundir.py`): the manifest first with status `running`, then the
+program's log, the trace and the dumps, then the manifest again with the final status. It does
+not parse or analyze anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from tpudiag.capture import rundir
+from tpudiag.capture.versions import tool_versions
+from tpudiag.errors import InputError
+
+# Dumps the CPU backend writes that no report reads (LLVM IR and object code, one per kernel):
+# 1.5 MB for a 3-op MLP. Pruned after the run; the HLO text, buffer assignment and memory
+# report stay.
+_PRUNED_SUFFIXES = (".ll", ".o")
+# Environment variables recorded in the manifest (the flags that change what is captured).
+_RECORDED_ENV = ("XLA_FLAGS", "JAX_DUMP_IR_TO", "JAX_PLATFORMS", "LIBTPU_INIT_ARGS", "TPU_NAME",
+                 "CUDA_VISIBLE_DEVICES", "JAX_ENABLE_X64")
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    run_dir: Path
+    exit_code: int
+    status: str  # "ok" | "failed"
+    reason: str | None
+
+
+def _tee(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
+    for chunk in iter(lambda: src.read1(65536), b""):
+        for s in sinks:
+            try:
+                s.write(chunk)
+                s.flush()
+            except (ValueError, OSError):
+                pass
+
+
+def child_env(run: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: the user's, plus dump flags that must be set before jax loads."""
+    env = dict(os.environ if base is None else base)
+    dump = f"--xla_dump_to={run / rundir.HLO_DIR} --xla_dump_hlo_as_text"
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + dump).strip()
+    env["JAX_DUMP_IR_TO"] = str(run / rundir.IR_DIR)
+    env["PYTHONUNBUFFERED"] = "1"  # keep the program's stdout and stderr in order in the log
+    # Several processes (tests, workers) may load libtpu: without this the second one fails on its lock file.
+    env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    return env
+
+
+def _describe_signal(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def prune_dumps(hlo_dir: Path) -> int:
+    removed = 0
+    for p in hlo_dir.iterdir() if hlo_dir.is_dir() else ():
+        if p.is_file() and p.suffix in _PRUNED_SUFFIXES:
+            p.unlink()
+            removed += 1
+    return removed
+
+
+def run_program(
+    script: Path,
+    args: list[str],
+    run: Path,
+    *,
+    steps: int | None = None,
+    skip: int = 0,
+    python_trace: bool = False,
+    program_stdout: IO[bytes] | None = None,
+    program_stderr: IO[bytes] | None = None,
+    env: dict[str, str] | None = None,
+) -> CaptureResult:
+    """Run `script args` under the profiler, writing the run directory `run` (which must be new).
+
+    The program's stdout goes to `program_stdout` (default: our stdout), its stderr to
+    `program_stderr` (default: our stderr), and both to `run/program.log`.
+    """
+    if not script.exists():
+        raise InputError(f"{script}: no such file")
+    if not script.is_file():
+        raise InputError(f"{script}: not a file (give a Python script)")
+    if steps is not None and steps < 1:
+        raise InputError(f"--steps must be at least 1 (got {steps})")
+    if skip < 0:
+        raise InputError(f"--skip must be 0 or more (got {skip})")
+    rundir.create_run_dir(run)
+    run = run.resolve()
+    cenv = child_env(run, env)
+    manifest = {
+        "schema": rundir.MANIFEST_SCHEMA,
+        "kind": "profile",
+        "status": "running",
+        "program": str(script),
+        "argv": [str(script), *args],
+        "command": "tpudiag profile " + shlex.join([str(script), *(["--", *args] if args else [])]),
+        "cwd": os.getcwd(),
+        "env": {k: cenv[k] for k in _RECORDED_ENV if k in cenv},
+        "versions": tool_versions(),
+        "steps": steps,
+        "skip": skip,
+        "python_trace": python_trace,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "exit_code": None,
+        "reason": None,
+        "wall_s": None,
+    }
+    rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
+    spec_path = run / rundir.CAPTURE_DIR / "spec.json"
+    spec_path.write_text(json.dumps({"run_dir": str(run), "script": str(script), "args": args,
+                                     "steps": steps, "skip": skip, "python_trace": python_trace}))
+
+    out = program_stdout or sys.stdout.buffer
+    err = program_stderr or sys.stderr.buffer
+    t0 = time.perf_counter()
+    with open(run / rundir.PROGRAM_LOG, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tpudiag.capture.child", str(spec_path)],
+            env=cenv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            # Its own process group: a terminal Ctrl-C reaches only us, and we forward it once,
+            # so the child is not interrupted a second time while it writes the trace.
+            process_group=0,
+        )
+        threads = [threading.Thread(target=_tee, args=(proc.stdout, [out, log]), daemon=True),
+                   threading.Thread(target=_tee, args=(proc.stderr, [err, log]), daemon=True)]
+        for t in threads:
+            t.start()
+
+        def forward(signum, _frame):
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)} \
+            if threading.current_thread() is threading.main_thread() else {}
+        try:
+            code = proc.wait()
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+        for t in threads:
+            t.join()
+    wall_s = time.perf_counter() - t0
+
+    child = {}
+    child_path = run / rundir.CHILD_STATUS
+    if child_path.is_file():
+        child = json.loads(child_path.read_text())
+    if code < 0:
+        exit_code, reason = 128 - code, f"killed by {_describe_signal(code)}"
+    else:
+        exit_code = code
+        reason = child.get("reason") if code else None
+        if code and reason is None:
+            reason = f"program exited with code {code}"
+    if not child and code == 0:
+        exit_code, reason = 1, "the tpudiag child ended without recording the program's status"
+    prune_dumps(run / rundir.HLO_DIR)
+    manifest.update(
+        status="ok" if exit_code == 0 else "failed",
+        exit_code=exit_code,
+        reason=reason,
+        wall_s=round(wall_s, 6),
+        trace_started=bool(child.get("trace_started")),
+        steps_entered=child.get("steps_entered"),
+        xplanes=[str(p.relative_to(run)) for p in rundir.find_xplanes(run / rundir.TRACE_DIR)],
+    )
+    rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
+    return CaptureResult(run_dir=run, exit_code=exit_code, status=manifest["status"], reason=reason)

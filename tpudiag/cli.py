@@ -1,0 +1,142 @@
+"""The `tpudiag` command line: options in, an api call, a renderer out, an exit code.
+
+No jax import at module level: `tpudiag --help` must be instant, and the profiled child sets its
+dump flags before jax loads. `main()` is the only place that calls `sys.exit`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from tpudiag import __version__
+from tpudiag.errors import TpudiagError, UsageError
+
+_STATE = {"debug": False}
+
+
+def _console(no_color: bool, width: int | None):
+    from rich.console import Console
+
+    return Console(no_color=no_color, width=width, highlight=False, soft_wrap=False)
+
+
+def _emit(doc: dict, as_json: bool, as_md: bool, no_color: bool, width: int | None) -> None:
+    from tpudiag.config import DEFAULT_CONFIG
+
+    if as_json:
+        from tpudiag.report.json_report import render_json
+
+        click.echo(render_json(doc), nl=False)
+    elif as_md:
+        from tpudiag.report.markdown import render_markdown
+
+        click.echo(render_markdown(doc, DEFAULT_CONFIG.top_ops), nl=False)
+    else:
+        from tpudiag.report.terminal import render_terminal
+
+        render_terminal(doc, _console(no_color, width), DEFAULT_CONFIG.top_ops, DEFAULT_CONFIG.top_compiles)
+
+
+def _output_options(f):
+    f = click.option("--width", type=click.IntRange(60, 400), default=None,
+                     help="Terminal report width (default: the terminal's).")(f)
+    f = click.option("--no-color", is_flag=True, help="Plain terminal output.")(f)
+    f = click.option("--md", "as_md", is_flag=True, help="Print GitHub-flavoured Markdown (for $GITHUB_STEP_SUMMARY).")(f)
+    f = click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout (schema tpudiag.report/1).")(f)
+    return f
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tpudiag")
+@click.option("--debug", is_flag=True, help="Show tracebacks and libtpu/XLA log noise.")
+def cli(debug: bool) -> None:
+    """Why is my JAX program slow on a TPU? Profile it, report it, and say what to do."""
+    _STATE["debug"] = debug
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default tpudiag-runs/<timestamp>-<script>). Never overwritten.")
+@click.option("--steps", type=int, default=None,
+              help="Trace only N jax.profiler.StepTraceAnnotation steps (default: trace the whole run).")
+@click.option("--skip", type=int, default=0, show_default=True, help="With --steps: steps to run untraced first.")
+@click.option("--python-trace", is_flag=True, help="Also record every Python call (slow: 2-5x).")
+@_output_options
+@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def profile(out, steps, skip, python_trace, as_json, as_md, no_color, width, script, args):
+    """Run SCRIPT [ARGS...] under the profiler and report where its time went.
+
+    Everything after SCRIPT (or after `--`) is passed to the program. The run directory holds the
+    trace (open it with `xprof --logdir RUN/trace`), the HLO and IR dumps, the program's log,
+    manifest.json, report.json and report.md.
+    """
+    from tpudiag import api
+    from tpudiag.report.markdown import render_markdown
+
+    if as_json and as_md:
+        raise UsageError("choose one of --json and --md")
+    if skip and steps is None:
+        raise UsageError("--skip needs --steps")
+    args = list(args)
+    if args and args[0] == "--":
+        args = args[1:]
+    # With --json/--md, stdout is exactly the report: the program's stdout goes to stderr (and the log).
+    program_stdout = sys.stderr.buffer if (as_json or as_md) else None
+    result = api.profile(script, args, out, steps=steps, skip=skip, python_trace=python_trace,
+                         program_stdout=program_stdout)
+    doc = result.report.to_dict()
+    (result.capture.run_dir / "report.md").write_text(render_markdown(doc))
+    _emit(doc, as_json, as_md, no_color, width)
+    cap = result.capture
+    if cap.exit_code != 0:
+        click.echo(f"tpudiag: the program failed ({cap.reason}); what was captured is in {cap.run_dir}", err=True)
+        sys.exit(cap.exit_code)
+    if not doc["artifacts"].get("xplane"):
+        click.echo(f"tpudiag: nothing was traced: {doc['warnings'][0] if doc['warnings'] else 'no trace'}", err=True)
+        sys.exit(2)
+
+
+@cli.command()
+@_output_options
+@click.argument("target", type=click.Path(path_type=Path))
+def report(as_json, as_md, no_color, width, target):
+    """Re-render a run without re-running it.
+
+    TARGET is a run directory, an xprof log directory, or a bare .xplane.pb captured elsewhere.
+    """
+    from tpudiag import api
+
+    if as_json and as_md:
+        raise UsageError("choose one of --json and --md")
+    doc = api.load_report(target).to_dict()
+    _emit(doc, as_json, as_md, no_color, width)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: maps tpudiag errors to one-line messages and exit codes."""
+    try:
+        cli.main(args=argv, prog_name="tpudiag", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("tpudiag: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except TpudiagError as e:
+        if _STATE["debug"]:
+            raise
+        click.echo(f"tpudiag: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("tpudiag: interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:  # a bug in tpudiag: say so in one line, traceback with --debug
+        if _STATE["debug"]:
+            raise
+        click.echo(f"tpudiag: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
+        sys.exit(70)
+    sys.exit(0)

@@ -1,0 +1,66 @@
+"""The one exception hierarchy of tpudiag, and the table that maps it to exit codes.
+
+Every error a user can cause (a bad path, a corrupt trace, a program that fails) is a
+`TpudiagError` whose `str()` is a one-line message naming the file and the problem.
+`cli.main()` is the only place that turns them into an exit code.
+"""
+
+from __future__ import annotations
+
+
+class TpudiagError(Exception):
+    """Base class: a one-line, user-facing message."""
+
+    exit_code = 2
+
+
+class UsageError(TpudiagError):
+    """The command line asked for something impossible (bad option combination)."""
+
+    exit_code = 2
+
+
+class InputError(TpudiagError):
+    """An input path is missing, empty or of the wrong kind."""
+
+    exit_code = 2
+
+
+class ParseError(TpudiagError):
+    """An artifact (xplane, HLO text, manifest) is corrupt, truncated or not what was expected.
+
+    `path` names the file; `line` (1-based) and `snippet` locate the problem when known.
+    """
+
+    exit_code = 3
+
+    def __init__(self, path, problem: str, line: int | None = None, snippet: str | None = None):
+        self.path = str(path)
+        self.problem = problem
+        self.line = line
+        self.snippet = snippet
+        where = self.path if line is None else f"{self.path}:{line}"
+        msg = f"{where}: {problem}"
+        if snippet:
+            msg += f" (near {snippet[:60]!r})"
+        super().__init__(msg)
+
+
+class SchemaError(TpudiagError):
+    """A DataFrame entering the analysis lacks columns or has the wrong dtypes (a bug or a bad artifact)."""
+
+    exit_code = 4
+
+
+class CaptureError(TpudiagError):
+    """tpudiag itself could not start or record the program (not the program failing)."""
+
+    exit_code = 5
+
+
+class ProgramFailed(TpudiagError):
+    """The profiled program failed; tpudiag exits with the program's own exit code."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -1,0 +1,50 @@
+"""The DataFrame schemas of tpudiag, written down once, and the check applied where a frame enters.
+
+Units live in column names (`_ns`, `_s`, `bytes_`). `check_frame` lists every bad column at once.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from tpudiag.errors import SchemaError
+
+# One row per executed op instance (a CPU thunk, or an event on a device's "XLA Ops" line).
+OPS = {
+    "device": "object",       # "/host:CPU" or "/device:TPU:0"
+    "line": "object",         # the trace line (thread or stream) it ran on
+    "module": "object",       # HLO module name, e.g. "jit_mlp"
+    "program_id": "int64",    # XLA's module id; joins `module_NNNN.*` in the HLO dump (-1 if unknown)
+    "op": "object",           # HLO instruction name, e.g. "fusion.12"
+    "start_ns": "int64",      # from the start of the trace window
+    "duration_ns": "int64",
+}
+# One row per StepTraceAnnotation (host) or device "Steps" event.
+STEPS = {"name": "object", "step_num": "int64", "start_ns": "int64", "duration_ns": "int64"}
+# Host activity intervals (TraceMe events on host threads that are not op instances).
+HOST = {"name": "object", "start_ns": "int64", "duration_ns": "int64"}
+# Compile activity from jax.monitoring: tracing, lowering and backend compile of one function.
+COMPILES = {"event": "object", "fun_name": "object", "start_ns": "int64", "duration_ns": "int64"}
+# The per-op timeline after joining the HLO: OPS plus these columns.
+TIMELINE = {**OPS, "step": "int64", "self_ns": "int64", "category": "object", "opcode": "object",
+            "bound": "object", "shape": "object", "source": "object"}
+
+
+def empty_frame(schema: dict[str, str]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in schema.items()})
+
+
+def check_frame(df: pd.DataFrame, schema: dict[str, str], what: str) -> pd.DataFrame:
+    """Raise SchemaError naming every missing column and every column of the wrong dtype."""
+    problems = []
+    for col, dtype in schema.items():
+        if col not in df.columns:
+            problems.append(f"{col}: missing")
+        elif dtype == "object":
+            if not (pd.api.types.is_object_dtype(df[col]) or pd.api.types.is_string_dtype(df[col])):
+                problems.append(f"{col}: expected strings, got {df[col].dtype}")
+        elif str(df[col].dtype) != dtype:
+            problems.append(f"{col}: expected {dtype}, got {df[col].dtype}")
+    if problems:
+        raise SchemaError(f"{what} frame: " + "; ".join(problems))
+    return df

@@ -1,0 +1,284 @@
+"""Reads XLA's HLO text (as dumped by CPU, GPU and TPU compiles) into a small module model.
+
+Returns `HloModule` objects: computations with their instructions (name, opcode, shape text,
+operand names, called computations, fusion kind, metadata) and the source-location tables
+(`FileNames`, `FunctionNames`, `FileLocations`, `StackFrames`) that current dumps write at the
+top of the module, so an instruction's `stack_frame_id` resolves to a Python `file:line`. Older
+dumps write `source_file`/`source_line` inline in the metadata; both are handled.
+
+It does not compute costs or classify ops (that is `analyze/`). XLA's own parser
+(`jaxlib._hlo.hlo_module_from_text`) is the oracle the tests hold this one to.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpudiag.errors import ParseError
+
+_HEADER = re.compile(r"^HloModule\s+([^\s,]+)")
+_COMP = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*(\(.*\))?\s*->.*\{\s*$")
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
+_TABLE_ROW = re.compile(r"^(\d+)\s+(.*)$")
+_KV = re.compile(r"(\w+)=(\"(?:[^\"\\]|\\.)*\"|[^\s}]+)")
+_LITERAL_OPCODES = frozenset({"parameter", "constant", "iota", "rng-get-and-update-state"})
+_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+@dataclass
+class Instruction:
+    name: str
+    opcode: str
+    shape: str
+    operands: list[str]
+    computation: str
+    attrs: str  # the text after the operand list (attributes, metadata, backend_config)
+    is_root: bool = False
+    line: int = 0  # 1-based line in the file
+
+    @property
+    def called(self) -> list[str]:
+        """Computations this instruction calls (fusion `calls=`, `to_apply=`, while `body=`...)."""
+        out = []
+        for key in ("calls", "to_apply", "body", "condition", "branch_computations", "true_computation",
+                    "false_computation"):
+            m = re.search(rf"\b{key}=(\{{[^}}]*\}}|[^\s,]+)", self.attrs)
+            if m:
+                out += [c.strip().lstrip("%") for c in m.group(1).strip("{}").split(",") if c.strip()]
+        return out
+
+    @property
+    def fusion_kind(self) -> str | None:
+        m = re.search(r"\bkind=(k\w+)", self.attrs)
+        return m.group(1) if m else None
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        i = self.attrs.find("metadata={")
+        if i < 0:
+            return {}
+        body = _balanced(self.attrs, i + len("metadata="), "{", "}")[1:-1]
+        return {k: v[1:-1] if v.startswith('"') else v for k, v in _KV.findall(body)}
+
+    @property
+    def custom_call_target(self) -> str | None:
+        m = re.search(r'custom_call_target="([^"]*)"', self.attrs)
+        return m.group(1) if m else None
+
+
+@dataclass
+class Computation:
+    name: str
+    is_entry: bool
+    instructions: list[Instruction] = field(default_factory=list)
+
+
+@dataclass
+class HloModule:
+    name: str
+    path: str
+    computations: dict[str, Computation]
+    file_names: dict[int, str]
+    function_names: dict[int, str]
+    file_locations: dict[int, dict[str, str]]
+    stack_frames: dict[int, dict[str, str]]
+
+    def instructions(self):
+        for comp in self.computations.values():
+            yield from comp.instructions
+
+    @property
+    def entry(self) -> Computation | None:
+        return next((c for c in self.computations.values() if c.is_entry), None)
+
+    def fused_computations(self) -> set[str]:
+        """Names of computations that are the body of some fusion instruction."""
+        return {c for i in self.instructions() if i.opcode == "fusion" for c in i.called}
+
+    def source_frames(self, instr: Instruction) -> list[tuple[str, int, str]]:
+        """The Python call stack (file, line, function) an instruction came from, innermost first."""
+        md = instr.metadata
+        if "source_file" in md:
+            return [(md["source_file"], int(md.get("source_line", 0) or 0), "")]
+        fid = md.get("stack_frame_id")
+        out, seen = [], set()
+        while fid and fid.isdigit() and int(fid) in self.stack_frames and fid not in seen:
+            seen.add(fid)
+            frame = self.stack_frames[int(fid)]
+            loc = self.file_locations.get(int(frame.get("file_location_id", 0)), {})
+            file = self.file_names.get(int(loc.get("file_name_id", 0) or 0), "?")
+            func = self.function_names.get(int(loc.get("function_name_id", 0) or 0), "")
+            out.append((file, int(loc.get("line", 0) or 0), func))
+            parent = frame.get("parent_frame_id")
+            fid = parent if parent != fid else None
+        return out
+
+
+def _balanced(text: str, start: int, open_: str, close: str) -> str:
+    """The substring from text[start] (an opening bracket) to its matching close, quotes respected."""
+    depth, i, in_str = 0, start, False
+    while i < len(text):
+        ch = text[i]
+        if in_str:
+            if ch == "\\":
+                i += 1
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch == open_:
+            depth += 1
+        elif ch == close:
+            depth -= 1
+            if depth == 0:
+                return text[start : i + 1]
+        i += 1
+    raise ValueError(f"unbalanced {open_}{close}")
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas that are not inside brackets or quotes."""
+    parts, depth, cur, in_str = [], 0, [], False
+    for ch in text:
+        if in_str:
+            cur.append(ch)
+            if ch == '"':
+                in_str = False
+            continue
+        if ch == '"':
+            in_str = True
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    if "".join(cur).strip():
+        parts.append("".join(cur))
+    return parts
+
+
+def _parse_instruction(rest: str) -> tuple[str, str, list[str], str]:
+    """`SHAPE opcode(operands), attrs` -> (shape, opcode, operands, attrs)."""
+    rest = rest.strip()
+    if rest.startswith("("):
+        shape = _balanced(rest, 0, "(", ")")
+        rest = rest[len(shape):].lstrip()
+    else:
+        # A shape has no spaces outside brackets: f32[8,128]{1,0:T(8,128)(2,1)S(1)}
+        depth, i = 0, 0
+        while i < len(rest) and not (rest[i] == " " and depth == 0):
+            depth += rest[i] in "[{(" and 1 or (-1 if rest[i] in "]})" else 0)
+            i += 1
+        shape, rest = rest[:i], rest[i:].lstrip()
+    m = re.match(r"([\w\-.]+)\(", rest)
+    if not m:
+        raise ValueError("expected `opcode(` after the shape")
+    opcode = m.group(1)
+    args = _balanced(rest, m.end() - 1, "(", ")")
+    attrs = rest[m.end() - 1 + len(args):].lstrip(", ")
+    operands = []
+    # parameter(0), constant({1,2}), iota(): the parenthesised text is a literal, not operands.
+    for a in ([] if opcode in _LITERAL_OPCODES else _split_top(args[1:-1])):
+        a = a.strip()
+        if not a:
+            continue
+        tok = a.split()[-1]
+        operands.append(tok.lstrip("%") if (tok.startswith("%") or " " in a) else a)
+    return shape, opcode, operands, attrs
+
+
+def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
+    lines = text.splitlines()
+    name, start = None, 0
+    for n, ln in enumerate(lines):
+        if ln.strip():
+            m = _HEADER.match(ln.strip())
+            if not m:
+                raise ParseError(path, "expected an `HloModule NAME` header", line=n + 1, snippet=ln.strip())
+            name, start = m.group(1), n + 1
+            break
+    if name is None:
+        raise ParseError(path, "empty file: no HloModule")
+    tables: dict[str, dict[int, str]] = {t: {} for t in _TABLES}
+    comps: dict[str, Computation] = {}
+    table, comp = None, None
+    for n in range(start, len(lines)):
+        raw = lines[n]
+        ln = raw.strip()
+        if not ln or ln.startswith("//"):
+            table = None if not ln else table
+            continue
+        if comp is None:
+            if ln in _TABLES:
+                table = ln
+                continue
+            if table is not None:
+                m = _TABLE_ROW.match(ln)
+                if not m:
+                    raise ParseError(path, f"bad row in the {table} table", line=n + 1, snippet=ln)
+                tables[table][int(m.group(1))] = m.group(2)
+                continue
+            m = _COMP.match(ln)
+            if not m:
+                raise ParseError(path, "expected a computation header `NAME (...) -> SHAPE {`", line=n + 1, snippet=ln)
+            comp = Computation(name=m.group(2), is_entry=bool(m.group(1)))
+            comps[comp.name] = comp
+            continue
+        if ln == "}":
+            comp = None
+            continue
+        m = _INSTR.match(raw)
+        if not m:
+            raise ParseError(path, "expected an instruction `name = shape opcode(operands)`", line=n + 1, snippet=ln)
+        try:
+            shape, opcode, operands, attrs = _parse_instruction(m.group(3))
+        except ValueError as e:
+            raise ParseError(path, f"malformed instruction: {e}", line=n + 1, snippet=ln) from None
+        comp.instructions.append(Instruction(name=m.group(2), opcode=opcode, shape=shape, operands=operands,
+                                             computation=comp.name, attrs=attrs, is_root=bool(m.group(1)), line=n + 1))
+    if comp is not None:
+        raise ParseError(path, f"truncated: computation {comp.name!r} is not closed", line=len(lines), snippet=lines[-1])
+    if not comps:
+        raise ParseError(path, "no computations in the module", line=len(lines))
+
+    def kv_table(t: str) -> dict[int, dict[str, str]]:
+        return {k: dict(_KV.findall(v)) for k, v in tables[t].items()}
+
+    return HloModule(
+        name=name, path=path, computations=comps,
+        file_names={k: v.strip('"') for k, v in tables["FileNames"].items()},
+        function_names={k: v.strip('"') for k, v in tables["FunctionNames"].items()},
+        file_locations=kv_table("FileLocations"), stack_frames=kv_table("StackFrames"),
+    )
+
+
+def read_hlo_file(path: Path) -> HloModule:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ParseError(path, "not text: an HLO module is a text file") from None
+    except OSError as e:
+        raise ParseError(path, f"cannot read ({e.strerror})") from None
+    return parse_hlo_text(text, str(path))
+
+
+_DUMP_NAME = re.compile(r"^module_(\d+)\.(.+?)\.(\w+_)?after_optimizations\.txt$")
+
+
+def find_optimized_modules(dump_dir: Path) -> dict[int, Path]:
+    """program_id -> the after-optimizations HLO file in an `--xla_dump_to` directory."""
+    out: dict[int, Path] = {}
+    if not dump_dir.is_dir():
+        return out
+    for p in dump_dir.iterdir():
+        m = _DUMP_NAME.match(p.name)
+        if m:
+            out[int(m.group(1))] = p
+    return out

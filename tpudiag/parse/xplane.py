@@ -1,0 +1,193 @@
+"""Reads an XProf `*.xplane.pb` into checked DataFrames: op instances, steps, host activity.
+
+Two walks share one pass over the planes:
+- CPU (`/host:CPU`): each executed HLO thunk is an event named after its HLO instruction, with
+  `hlo_op`, `hlo_module` and `program_id` stats, on the XLA client threads.
+- Devices (`/device:TPU:N`, `/device:GPU:N`): op events sit on the line named "XLA Ops", modules
+  on "XLA Modules", steps on "Steps" (XProf's device-plane layout). When such planes exist the
+  backend is that device and the CPU thunk walk is skipped.
+Times are returned relative to the trace start (`profile_start_time`), in ns.
+
+It does not join HLO, classify ops or compute any breakdown (that is `analyze/`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from tpudiag.errors import InputError, ParseError
+from tpudiag.parse import frames
+
+_DEVICE_PLANE = re.compile(r"^/device:(TPU|GPU):(\d+)$")
+_MODULE_EVENT = re.compile(r"^(?P<name>.+?)\((?P<id>\d+)\)$")  # "jit_f(12)" on "XLA Modules"
+# Host TraceMe names that are profiler bookkeeping or mark an op's end, not host work.
+_SKIP_PREFIXES = ("ThreadpoolListener::", "end: ")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One host's trace. `ops`, `steps`, `host` follow the schemas in `frames`."""
+
+    path: str
+    hostname: str
+    backend: str  # "cpu" | "tpu" | "gpu"
+    start_time_ns: int  # epoch ns of the trace window start (profile_start_time)
+    window_ns: int  # length of the trace window
+    ops: pd.DataFrame
+    steps: pd.DataFrame
+    host: pd.DataFrame
+    devices: tuple[str, ...]
+    jax_version: str | None
+
+
+def _load(path: Path):
+    from jax.profiler import ProfileData  # jax import only when a trace is actually read
+
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        raise ParseError(path, "empty file (0 bytes): not an XSpace trace")
+    try:
+        return ProfileData.from_file(str(path))
+    except RuntimeError as e:
+        raise ParseError(path, f"corrupt or truncated XSpace protobuf ({e})") from None
+
+
+def _columns(rows: dict[str, list], schema: dict[str, str]) -> pd.DataFrame:
+    if not rows or not next(iter(rows.values())):
+        return frames.empty_frame(schema)
+    df = pd.DataFrame(rows)
+    for col, dtype in schema.items():
+        if dtype == "int64":
+            df[col] = df[col].astype("int64")
+    return frames.check_frame(df[list(schema)], schema, "xplane")
+
+
+def read_xplane(path: Path) -> Trace:
+    path = Path(path)
+    data = _load(path)
+    planes = list(data.planes)
+    if not planes:
+        raise ParseError(path, "XSpace has no planes: not a profiler trace")
+    env = next((p for p in planes if p.name == "Task Environment"), None)
+    env_stats = dict(env.stats) if env is not None else {}
+    meta = next((p for p in planes if p.name == "/host:metadata"), None)
+    meta_stats = dict(meta.stats) if meta is not None else {}
+    start = int(env_stats.get("profile_start_time", 0) or 0)
+    stop = int(env_stats.get("profile_stop_time", 0) or 0)
+
+    ops = {c: [] for c in frames.OPS}
+    steps = {c: [] for c in frames.STEPS}
+    host = {c: [] for c in frames.HOST}
+    device_planes = [p for p in planes if _DEVICE_PLANE.match(p.name)]
+    backend = _DEVICE_PLANE.match(device_planes[0].name).group(1).lower() if device_planes else "cpu"
+    max_end = 0
+
+    for plane in planes:
+        is_device = plane in device_planes
+        is_host = plane.name == "/host:CPU"
+        if not (is_device or is_host):
+            continue
+        for line in plane.lines:
+            if is_device:
+                max_end = max(max_end, _walk_device_line(plane.name, line, ops, steps))
+            else:
+                max_end = max(max_end, _walk_host_line(line, ops, steps, host, want_ops=not device_planes))
+
+    window = stop - start if stop > start else max_end
+    hostname = path.name[: -len(".xplane.pb")] if path.name.endswith(".xplane.pb") else path.stem
+    devices = tuple(p.name for p in device_planes) or tuple(sorted(set(ops["device"]))) or ("/device:CPU:0",)
+    return Trace(
+        path=str(path), hostname=hostname, backend=backend, start_time_ns=start, window_ns=int(window),
+        ops=_columns(ops, frames.OPS), steps=_columns(steps, frames.STEPS), host=_columns(host, frames.HOST),
+        devices=devices, jax_version=meta_stats.get("jax_version"),
+    )
+
+
+def _walk_host_line(line, ops, steps, host, want_ops: bool) -> int:
+    lname = line.name
+    max_end = 0
+    for ev in line.events:
+        name = ev.name
+        start = int(ev.start_ns)
+        dur = int(ev.duration_ns)
+        max_end = max(max_end, start + dur)
+        if dur <= 0 or name.startswith(_SKIP_PREFIXES):
+            continue
+        stats = dict(ev.stats)
+        if "hlo_op" in stats:
+            if want_ops:
+                # One CPU client can drive several devices (--xla_force_host_platform_device_count).
+                ops["device"].append(f"/device:CPU:{stats.get('device_ordinal', 0)}")
+                ops["line"].append(lname)
+                ops["module"].append(str(stats.get("hlo_module", "")))
+                ops["program_id"].append(int(stats.get("program_id", -1)))
+                ops["op"].append(str(stats["hlo_op"]))
+                ops["start_ns"].append(start)
+                ops["duration_ns"].append(dur)
+            continue
+        if "step_num" in stats:
+            steps["name"].append(name)
+            steps["step_num"].append(int(stats["step_num"]))
+            steps["start_ns"].append(start)
+            steps["duration_ns"].append(dur)
+        host["name"].append(name)
+        host["start_ns"].append(start)
+        host["duration_ns"].append(dur)
+    return max_end
+
+
+def _walk_device_line(device: str, line, ops, steps) -> int:
+    lname = line.name
+    max_end = 0
+    if lname == "Steps":
+        for ev in line.events:
+            start, dur = int(ev.start_ns), int(ev.duration_ns)
+            max_end = max(max_end, start + dur)
+            try:
+                num = int(dict(ev.stats).get("step_num", ev.name))
+            except (TypeError, ValueError):
+                num = -1
+            steps["name"].append(f"{device} step")
+            steps["step_num"].append(num)
+            steps["start_ns"].append(start)
+            steps["duration_ns"].append(dur)
+        return max_end
+    if lname != "XLA Ops":
+        return max_end
+    for ev in line.events:
+        start, dur = int(ev.start_ns), int(ev.duration_ns)
+        max_end = max(max_end, start + dur)
+        stats = dict(ev.stats)
+        module = str(stats.get("hlo_module", ""))
+        pid = stats.get("program_id", -1)
+        m = _MODULE_EVENT.match(module)
+        if m:
+            module, pid = m.group("name"), m.group("id")
+        ops["device"].append(device)
+        ops["line"].append(lname)
+        ops["module"].append(module)
+        ops["program_id"].append(int(pid) if str(pid).lstrip("-").isdigit() else -1)
+        ops["op"].append(str(stats.get("hlo_op", ev.name)))
+        ops["start_ns"].append(start)
+        ops["duration_ns"].append(dur)
+    return max_end
+
+
+def locate_xplane(path: Path) -> Path:
+    """A `.xplane.pb` file itself, or the one under a run directory or an xprof log directory."""
+    path = Path(path)
+    if path.is_file():
+        if not path.name.endswith(".xplane.pb"):
+            raise InputError(f"{path}: not an .xplane.pb trace (and not a run directory)")
+        return path
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    found = sorted(path.glob("**/*.xplane.pb"))
+    if not found:
+        raise InputError(f"{path}: no .xplane.pb trace in this directory")
+    return found[-1]

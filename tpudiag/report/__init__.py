@@ -1,0 +1,1 @@
+"""Report: renderers (terminal, JSON, Markdown). They format figures; they never compute one."""

@@ -1,0 +1,39 @@
+"""Renders a `tpudiag.report/1` document as GitHub-flavoured Markdown (for `$GITHUB_STEP_SUMMARY`)."""
+
+from __future__ import annotations
+
+from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, short_source
+
+
+def _esc(text) -> str:
+    return str(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def render_markdown(doc: dict, top: int = 15) -> str:
+    bd = doc["breakdown"]
+    total = bd["total_s"] or 0
+    out = [f"## tpudiag profile: `{_esc(doc.get('program') or doc['artifacts'].get('xplane', '?'))}`", ""]
+    status = doc["status"] + (f" ({_esc(doc['reason'])})" if doc.get("reason") else "")
+    out += [f"**Status:** {status} · **Backend:** {doc['backend']} · **Traced wall:** {fmt_s(doc['wall_s'])}"
+            + (f" · **Steps:** {doc['steps']['count']} (median {fmt_s(doc['steps']['median_s'])})"
+               if doc["steps"]["count"] else ""), ""]
+    out += ["| part | time | share |", "|---|---:|---:|"]
+    for key, label in BREAKDOWN_PARTS:
+        out.append(f"| {label} | {fmt_s(bd[key])} | {fmt_pct(bd[key] / total if total else None)} |")
+    out += ["", f"### Top ops by self time ({min(top, len(doc['ops']))} of {len(doc['ops'])})", ""]
+    if doc["ops"]:
+        out += ["| op | module | category | count | self | share | source |", "|---|---|---|---:|---:|---:|---|"]
+        for o in doc["ops"][:top]:
+            out.append(f"| `{_esc(o['name'])}` | {_esc(o['module'])} | {o['category']} | {o['occurrences']} | "
+                       f"{fmt_s(o['self_s'])} | {fmt_pct(o['share'])} | {_esc(short_source(o['source']))} |")
+    else:
+        out.append("_No op executed in the traced window._")
+    if doc["compile"]:
+        out += ["", "### Compilation", "", "| function | compiles | tracing | lowering | backend | cache hits |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for c in doc["compile"][:10]:
+            out.append(f"| `{_esc(c['function'])}` | {c['compiles']} | {fmt_s(c['tracing_s'])} | "
+                       f"{fmt_s(c['lowering_s'])} | {fmt_s(c['backend_compile_s'])} | {c['cache_hits']} |")
+    for w in doc.get("warnings", []):
+        out += ["", f"> **Warning:** {_esc(w)}"]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,117 @@
+"""Renders a `tpudiag.report/1` document for the terminal with rich: header, breakdown bar,
+top ops with source lines, compile table, and where the artifacts are."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, short_source
+
+_COLORS = {"compute": "green", "memory": "yellow", "communication": "magenta", "host": "cyan",
+           "compile": "blue", "idle": "bright_black"}
+_BAR_WIDTH = 60
+
+
+def _bar(bd: dict) -> Text:
+    total = bd["total_s"] or 0
+    text = Text()
+    if not total:
+        return Text("(empty trace window)")
+    used = 0
+    for i, (key, label) in enumerate(BREAKDOWN_PARTS):
+        n = round(_BAR_WIDTH * bd[key] / total) if i < len(BREAKDOWN_PARTS) - 1 else _BAR_WIDTH - used
+        n = max(0, min(n, _BAR_WIDTH - used))
+        used += n
+        text.append("█" * n, style=_COLORS[label])
+    return text
+
+
+def _header(doc: dict) -> Panel:
+    status_style = "green" if doc["status"] == "ok" else "bold red"
+    t = Text()
+    t.append(f"{doc.get('program') or doc['artifacts'].get('xplane', '?')}", style="bold")
+    t.append("   status ")
+    t.append(doc["status"], style=status_style)
+    if doc.get("reason"):
+        t.append(f" ({doc['reason']})", style=status_style)
+    t.append(f"\nbackend {doc['backend']}   devices {len(doc['devices'])}   traced {fmt_s(doc['wall_s'])}")
+    if doc.get("process_wall_s") is not None:
+        t.append(f" of {fmt_s(doc['process_wall_s'])} process wall")
+    if doc["steps"]["count"]:
+        t.append(f"   steps {doc['steps']['count']} (median {fmt_s(doc['steps']['median_s'])})")
+    return Panel(t, title="tpudiag profile", title_align="left")
+
+
+def _breakdown(doc: dict) -> Group:
+    bd = doc["breakdown"]
+    total = bd["total_s"] or 0
+    legend = Table.grid(padding=(0, 2))
+    for _ in BREAKDOWN_PARTS:
+        legend.add_column(justify="left")
+    legend.add_row(*[Text(f"{label} {fmt_s(bd[key])} ({fmt_pct(bd[key] / total if total else None)})",
+                          style=_COLORS[label]) for key, label in BREAKDOWN_PARTS[:3]])
+    legend.add_row(*[Text(f"{label} {fmt_s(bd[key])} ({fmt_pct(bd[key] / total if total else None)})",
+                          style=_COLORS[label]) for key, label in BREAKDOWN_PARTS[3:]])
+    return Group(Text("Where the time went", style="bold"), _bar(bd), legend)
+
+
+def _ops_table(doc: dict, top: int) -> Table:
+    ops = doc["ops"]
+    table = Table(title=f"Top ops by self time ({min(top, len(ops))} of {len(ops)})", title_justify="left",
+                  show_edge=False, expand=False)
+    # One line per op: names are cut with an ellipsis (the JSON has them whole), numbers never are.
+    for col, just, min_w in (("op", "left", 12), ("module", "left", 8), ("category", "left", 8),
+                             ("count", "right", 5), ("self", "right", 9), ("share", "right", 6),
+                             ("source", "left", 12)):
+        table.add_column(col, justify=just, no_wrap=True, overflow="ellipsis", min_width=min_w)
+    for o in ops[:top]:
+        table.add_row(o["name"], o["module"], o["category"], str(o["occurrences"]), fmt_s(o["self_s"]),
+                      fmt_pct(o["share"]), short_source(o["source"], keep=1))
+    return table
+
+
+def _compile_table(doc: dict, top: int) -> Table:
+    table = Table(title="Compilation (tracing, lowering, backend compile)", title_justify="left", show_edge=False)
+    for col, just in (("function", "left"), ("compiles", "right"), ("tracing", "right"), ("lowering", "right"),
+                      ("backend", "right"), ("cache hits", "right")):
+        table.add_column(col, justify=just)
+    for c in doc["compile"][:top]:
+        table.add_row(c["function"], str(c["compiles"]), fmt_s(c["tracing_s"]), fmt_s(c["lowering_s"]),
+                      fmt_s(c["backend_compile_s"]), str(c["cache_hits"]))
+    return table
+
+
+def _artifacts(doc: dict) -> Text:
+    a = doc["artifacts"]
+    t = Text("Artifacts", style="bold")
+    run = a.get("run_dir")
+    if run:
+        t.append(f"\n  run directory  {run}")
+        t.append(f"\n  report         {run}/{a['report']}")
+        if a.get("xplane"):
+            t.append(f"\n  trace          {run}/{a['xplane']}")
+            t.append(f"\n  open with      xprof --logdir {run}/{a['trace_logdir']}")
+        t.append(f"\n  HLO dump       {run}/{a['hlo_dump']}")
+    elif a.get("xplane"):
+        t.append(f"\n  trace          {a['xplane']}")
+    return t
+
+
+def render_terminal(doc: dict, console: Console, top_ops: int = 15, top_compiles: int = 10) -> None:
+    console.print(_header(doc))
+    console.print(_breakdown(doc))
+    console.print()
+    if doc["ops"]:
+        console.print(_ops_table(doc, top_ops))
+    else:
+        console.print("No op executed in the traced window.")
+    if doc["compile"]:
+        console.print()
+        console.print(_compile_table(doc, top_compiles))
+    for w in doc.get("warnings", []):
+        console.print(Text(f"warning: {w}", style="yellow"))
+    console.print()
+    console.print(_artifacts(doc))
