@@ -70,13 +70,15 @@ def split_window(window_ns: int, intervals: dict[str, tuple[np.ndarray, np.ndarr
         ns[cls] = int(seg[cov].sum())
         taken |= cov
     busy = sum(ns.values())
-    to_s = 1e-9
+    def to_s(n: int) -> float:
+        return round(n * 1e-9, 9)
+
     return Breakdown(
-        total_s=window_ns * to_s,
-        compute_s=(ns["compute"] + ns["control"]) * to_s,
-        memory_s=ns["memory"] * to_s,
-        communication_s=ns["communication"] * to_s,
-        host_s=ns["host"] * to_s,
-        idle_s=(window_ns - busy) * to_s,
-        compile_s=ns["compile"] * to_s,
+        total_s=to_s(window_ns),
+        compute_s=to_s(ns["compute"] + ns["control"]),
+        memory_s=to_s(ns["memory"]),
+        communication_s=to_s(ns["communication"]),
+        host_s=to_s(ns["host"]),
+        idle_s=to_s(window_ns - busy),
+        compile_s=to_s(ns["compile"]),
     )

@@ -20,7 +20,11 @@ from tpudiag.config import AnalysisConfig
 from tpudiag.parse.xplane import Trace
 
 SCHEMA = "tpudiag.report/1"
-_S = 1e-9
+
+
+def _s(ns) -> float:
+    """ns -> s, rounded to the ns so JSON shows 0.0123 and not 0.012300000000000002."""
+    return round(float(ns) * 1e-9, 9)
 
 
 @dataclass(frozen=True)
@@ -86,34 +90,34 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         "backend": trace.backend,
         "host": trace.hostname,
         "devices": list(trace.devices),
-        "wall_s": trace.window_ns * _S,
+        "wall_s": _s(trace.window_ns),
         "process_wall_s": m.get("wall_s"),
         "traced": {"steps": m.get("steps"), "skip": m.get("skip", 0) if m else None},
         "breakdown": bd.to_dict(),
         "totals": {
             "op_instances": int(len(timeline)),
             "distinct_ops": int(len(ops)),
-            "op_self_s": float(timeline["self_ns"].sum()) * _S,
+            "op_self_s": _s(timeline["self_ns"].sum()),
             "modules": int(timeline["module"].nunique()),
         },
         "steps": {
             "count": int(len(steps)),
-            "median_s": (_median(steps["duration_ns"].to_numpy()) or 0) * _S if len(steps) else None,
-            "rows": [{"step_num": int(r.step_num), "duration_s": r.duration_ns * _S, "op_s": r.op_ns * _S}
+            "median_s": _s(_median(steps["duration_ns"].to_numpy()) or 0) if len(steps) else None,
+            "rows": [{"step_num": int(r.step_num), "duration_s": _s(r.duration_ns), "op_s": _s(r.op_ns)}
                      for r in steps.itertuples()],
         },
         "ops": [
             {"name": r.op, "module": r.module, "program_id": int(r.program_id), "category": r.category,
              "opcode": r.opcode, "bound": r.bound, "shape": r.shape,
              "source": r.source if isinstance(r.source, str) else None,
-             "occurrences": int(r.occurrences), "total_s": r.total_ns * _S, "self_s": r.self_ns * _S,
-             "avg_s": r.avg_ns * _S, "share": float(r.share)}
+             "occurrences": int(r.occurrences), "total_s": _s(r.total_ns), "self_s": _s(r.self_ns),
+             "avg_s": _s(r.avg_ns), "share": float(r.share)}
             for r in ops.itertuples()
         ],
         "compile": [
-            {"function": r.fun_name, "compiles": int(r.compiles), "tracing_s": r.tracing_ns * _S,
-             "lowering_s": r.lowering_ns * _S, "backend_compile_s": r.backend_compile_ns * _S,
-             "total_s": r.total_ns * _S, "cache_hits": int(r.cache_hits)}
+            {"function": r.fun_name, "compiles": int(r.compiles), "tracing_s": _s(r.tracing_ns),
+             "lowering_s": _s(r.lowering_ns), "backend_compile_s": _s(r.backend_compile_ns),
+             "total_s": _s(r.total_ns), "cache_hits": int(r.cache_hits)}
             for r in ctab.itertuples()
         ],
         "artifacts": artifacts,

@@ -123,12 +123,13 @@ def _install_step_window(tracer: _Tracer, skip: int, steps: int) -> dict:
     counter = {"entered": 0}
 
     class StepTraceAnnotation(original):  # noqa: D401 - same API as jax's
-        def __enter__(self):
+        def __init__(self, *args, **kwargs):
+            # Start before the TraceMe is built: one built while no session runs records nothing.
             self._tpudiag_index = counter["entered"]
             counter["entered"] += 1
             if self._tpudiag_index == skip:
                 tracer.start()
-            return super().__enter__()
+            super().__init__(*args, **kwargs)
 
         def __exit__(self, *exc):
             result = super().__exit__(*exc)

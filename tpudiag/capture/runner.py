@@ -7,6 +7,7 @@ not parse or analyze anything.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shlex
@@ -50,12 +51,26 @@ def _tee(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
                 pass
 
 
+def _default_platforms() -> str | None:
+    """JAX_PLATFORMS for a host with no TPU chip, so libtpu does not probe for one.
+
+    With jax[tpu] installed on a machine without a TPU, jax tries libtpu first, prints a page of
+    "could not determine TPU accelerator type" warnings, then falls back. TPU VMs expose their
+    chips as /dev/accel* (v4, v5p) or /dev/vfio/* (v5e, v6e); without either we skip the probe.
+    """
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        return None
+    return "cuda,cpu" if glob.glob("/dev/nvidia[0-9]*") else "cpu"
+
+
 def child_env(run: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: the user's, plus dump flags that must be set before jax loads."""
     env = dict(os.environ if base is None else base)
     dump = f"--xla_dump_to={run / rundir.HLO_DIR} --xla_dump_hlo_as_text"
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + dump).strip()
     env["JAX_DUMP_IR_TO"] = str(run / rundir.IR_DIR)
+    if "JAX_PLATFORMS" not in env and (platforms := _default_platforms()):
+        env["JAX_PLATFORMS"] = platforms
     env["PYTHONUNBUFFERED"] = "1"  # keep the program's stdout and stderr in order in the log
     # Several processes (tests, workers) may load libtpu: without this the second one fails on its lock file.
     env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

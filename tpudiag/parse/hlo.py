@@ -21,6 +21,7 @@ from tpudiag.errors import ParseError
 _HEADER = re.compile(r"^HloModule\s+([^\s,]+)")
 _COMP = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*(\(.*\))?\s*->.*\{\s*$")
 _INSTR = re.compile(r"^\s*(ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
+_COMMENT = re.compile(r"/\*.*?\*/")
 _TABLE_ROW = re.compile(r"^(\d+)\s+(.*)$")
 _KV = re.compile(r"(\w+)=(\"(?:[^\"\\]|\\.)*\"|[^\s}]+)")
 _LITERAL_OPCODES = frozenset({"parameter", "constant", "iota", "rng-get-and-update-state"})
@@ -237,7 +238,8 @@ def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
         if not m:
             raise ParseError(path, "expected an instruction `name = shape opcode(operands)`", line=n + 1, snippet=ln)
         try:
-            shape, opcode, operands, attrs = _parse_instruction(m.group(3))
+            # XLA writes `/*index=5*/` markers into long operand lists.
+            shape, opcode, operands, attrs = _parse_instruction(_COMMENT.sub("", m.group(3)))
         except ValueError as e:
             raise ParseError(path, f"malformed instruction: {e}", line=n + 1, snippet=ln) from None
         comp.instructions.append(Instruction(name=m.group(2), opcode=opcode, shape=shape, operands=operands,

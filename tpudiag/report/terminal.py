@@ -63,10 +63,10 @@ def _ops_table(doc: dict, top: int) -> Table:
     table = Table(title=f"Top ops by self time ({min(top, len(ops))} of {len(ops)})", title_justify="left",
                   show_edge=False, expand=False)
     # One line per op: names are cut with an ellipsis (the JSON has them whole), numbers never are.
-    for col, just, min_w in (("op", "left", 12), ("module", "left", 8), ("category", "left", 8),
-                             ("count", "right", 5), ("self", "right", 9), ("share", "right", 6),
-                             ("source", "left", 12)):
-        table.add_column(col, justify=just, no_wrap=True, overflow="ellipsis", min_width=min_w)
+    for col, just, min_w, max_w in (("op", "left", 12, 40), ("module", "left", 8, 18), ("category", "left", 8, 14),
+                                    ("count", "right", 5, None), ("self", "right", 9, None),
+                                    ("share", "right", 6, None), ("source", "left", 16, None)):
+        table.add_column(col, justify=just, no_wrap=True, overflow="ellipsis", min_width=min_w, max_width=max_w)
     for o in ops[:top]:
         table.add_row(o["name"], o["module"], o["category"], str(o["occurrences"]), fmt_s(o["self_s"]),
                       fmt_pct(o["share"]), short_source(o["source"], keep=1))

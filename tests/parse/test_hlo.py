@@ -1,0 +1,96 @@
+"""The HLO parser, held to XLA's own parser on every HLO file in the fixtures, and its errors."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from jaxlib import _hlo
+
+from tests.conftest import ARTIFACTS
+from tpudiag.errors import ParseError
+from tpudiag.parse.hlo import find_optimized_modules, parse_hlo_text, read_hlo_file
+
+HLO_FILES = sorted(ARTIFACTS.glob("*/hlo/*optimizations.txt"))
+
+
+# Opcodes whose text spelling (HloOpcodeString in XLA) is not the kebab-case of the enum name.
+_SPELLING = {"log1p": "log-plus-one", "expm1": "exponential-minus-one", "exp": "exponential",
+             "optimization-barrier": "opt-barrier", "population-count": "popcnt"}
+
+
+def _opcode(enum) -> str:
+    """HloOpcode.kGetTupleElement -> get-tuple-element (XLA's text spelling)."""
+    kebab = re.sub(r"(?<!^)(?=[A-Z])", "-", enum.name[1:]).lower()
+    return _SPELLING.get(kebab, kebab)
+
+
+def test_there_are_hlo_fixtures():
+    assert len(HLO_FILES) >= 8
+
+
+@pytest.mark.parametrize("path", HLO_FILES, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_agrees_with_xla_parser(path):
+    text = path.read_text()
+    oracle = {}
+    for comp in _hlo.hlo_module_from_text(text).computations():
+        for i in comp.instructions():
+            oracle[i.name] = (_opcode(i.opcode), [o.name for o in i.operands()])
+    mine = {i.name: (i.opcode, i.operands) for i in read_hlo_file(path).instructions()}
+    assert mine == oracle
+
+
+def test_source_lines_resolve_through_stack_frames():
+    mods = find_optimized_modules(ARTIFACTS / "mlp" / "hlo")
+    module = next(read_hlo_file(p) for p in mods.values() if "train_step" in p.name)
+    sources = {module.source_frames(i)[0][0] for i in module.instructions() if module.source_frames(i)}
+    assert any(s.endswith("fixtures/programs/mlp.py") for s in sources)
+
+
+def test_inline_source_metadata_of_older_dumps():
+    text = ('HloModule m\n\nENTRY %main (p: f32[2]) -> f32[2] {\n'
+            '  %p = f32[2]{0} parameter(0)\n'
+            '  ROOT %n = f32[2]{0} negate(%p), metadata={op_name="jit(f)/neg" source_file="/a/b.py" source_line=7}\n}\n')
+    module = parse_hlo_text(text)
+    assert module.source_frames(module.entry.instructions[1]) == [("/a/b.py", 7, "")]
+
+
+def test_tpu_layouts_and_tuple_shapes():
+    text = ('HloModule m\n\nENTRY %main (p: bf16[8,128]) -> (bf16[8,128], s32[]) {\n'
+            '  %p = bf16[8,128]{1,0:T(8,128)(2,1)S(1)} parameter(0)\n'
+            '  %c = s32[] constant(3)\n'
+            '  ROOT %t = (bf16[8,128]{1,0:T(8,128)(2,1)}, s32[]) tuple(%p, %c)\n}\n')
+    module = parse_hlo_text(text)
+    p, c, t = module.entry.instructions
+    assert p.shape == "bf16[8,128]{1,0:T(8,128)(2,1)S(1)}" and p.operands == []
+    assert t.opcode == "tuple" and t.operands == ["p", "c"] and t.shape.startswith("(")
+
+
+def test_truncated_module_names_file_and_line(tmp_path):
+    src = next(iter(HLO_FILES)).read_text().splitlines()
+    bad = tmp_path / "cut.txt"
+    bad.write_text("\n".join(src[: len(src) - 2]) + "\n")
+    with pytest.raises(ParseError) as e:
+        read_hlo_file(bad)
+    assert str(bad) in str(e.value) and "not closed" in str(e.value)
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("", "empty file"),
+    ("not hlo at all\n", "HloModule"),
+    ("HloModule m\n\nENTRY %main () -> f32[] {\n  this is not an instruction\n}\n", "expected an instruction"),
+    ("HloModule m\n\nENTRY %main () -> f32[] {\n  %x = f32[] negate(%y\n}\n", "malformed"),
+])
+def test_garbage(tmp_path, text, problem):
+    bad = tmp_path / "bad.txt"
+    bad.write_text(text)
+    with pytest.raises(ParseError, match=problem) as e:
+        read_hlo_file(bad)
+    assert "\n" not in str(e.value)
+
+
+def test_binary_file(tmp_path):
+    bad = tmp_path / "bin.txt"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ParseError, match="not text"):
+        read_hlo_file(bad)

@@ -1,0 +1,100 @@
+"""CLI behaviour through click's CliRunner: options, bad input, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import ARTIFACTS, xplane_of
+from tpudiag.cli import cli, main
+
+
+def run_main(args, capsys):
+    """Invoke `main()` (which maps errors to exit codes) and capture its output."""
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+def test_help_lists_commands():
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0
+    assert "profile" in result.output and "report" in result.output
+
+
+def test_report_of_a_bare_xplane_uses_its_run(in_root):
+    result = CliRunner().invoke(cli, ["report", "--json", str(xplane_of("mlp"))])
+    doc = json.loads(result.output)
+    assert doc["program"] == "fixtures/programs/mlp.py"
+    assert all(o["category"] != "unknown" for o in doc["ops"])
+
+
+def test_report_of_an_xplane_outside_a_run(tmp_path):
+    lone = tmp_path / "host.xplane.pb"
+    shutil.copy(xplane_of("mlp"), lone)
+    doc = json.loads(CliRunner().invoke(cli, ["report", "--json", str(lone)]).output)
+    assert doc["backend"] == "cpu" and doc["ops"]
+    assert doc["program"] is None
+    assert any("no HLO dump" in w for w in doc["warnings"])
+
+
+@pytest.mark.parametrize("setup,needle,code", [
+    ("empty_dir", "empty directory", 2),
+    ("missing", "no such file", 2),
+    ("truncated", "corrupt or truncated", 3),
+    ("zero", "empty file", 3),
+    ("bad_manifest", "not valid JSON", 3),
+])
+def test_report_bad_input_is_one_line(tmp_path, capsys, setup, needle, code):
+    target = tmp_path / "t"
+    if setup == "empty_dir":
+        target.mkdir()
+    elif setup == "truncated":
+        target = tmp_path / "t.xplane.pb"
+        target.write_bytes(xplane_of("mlp").read_bytes()[:2000])
+    elif setup == "zero":
+        target = tmp_path / "t.xplane.pb"
+        target.write_bytes(b"")
+    elif setup == "bad_manifest":
+        shutil.copytree(ARTIFACTS / "mlp", target)
+        (target / "manifest.json").write_text("{not json")
+    rc, out, err = run_main(["report", str(target)], capsys)
+    assert rc == code
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and str(target.name) in lines[0]
+    assert "Traceback" not in err
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    with pytest.raises(Exception, match="no such file"):
+        main(["--debug", "report", str(tmp_path / "missing")])
+
+
+def test_json_and_md_together_is_a_usage_error(capsys):
+    rc, out, err = run_main(["report", "--json", "--md", str(ARTIFACTS / "mlp")], capsys)
+    assert rc == 2 and "choose one" in err
+
+
+def test_profile_missing_script(tmp_path, capsys):
+    rc, out, err = run_main(["profile", "--out", str(tmp_path / "r"), str(tmp_path / "nope.py")], capsys)
+    assert rc == 2 and "nope.py: no such file" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists(), "nothing half-written"
+
+
+def test_profile_never_overwrites_a_run(tmp_path, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "manifest.json").write_text("{}")
+    rc, _, err = run_main(["profile", "--out", str(run), str(ARTIFACTS.parent / "programs" / "mlp.py")], capsys)
+    assert rc == 2 and "never overwrites" in err
+    assert (run / "manifest.json").read_text() == "{}"
+
+
+def test_skip_needs_steps(tmp_path, capsys):
+    rc, _, err = run_main(["profile", "--skip", "1", str(ARTIFACTS.parent / "programs" / "mlp.py")], capsys)
+    assert rc == 2 and "--skip needs --steps" in err
