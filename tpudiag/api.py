@@ -65,7 +65,13 @@ def analyze_run(run: Path, config: AnalysisConfig = DEFAULT_CONFIG) -> ProfileRe
         if len(xplanes) > 1:
             warnings.append(f"{len(xplanes)} traces in this run; reporting the last ({xplanes[-1].name})")
     else:
-        why = manifest.get("reason") or "the program marked no StepTraceAnnotation steps in the --skip/--steps window"
+        if manifest.get("reason"):
+            why = manifest["reason"]
+        elif manifest.get("steps") is not None:
+            why = (f"the program entered {manifest.get('steps_entered') or 0} StepTraceAnnotation steps; "
+                   f"--skip {manifest.get('skip', 0)} --steps {manifest['steps']} selects none of them")
+        else:
+            why = "the program never initialized a jax backend, so there was nothing to trace"
         warnings.append(f"no trace was written ({why})")
         trace = _empty_trace(why)
     pids = set(trace.ops["program_id"].unique().tolist())
@@ -92,7 +98,7 @@ def analyze_xplane(path: Path, config: AnalysisConfig = DEFAULT_CONFIG) -> Profi
         return analyze_run(root, config)
     trace = read_xplane(path)
     warnings = ["no HLO dump beside this trace: op categories and source lines are unknown"] if len(trace.ops) else []
-    return build_profile_report(trace, {}, frames.empty_frame(frames.COMPILES), {}, None,
+    return build_profile_report(trace, {}, frames.empty_frame(frames.COMPILES), 0, None,
                                 {"xplane": str(path)}, config, warnings)
 
 
@@ -107,8 +113,12 @@ def load_report(target: Path, config: AnalysisConfig = DEFAULT_CONFIG) -> Profil
 
 
 def write_report(report: ProfileReport, run: Path) -> Path:
+    """report.json and report.md into the run directory (each written whole, or not at all)."""
+    from tpudiag.report.markdown import render_markdown
+
     path = Path(run) / rundir.REPORT
     rundir.write_json_atomic(path, report.to_dict())
+    rundir.write_text_atomic(Path(run) / rundir.REPORT_MD, render_markdown(report.to_dict()))
     return path
 
 
@@ -125,7 +135,7 @@ def profile(script, args=(), out=None, *, steps=None, skip=0, python_trace=False
         # Analysis of a failed program's partial artifacts must not hide the program's failure.
         if cap.exit_code == 0:
             raise
-        report = build_profile_report(_empty_trace(str(e)), {}, frames.empty_frame(frames.COMPILES), {},
+        report = build_profile_report(_empty_trace(str(e)), {}, frames.empty_frame(frames.COMPILES), 0,
                                       rundir.read_manifest(cap.run_dir), {"run_dir": str(cap.run_dir)}, config,
                                       [f"analysis failed: {e}"])
     write_report(report, cap.run_dir)

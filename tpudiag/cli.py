@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from tpudiag import __version__
-from tpudiag.errors import TpudiagError, UsageError
+from tpudiag.errors import NothingTraced, ProgramFailed, TpudiagError, UsageError
 
 _STATE = {"debug": False}
 
@@ -75,7 +75,6 @@ def profile(out, steps, skip, python_trace, as_json, as_md, no_color, width, scr
     manifest.json, report.json and report.md.
     """
     from tpudiag import api
-    from tpudiag.report.markdown import render_markdown
 
     if as_json and as_md:
         raise UsageError("choose one of --json and --md")
@@ -89,15 +88,12 @@ def profile(out, steps, skip, python_trace, as_json, as_md, no_color, width, scr
     result = api.profile(script, args, out, steps=steps, skip=skip, python_trace=python_trace,
                          program_stdout=program_stdout)
     doc = result.report.to_dict()
-    (result.capture.run_dir / "report.md").write_text(render_markdown(doc))
     _emit(doc, as_json, as_md, no_color, width)
     cap = result.capture
     if cap.exit_code != 0:
-        click.echo(f"tpudiag: the program failed ({cap.reason}); what was captured is in {cap.run_dir}", err=True)
-        sys.exit(cap.exit_code)
+        raise ProgramFailed(f"the program failed ({cap.reason}); what was captured is in {cap.run_dir}", cap.exit_code)
     if not doc["artifacts"].get("xplane"):
-        click.echo(f"tpudiag: nothing was traced: {doc['warnings'][0] if doc['warnings'] else 'no trace'}", err=True)
-        sys.exit(2)
+        raise NothingTraced(f"nothing was traced: {doc['warnings'][0] if doc['warnings'] else 'no trace'}")
 
 
 @cli.command()
@@ -129,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     except TpudiagError as e:
         if _STATE["debug"]:
             raise
-        click.echo(f"tpudiag: error: {e}", err=True)
+        prefix = "tpudiag: " if isinstance(e, ProgramFailed) else "tpudiag: error: "
+        click.echo(f"{prefix}{e}", err=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("tpudiag: interrupted", err=True)

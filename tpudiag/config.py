@@ -11,9 +11,6 @@ class AnalysisConfig:
     top_ops: int = 15
     # Breakdown parts must sum to the traced window; the tests hold us to this tolerance (issue #2: 1%).
     breakdown_tolerance: float = 0.01
-    # Host events shorter than this are profiler bookkeeping (ThreadpoolListener markers are 0 ns);
-    # they do not make the host "busy".
-    min_host_event_ns: int = 1
     # Compile rows shown in the terminal compile table; JSON carries all.
     top_compiles: int = 10
 

@@ -58,6 +58,12 @@ class CaptureError(TpudiagError):
     exit_code = 5
 
 
+class NothingTraced(TpudiagError):
+    """The program ran but the trace window selected nothing (e.g. --skip past its last step)."""
+
+    exit_code = 2
+
+
 class ProgramFailed(TpudiagError):
     """The profiled program failed; tpudiag exits with the program's own exit code."""
 

@@ -32,3 +32,23 @@ def test_failed_run_report_says_so(in_root):
     assert doc["status"] == "failed" and doc["exit_code"] == 1
     assert "boom from the program" in doc["reason"]
     assert doc["ops"], "what ran before the failure is still reported"
+
+
+def test_terminal_renders_a_report_of_a_run_that_could_not_be_analyzed():
+    """A failed program whose artifacts could not be read still renders (the artifacts table is partial)."""
+    import io
+
+    from rich.console import Console
+
+    from tpudiag.api import _empty_trace
+    from tpudiag.analyze.profile_report import build_profile_report
+    from tpudiag.config import DEFAULT_CONFIG
+    from tpudiag.parse import frames
+    from tpudiag.report.terminal import render_terminal
+
+    doc = build_profile_report(_empty_trace("x"), {}, frames.empty_frame(frames.COMPILES), 0,
+                               {"status": "failed", "reason": "killed by SIGKILL", "exit_code": 137},
+                               {"run_dir": "RUN"}, DEFAULT_CONFIG, ["analysis failed: x"]).to_dict()
+    out = io.StringIO()
+    render_terminal(doc, Console(file=out, width=100, no_color=True))
+    assert "killed by SIGKILL" in out.getvalue() and "RUN" in out.getvalue()

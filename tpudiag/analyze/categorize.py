@@ -14,12 +14,15 @@ from dataclasses import dataclass
 
 from tpudiag.parse.hlo import HloModule, Instruction
 
+# XLA's collective opcodes (hlo_opcode.h). Async reduce-scatter and all-to-all appear as
+# async-start/async-done wrapping one of these; see _async_collective.
 _COLLECTIVE = frozenset({
     "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute",
     "collective-broadcast", "all-reduce-start", "all-reduce-done", "all-gather-start", "all-gather-done",
-    "collective-permute-start", "collective-permute-done", "reduce-scatter-start", "reduce-scatter-done",
+    "collective-permute-start", "collective-permute-done",
 })
-_HOST = frozenset({"infeed", "outfeed", "send", "send-done", "recv", "recv-done"})
+_SEND_RECV = frozenset({"send", "send-done", "recv", "recv-done"})
+_HOST = frozenset({"infeed", "outfeed"})
 _DATA = frozenset({
     "copy", "copy-start", "copy-done", "transpose", "gather", "scatter", "dynamic-slice",
     "dynamic-update-slice", "slice", "concatenate", "pad", "reshape", "broadcast", "bitcast", "reverse",
@@ -28,6 +31,10 @@ _DATA = frozenset({
 _REDUCE = frozenset({"reduce", "reduce-window", "select-and-scatter", "sort", "reduce-precision"})
 _CONTROL = frozenset({"while", "conditional", "call", "async-start", "async-done", "async-update"})
 _MATMUL = frozenset({"dot", "convolution", "ragged-dot"})
+# Custom-call targets that are matmuls or convolutions (cuBLAS, cuDNN, oneDNN) or Pallas/Mosaic
+# kernels (`tpu_custom_call`), which are written for the MXU/tensor cores.
+_MATMUL_CALL_PREFIXES = ("__cublas$", "__cudnn$conv", "__onednn$matmul", "__onednn$convolution", "tpu_custom_call",
+                         "__gpu$xla.gpu.triton")
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,6 @@ class OpInfo:
     bound: str  # compute | memory | communication | host | control
     shape: str
     source: str | None  # "file.py:12" of the innermost Python frame, if the HLO metadata has it
-    fused_opcodes: tuple[str, ...] = ()
 
 
 def _contains_matmul(module: HloModule, comp_names: list[str], depth: int = 0) -> bool:
@@ -54,13 +60,20 @@ def _contains_matmul(module: HloModule, comp_names: list[str], depth: int = 0) -
 
 
 def _is_matmul_call(instr: Instruction) -> bool:
-    target = (instr.custom_call_target or "").lower()
-    return any(k in target for k in ("matmul", "gemm", "dot", "conv", "tpu_custom_call", "mosaic"))
+    return (instr.custom_call_target or "").startswith(_MATMUL_CALL_PREFIXES)
+
+
+def _async_collective(module: HloModule, instr: Instruction) -> bool:
+    """async-start/-done whose wrapped computation runs a collective (async reduce-scatter, all-to-all)."""
+    start = instr
+    if instr.opcode in ("async-done", "async-update") and instr.operands:
+        start = next((i for i in module.instructions() if i.name == instr.operands[0]), instr)
+    return any(i.opcode in _COLLECTIVE for c in start.called if c in module.computations
+               for i in module.computations[c].instructions)
 
 
 def classify(module: HloModule, instr: Instruction) -> OpInfo:
     op = instr.opcode
-    fused: tuple[str, ...] = ()
     if op == "dot" or op == "ragged-dot":
         cat, bound = "matmul", "compute"
     elif op == "convolution":
@@ -68,16 +81,18 @@ def classify(module: HloModule, instr: Instruction) -> OpInfo:
     elif op == "fusion":
         kind = (instr.fusion_kind or "kLoop")[1:].lower()
         cat = f"fusion:{kind}"
-        fused = tuple(sorted({i.opcode for c in instr.called if c in module.computations
-                              for i in module.computations[c].instructions
-                              if i.opcode not in ("parameter", "constant")}))
         bound = "compute" if _contains_matmul(module, instr.called) else "memory"
-        if any(o in _COLLECTIVE for o in fused):
+        if any(i.opcode in _COLLECTIVE for c in instr.called if c in module.computations
+               for i in module.computations[c].instructions):
             bound = "communication"
     elif op in _COLLECTIVE:
         cat, bound = "collective", "communication"
-    elif op in _HOST:
+    elif op in _HOST or (op in _SEND_RECV and "is_host_transfer=true" in instr.attrs):
         cat, bound = "host_transfer", "host"
+    elif op in _SEND_RECV:  # device-to-device send/recv
+        cat, bound = "collective", "communication"
+    elif op.startswith("async-") and _async_collective(module, instr):
+        cat, bound = "collective", "communication"
     elif op == "custom-call":
         cat = "custom_call"
         bound = "compute" if _is_matmul_call(instr) else "memory"
@@ -91,7 +106,7 @@ def classify(module: HloModule, instr: Instruction) -> OpInfo:
         cat, bound = "elementwise", "memory"
     frames = module.source_frames(instr)
     source = f"{frames[0][0]}:{frames[0][1]}" if frames else None
-    return OpInfo(opcode=op, category=cat, bound=bound, shape=instr.shape, source=source, fused_opcodes=fused)
+    return OpInfo(opcode=op, category=cat, bound=bound, shape=instr.shape, source=source)
 
 
 def index_module(module: HloModule) -> dict[str, OpInfo]:
@@ -104,3 +119,22 @@ def index_module(module: HloModule) -> dict[str, OpInfo]:
         for instr in comp.instructions:
             out[instr.name] = classify(module, instr)
     return out
+
+
+_KNOWN_OPCODES = _COLLECTIVE | _SEND_RECV | _HOST | _DATA | _REDUCE | _CONTROL | _MATMUL | {"fusion", "custom-call"}
+
+
+def guess_from_name(op_name: str) -> OpInfo:
+    """For an op with no HLO (a bare trace): XLA names instructions after their opcode (`all-reduce.3`,
+    `dot.12`, `fusion.7`), so the name's stem is a fair guess at the opcode. Anything else is unknown."""
+    stem = op_name.split(".")[0]
+    for candidate in (stem, stem.replace("_", "-")):
+        if candidate in _KNOWN_OPCODES:
+            if candidate in _COLLECTIVE or candidate in _SEND_RECV:
+                return OpInfo(candidate, "collective", "communication", "", None)
+            if candidate in _MATMUL:
+                return OpInfo(candidate, "matmul" if candidate != "convolution" else "convolution", "compute", "", None)
+            if candidate in _CONTROL:
+                return OpInfo(candidate, "control_flow", "control", "", None)
+            return OpInfo(candidate, "unknown", "memory", "", None)
+    return OpInfo("?", "unknown", "memory", "", None)

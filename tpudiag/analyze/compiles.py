@@ -16,9 +16,9 @@ def compile_intervals(compiles: pd.DataFrame, trace_start_ns: int) -> tuple[np.n
     return s, s + compiles["duration_ns"].to_numpy(dtype=np.int64)
 
 
-def compile_table(compiles: pd.DataFrame, cache_hits: dict[str, int]) -> pd.DataFrame:
-    """One row per function: how many times each stage ran and how long it took, and cache hits."""
-    cols = ["fun_name", "compiles", "tracing_ns", "lowering_ns", "backend_compile_ns", "total_ns", "cache_hits"]
+def compile_table(compiles: pd.DataFrame) -> pd.DataFrame:
+    """One row per function: how many times each stage ran and how long it took."""
+    cols = ["fun_name", "compiles", "tracing_ns", "lowering_ns", "backend_compile_ns", "total_ns"]
     if compiles.empty:
         return pd.DataFrame(columns=cols)
     p = compiles.pivot_table(index="fun_name", columns="event", values="duration_ns", aggfunc="sum", fill_value=0)
@@ -34,5 +34,4 @@ def compile_table(compiles: pd.DataFrame, cache_hits: dict[str, int]) -> pd.Data
         "backend_compile_ns": p["backend_compile"].astype("int64").to_numpy(),
     })
     out["total_ns"] = out["tracing_ns"] + out["lowering_ns"] + out["backend_compile_ns"]
-    out["cache_hits"] = out["fun_name"].map(lambda f: int(cache_hits.get(f, 0))).astype("int64")
     return out.sort_values(["total_ns", "fun_name"], ascending=[False, True]).reset_index(drop=True)

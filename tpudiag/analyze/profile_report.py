@@ -50,7 +50,7 @@ def _median(values) -> float | None:
     return float(np.median(values)) if len(values) else None
 
 
-def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, cache_hits: dict,
+def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, cache_hits: int,
                          manifest: dict | None, artifacts: dict[str, str], config: AnalysisConfig,
                          warnings: list[str] | None = None) -> ProfileReport:
     warnings = list(warnings or [])
@@ -62,8 +62,7 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         sel = timeline[timeline["bound"] == bound]
         if len(sel):
             classes[bound] = _intervals(sel)
-    host = trace.host[trace.host["duration_ns"] >= config.min_host_event_ns]
-    hs, he = _intervals(host)
+    hs, he = _intervals(trace.host)
     if "host" in classes:
         classes["host"] = (np.concatenate([classes["host"][0], hs]), np.concatenate([classes["host"][1], he]))
     else:
@@ -77,7 +76,7 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         warnings.append(f"{len(unknown)} of {len(ops)} ops have no matching instruction in the HLO dump "
                         "(their category and source line are unknown)")
     steps = step_table(timeline, trace.steps)
-    ctab = compile_table(compiles, cache_hits)
+    ctab = compile_table(compiles)
     m = manifest or {}
     doc = {
         "schema": SCHEMA,
@@ -99,6 +98,8 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
             "distinct_ops": int(len(ops)),
             "op_self_s": _s(timeline["self_ns"].sum()),
             "modules": int(timeline["module"].nunique()),
+            "compile_s": _s(compiles["duration_ns"].sum()),
+            "compile_cache_hits": int(cache_hits),
         },
         "steps": {
             "count": int(len(steps)),
@@ -117,7 +118,7 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         "compile": [
             {"function": r.fun_name, "compiles": int(r.compiles), "tracing_s": _s(r.tracing_ns),
              "lowering_s": _s(r.lowering_ns), "backend_compile_s": _s(r.backend_compile_ns),
-             "total_s": _s(r.total_ns), "cache_hits": int(r.cache_hits)}
+             "total_s": _s(r.total_ns)}
             for r in ctab.itertuples()
         ],
         "artifacts": artifacts,

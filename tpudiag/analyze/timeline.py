@@ -10,10 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tpudiag.analyze.categorize import OpInfo
+from tpudiag.analyze.categorize import OpInfo, guess_from_name
 from tpudiag.parse import frames
-
-_UNKNOWN = OpInfo(opcode="?", category="unknown", bound="memory", shape="", source=None)
 
 
 def _self_ns(df: pd.DataFrame) -> np.ndarray:
@@ -54,7 +52,7 @@ def build_timeline(ops: pd.DataFrame, steps: pd.DataFrame, hlo: dict[int, dict[s
     df["self_ns"] = _self_ns(df).astype("int64")
     # Join each distinct (program_id, op) once, then broadcast: 400k instances are ~1k distinct ops.
     keys = df[["program_id", "op"]].drop_duplicates()
-    info = [hlo.get(int(p), {}).get(o, _UNKNOWN) for p, o in zip(keys["program_id"], keys["op"])]
+    info = [hlo.get(int(p), {}).get(o) or guess_from_name(o) for p, o in zip(keys["program_id"], keys["op"])]
     cols = {c: pd.Series([getattr(i, c) for i in info], index=keys.index, dtype="object")
             for c in ("category", "opcode", "bound", "shape", "source")}
     keys = keys.assign(**cols)

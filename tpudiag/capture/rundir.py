@@ -6,13 +6,15 @@ program's log live. It does not parse traces or HLO (that is `parse/`).
 Layout (documented in docs/run-directory.md):
 
     RUN/manifest.json              argv, env flags, versions, exit code, status, wall time
+    RUN/report.json, report.md     the analysis (`tpudiag report RUN` re-renders it)
     RUN/program.log                the program's stdout and stderr, interleaved
     RUN/trace/plugins/profile/<session>/<host>.xplane.pb   (`xprof --logdir RUN/trace`)
+    RUN/trace/plugins/profile/<session>/<host>.trace.json.gz   Chrome-trace JSON (Perfetto)
     RUN/hlo/                       XLA dumps (`--xla_dump_to`): HLO before/after optimizations
     RUN/ir/                        JAX IR dumps (`JAX_DUMP_IR_TO`): StableHLO per jitted computation
     RUN/capture/monitoring.jsonl   jax.monitoring events (tracing, lowering, compile, cache)
     RUN/capture/child.json         how the program ended, written by the child
-    RUN/report.json                the analysis, re-rendered by `tpudiag report RUN`
+    RUN/capture/spec.json          what the parent asked the child to run
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tpudiag.errors import InputError, ParseError
 
 MANIFEST = "manifest.json"
 REPORT = "report.json"
+REPORT_MD = "report.md"
 PROGRAM_LOG = "program.log"
 TRACE_DIR = "trace"
 HLO_DIR = "hlo"
@@ -58,11 +61,15 @@ def create_run_dir(path: Path) -> Path:
     return path
 
 
-def write_json_atomic(path: Path, doc: dict) -> None:
-    """Write JSON through a temporary file and a rename, so a reader never sees half a document."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename, so a reader never sees half a document."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, sort_keys=True, indent=2) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, doc: dict) -> None:
+    write_text_atomic(path, json.dumps(doc, sort_keys=True, indent=2) + "\n")
 
 
 def read_manifest(run: Path) -> dict:

@@ -127,7 +127,9 @@ def run_program(
         "status": "running",
         "program": str(script),
         "argv": [str(script), *args],
-        "command": "tpudiag profile " + shlex.join([str(script), *(["--", *args] if args else [])]),
+        "command": "tpudiag profile " + shlex.join([
+            *(["--steps", str(steps)] if steps is not None else []), *(["--skip", str(skip)] if skip else []),
+            *(["--python-trace"] if python_trace else []), str(script), *(["--", *args] if args else [])]),
         "cwd": os.getcwd(),
         "env": {k: cenv[k] for k in _RECORDED_ENV if k in cenv},
         "versions": tool_versions(),

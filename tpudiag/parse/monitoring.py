@@ -8,7 +8,6 @@ align clocks with the trace (that is `analyze/compiles.py`).
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +21,9 @@ COMPILE_EVENTS = {
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lowering",
     "/jax/core/compile/backend_compile_duration": "backend_compile",
 }
-CACHE_HIT_EVENTS = ("/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_hits_original")
+# jax 0.10.2 records cache hits without naming the function (jax/_src/compiler.py), so hits are
+# counted per run, not per function.
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 def normalize_fun_name(name: str) -> str:
@@ -32,12 +33,14 @@ def normalize_fun_name(name: str) -> str:
     return name
 
 
-def read_monitoring(path: Path) -> tuple[pd.DataFrame, Counter]:
+def read_monitoring(path: Path) -> tuple[pd.DataFrame, int]:
+    """The COMPILES frame and the number of persistent compilation-cache hits."""
     rows = {c: [] for c in frames.COMPILES}
-    cache_hits: Counter = Counter()
+    cache_hits = 0
     if not path.is_file():
         return frames.empty_frame(frames.COMPILES), cache_hits
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    lines = path.read_text().splitlines()
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
@@ -45,7 +48,7 @@ def read_monitoring(path: Path) -> tuple[pd.DataFrame, Counter]:
             event = rec["event"]
         except (json.JSONDecodeError, KeyError, TypeError):
             # The child may be killed mid-write: a torn last line is expected, anything else is not.
-            if n == len(path.read_text().splitlines()):
+            if n == len(lines):
                 break
             raise ParseError(path, "not a monitoring record (JSON with an 'event')", line=n, snippet=line) from None
         if event in COMPILE_EVENTS:
@@ -54,8 +57,8 @@ def read_monitoring(path: Path) -> tuple[pd.DataFrame, Counter]:
             rows["fun_name"].append(normalize_fun_name(rec.get("fun_name", "?")))
             rows["start_ns"].append(int(rec["end_ns"]) - dur)
             rows["duration_ns"].append(dur)
-        elif event in CACHE_HIT_EVENTS:
-            cache_hits[normalize_fun_name(rec.get("fun_name", "?"))] += 1
+        elif event == CACHE_HIT_EVENT:
+            cache_hits += 1
     if not rows["event"]:
         return frames.empty_frame(frames.COMPILES), cache_hits
     df = pd.DataFrame(rows).astype({"start_ns": "int64", "duration_ns": "int64"})

@@ -82,6 +82,7 @@ def read_xplane(path: Path) -> Trace:
 
     ops = {c: [] for c in frames.OPS}
     steps = {c: [] for c in frames.STEPS}
+    device_steps = {c: [] for c in frames.STEPS}
     host = {c: [] for c in frames.HOST}
     device_planes = [p for p in planes if _DEVICE_PLANE.match(p.name)]
     backend = _DEVICE_PLANE.match(device_planes[0].name).group(1).lower() if device_planes else "cpu"
@@ -94,10 +95,14 @@ def read_xplane(path: Path) -> Trace:
             continue
         for line in plane.lines:
             if is_device:
-                max_end = max(max_end, _walk_device_line(plane.name, line, ops, steps))
+                # Only the first device's "Steps" line: every device repeats the same steps.
+                dsteps = device_steps if plane is device_planes[0] else {c: [] for c in frames.STEPS}
+                max_end = max(max_end, _walk_device_line(plane.name, line, ops, dsteps))
             else:
                 max_end = max(max_end, _walk_host_line(line, ops, steps, host, want_ops=not device_planes))
 
+    if not steps["name"]:  # the program's own StepTraceAnnotations win over the device's step markers
+        steps = device_steps
     window = stop - start if stop > start else max_end
     hostname = path.name[: -len(".xplane.pb")] if path.name.endswith(".xplane.pb") else path.stem
     devices = tuple(p.name for p in device_planes) or tuple(sorted(set(ops["device"]))) or ("/device:CPU:0",)
@@ -109,6 +114,7 @@ def read_xplane(path: Path) -> Trace:
 
 
 def _walk_host_line(line, ops, steps, host, want_ops: bool) -> int:
+    """Op instances (CPU thunks), step annotations, and the remaining host activity of one thread."""
     lname = line.name
     max_end = 0
     for ev in line.events:
@@ -131,10 +137,12 @@ def _walk_host_line(line, ops, steps, host, want_ops: bool) -> int:
                 ops["duration_ns"].append(dur)
             continue
         if "step_num" in stats:
+            # A step annotation spans work; it is not itself host activity.
             steps["name"].append(name)
             steps["step_num"].append(int(stats["step_num"]))
             steps["start_ns"].append(start)
             steps["duration_ns"].append(dur)
+            continue
         host["name"].append(name)
         host["start_ns"].append(start)
         host["duration_ns"].append(dur)

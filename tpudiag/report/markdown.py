@@ -29,11 +29,13 @@ def render_markdown(doc: dict, top: int = 15) -> str:
     else:
         out.append("_No op executed in the traced window._")
     if doc["compile"]:
-        out += ["", "### Compilation", "", "| function | compiles | tracing | lowering | backend | cache hits |",
-                "|---|---:|---:|---:|---:|---:|"]
+        hits = doc["totals"].get("compile_cache_hits", 0)
+        out += ["", f"### Compilation: {fmt_s(doc['totals'].get('compile_s'))}"
+                + (f" ({hits} persistent-cache hits)" if hits else ""), "", "| function | compiles | tracing | lowering | backend |",
+                "|---|---:|---:|---:|---:|"]
         for c in doc["compile"][:10]:
             out.append(f"| `{_esc(c['function'])}` | {c['compiles']} | {fmt_s(c['tracing_s'])} | "
-                       f"{fmt_s(c['lowering_s'])} | {fmt_s(c['backend_compile_s'])} | {c['cache_hits']} |")
+                       f"{fmt_s(c['lowering_s'])} | {fmt_s(c['backend_compile_s'])} |")
     for w in doc.get("warnings", []):
         out += ["", f"> **Warning:** {_esc(w)}"]
     return "\n".join(out) + "\n"

@@ -74,13 +74,16 @@ def _ops_table(doc: dict, top: int) -> Table:
 
 
 def _compile_table(doc: dict, top: int) -> Table:
-    table = Table(title="Compilation (tracing, lowering, backend compile)", title_justify="left", show_edge=False)
+    hits = doc["totals"].get("compile_cache_hits", 0)
+    title = f"Compilation: {fmt_s(doc['totals'].get('compile_s'))} (tracing, lowering, backend compile)"
+    table = Table(title=title + (f", {hits} persistent-cache hits" if hits else ""), title_justify="left",
+                  show_edge=False)
     for col, just in (("function", "left"), ("compiles", "right"), ("tracing", "right"), ("lowering", "right"),
-                      ("backend", "right"), ("cache hits", "right")):
+                      ("backend", "right")):
         table.add_column(col, justify=just)
     for c in doc["compile"][:top]:
         table.add_row(c["function"], str(c["compiles"]), fmt_s(c["tracing_s"]), fmt_s(c["lowering_s"]),
-                      fmt_s(c["backend_compile_s"]), str(c["cache_hits"]))
+                      fmt_s(c["backend_compile_s"]))
     return table
 
 
@@ -90,11 +93,13 @@ def _artifacts(doc: dict) -> Text:
     run = a.get("run_dir")
     if run:
         t.append(f"\n  run directory  {run}")
-        t.append(f"\n  report         {run}/{a['report']}")
+        if a.get("report"):
+            t.append(f"\n  report         {run}/{a['report']}")
         if a.get("xplane"):
             t.append(f"\n  trace          {run}/{a['xplane']}")
-            t.append(f"\n  open with      xprof --logdir {run}/{a['trace_logdir']}")
-        t.append(f"\n  HLO dump       {run}/{a['hlo_dump']}")
+            t.append(f"\n  open with      xprof --logdir {run}/{a.get('trace_logdir', 'trace')}")
+        if a.get("hlo_dump"):
+            t.append(f"\n  HLO dump       {run}/{a['hlo_dump']}")
     elif a.get("xplane"):
         t.append(f"\n  trace          {a['xplane']}")
     return t
