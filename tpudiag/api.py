@@ -129,6 +129,11 @@ def profile(script, args=(), out=None, *, steps=None, skip=0, python_trace=False
     run = Path(out) if out else rundir.default_run_dir(script)
     cap = run_program(script, list(args), run, steps=steps, skip=skip, python_trace=python_trace,
                       program_stdout=program_stdout, program_stderr=program_stderr)
+    return finish_capture(cap, config)
+
+
+def finish_capture(cap: CaptureResult, config: AnalysisConfig = DEFAULT_CONFIG) -> ProfileResult:
+    """Analyze a capture that just ended and write its reports (even when the program failed)."""
     try:
         report = analyze_run(cap.run_dir, config)
     except TpudiagError as e:

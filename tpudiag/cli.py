@@ -74,7 +74,10 @@ def profile(out, steps, skip, python_trace, as_json, as_md, no_color, width, scr
     trace (open it with `xprof --logdir RUN/trace`), the HLO and IR dumps, the program's log,
     manifest.json, report.json and report.md.
     """
-    from tpudiag import api
+    import importlib
+
+    from tpudiag.capture import rundir
+    from tpudiag.capture.runner import run_program
 
     if as_json and as_md:
         raise UsageError("choose one of --json and --md")
@@ -85,8 +88,12 @@ def profile(out, steps, skip, python_trace, as_json, as_md, no_color, width, scr
         args = args[1:]
     # With --json/--md, stdout is exactly the report: the program's stdout goes to stderr (and the log).
     program_stdout = sys.stderr.buffer if (as_json or as_md) else None
-    result = api.profile(script, args, out, steps=steps, skip=skip, python_trace=python_trace,
-                         program_stdout=program_stdout)
+    cap = run_program(script, args, out or rundir.default_run_dir(script), steps=steps, skip=skip,
+                      python_trace=python_trace, program_stdout=program_stdout,
+                      while_waiting=lambda: importlib.import_module("tpudiag.api"))
+    from tpudiag import api
+
+    result = api.finish_capture(cap)
     doc = result.report.to_dict()
     _emit(doc, as_json, as_md, no_color, width)
     cap = result.capture

@@ -45,7 +45,8 @@ class Trace:
 
 
 def _load(path: Path):
-    from jax.profiler import ProfileData  # jax import only when a trace is actually read
+    # jaxlib's reader alone: importing jax.profiler would import all of jax (~1.4 s of a ~2 s report).
+    from jaxlib._profile_data import ProfileData
 
     if not path.is_file():
         raise InputError(f"{path}: no such file")
