@@ -71,10 +71,10 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         classes["compile"] = compile_intervals(compiles, trace.start_time_ns)
     bd = split_window(trace.window_ns, classes)
 
-    unknown = ops[ops["category"] == "unknown"]
-    if len(unknown):
-        warnings.append(f"{len(unknown)} of {len(ops)} ops have no matching instruction in the HLO dump "
-                        "(their category and source line are unknown)")
+    missing = sum(1 for p, o in zip(ops["program_id"], ops["op"]) if o not in hlo_index.get(int(p), {}))
+    if missing and hlo_index:
+        warnings.append(f"{missing} of {len(ops)} ops have no matching instruction in the HLO dump "
+                        "(their category is guessed from the op name; no source line)")
     steps = step_table(timeline, trace.steps)
     ctab = compile_table(compiles)
     m = manifest or {}
