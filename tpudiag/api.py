@@ -43,7 +43,8 @@ def hlo_index(dump_dir: Path, program_ids: set[int] | None = None) -> dict:
 def _empty_trace(reason: str) -> Trace:
     return Trace(path="", hostname="", backend="unknown", start_time_ns=0, window_ns=0,
                  ops=frames.empty_frame(frames.OPS), steps=frames.empty_frame(frames.STEPS),
-                 host=frames.empty_frame(frames.HOST), devices=(), jax_version=None)
+                 host=frames.empty_frame(frames.HOST), compile=frames.empty_frame(frames.HOST), devices=(),
+                 jax_version=None)
 
 
 def _run_root_of(xplane: Path) -> Path | None:

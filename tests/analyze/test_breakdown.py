@@ -66,7 +66,9 @@ def test_agrees_with_a_naive_walk(run):
                        np.concatenate([classes["host"][1], h["start_ns"] + h["duration_ns"]]))
     comp, _ = read_monitoring(ARTIFACTS / run / "capture" / "monitoring.jsonl")
     s = comp["start_ns"].to_numpy() - trace.start_time_ns
-    classes["compile"] = (s, s + comp["duration_ns"].to_numpy())
+    c = trace.compile
+    classes["compile"] = (np.concatenate([s, c["start_ns"]]),
+                          np.concatenate([s + comp["duration_ns"].to_numpy(), c["start_ns"] + c["duration_ns"]]))
     naive = _naive(trace.window_ns, classes, step_ns=1000)
     bd = report.breakdown.to_dict()
     naive_compute = naive["compute"] + naive["control"]

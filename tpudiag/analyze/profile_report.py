@@ -67,8 +67,11 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         classes["host"] = (np.concatenate([classes["host"][0], hs]), np.concatenate([classes["host"][1], he]))
     else:
         classes["host"] = (hs, he)
+    cs, ce = _intervals(trace.compile)  # compile work seen in the trace itself
     if len(compiles) and trace.start_time_ns:
-        classes["compile"] = compile_intervals(compiles, trace.start_time_ns)
+        ms, me = compile_intervals(compiles, trace.start_time_ns)  # jax.monitoring's stages
+        cs, ce = np.concatenate([cs, ms]), np.concatenate([ce, me])
+    classes["compile"] = (cs, ce)
     bd = split_window(trace.window_ns, classes)
 
     missing = sum(1 for p, o in zip(ops["program_id"], ops["op"]) if o not in hlo_index.get(int(p), {}))

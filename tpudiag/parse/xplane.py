@@ -26,6 +26,11 @@ _DEVICE_PLANE = re.compile(r"^/device:(TPU|GPU):(\d+)$")
 _MODULE_EVENT = re.compile(r"^(?P<name>.+?)\((?P<id>\d+)\)$")  # "jit_f(12)" on "XLA Modules"
 # Host TraceMe names that are profiler bookkeeping or mark an op's end, not host work.
 _SKIP_PREFIXES = ("ThreadpoolListener::", "end: ")
+# Host activity that is compilation: XLA's compiler threads (`tf_PjRtCompilerThreadPool`,
+# `tf_xla-cpu-codegen`) and compile TraceMes on any thread (`backend_compile_and_load`,
+# `PjRtCpuClient::Compile`, `...Compiler::...`). Counted as compile even without jax.monitoring data.
+_COMPILE_LINE_MARKERS = ("Compiler", "codegen")
+_COMPILE_NAME_MARKERS = ("ompile",)
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class Trace:
     ops: pd.DataFrame
     steps: pd.DataFrame
     host: pd.DataFrame
+    compile: pd.DataFrame  # HOST schema: host events that are compilation
     devices: tuple[str, ...]
     jax_version: str | None
 
@@ -85,6 +91,7 @@ def read_xplane(path: Path) -> Trace:
     steps = {c: [] for c in frames.STEPS}
     device_steps = {c: [] for c in frames.STEPS}
     host = {c: [] for c in frames.HOST}
+    compile_ = {c: [] for c in frames.HOST}
     device_planes = [p for p in planes if _DEVICE_PLANE.match(p.name)]
     backend = _DEVICE_PLANE.match(device_planes[0].name).group(1).lower() if device_planes else "cpu"
     max_end = 0
@@ -100,7 +107,7 @@ def read_xplane(path: Path) -> Trace:
                 dsteps = device_steps if plane is device_planes[0] else {c: [] for c in frames.STEPS}
                 max_end = max(max_end, _walk_device_line(plane.name, line, ops, dsteps))
             else:
-                max_end = max(max_end, _walk_host_line(line, ops, steps, host, want_ops=not device_planes))
+                max_end = max(max_end, _walk_host_line(line, ops, steps, host, compile_, want_ops=not device_planes))
 
     if not steps["name"]:  # the program's own StepTraceAnnotations win over the device's step markers
         steps = device_steps
@@ -110,13 +117,15 @@ def read_xplane(path: Path) -> Trace:
     return Trace(
         path=str(path), hostname=hostname, backend=backend, start_time_ns=start, window_ns=int(window),
         ops=_columns(ops, frames.OPS), steps=_columns(steps, frames.STEPS), host=_columns(host, frames.HOST),
+        compile=_columns(compile_, frames.HOST),
         devices=devices, jax_version=meta_stats.get("jax_version"),
     )
 
 
-def _walk_host_line(line, ops, steps, host, want_ops: bool) -> int:
+def _walk_host_line(line, ops, steps, host, compile_, want_ops: bool) -> int:
     """Op instances (CPU thunks), step annotations, and the remaining host activity of one thread."""
     lname = line.name
+    compiler_thread = any(m in lname for m in _COMPILE_LINE_MARKERS)
     max_end = 0
     for ev in line.events:
         name = ev.name
@@ -144,9 +153,10 @@ def _walk_host_line(line, ops, steps, host, want_ops: bool) -> int:
             steps["start_ns"].append(start)
             steps["duration_ns"].append(dur)
             continue
-        host["name"].append(name)
-        host["start_ns"].append(start)
-        host["duration_ns"].append(dur)
+        sink = compile_ if compiler_thread or any(m in name for m in _COMPILE_NAME_MARKERS) else host
+        sink["name"].append(name)
+        sink["start_ns"].append(start)
+        sink["duration_ns"].append(dur)
     return max_end
 
 
@@ -196,7 +206,10 @@ def locate_xplane(path: Path) -> Path:
         return path
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
-    found = sorted(path.glob("**/*.xplane.pb"))
-    if not found:
-        raise InputError(f"{path}: no .xplane.pb trace in this directory")
-    return found[-1]
+    # The layouts profilers write: a session directory, an xprof/TensorBoard log directory, or a
+    # tpudiag run. No deeper search: `report /tmp` must not pick some unrelated trace.
+    for pattern in ("*.xplane.pb", "plugins/profile/*/*.xplane.pb", "trace/plugins/profile/*/*.xplane.pb"):
+        found = sorted(path.glob(pattern))
+        if found:
+            return found[-1]
+    raise InputError(f"{path}: no .xplane.pb trace in this directory (nor in its plugins/profile/*/)")
