@@ -59,7 +59,9 @@ def split_window(window_ns: int, intervals: dict[str, tuple[np.ndarray, np.ndarr
         keep = e > s
         clipped[cls] = (s[keep], e[keep])
         pieces += [s[keep], e[keep]]
-    bounds = np.unique(np.concatenate(pieces))
+    # sort + drop repeats: numpy 2's np.unique hashes, 13x slower here (0.65 s vs 0.05 s at 750k, bench/).
+    bounds = np.sort(np.concatenate(pieces))
+    bounds = bounds[np.concatenate(([True], bounds[1:] != bounds[:-1]))]
     seg = np.diff(bounds)
     taken = np.zeros(len(seg), dtype=bool)
     ns = dict.fromkeys(PRIORITY, 0)
