@@ -19,7 +19,7 @@ from tpudiag.capture import rundir
 from tpudiag.capture.runner import CaptureResult, run_program
 from tpudiag.config import DEFAULT_CONFIG, AnalysisConfig
 from tpudiag.errors import InputError, TpudiagError
-from tpudiag.parse import frames
+from tpudiag.parse import frames, xprof_tools
 from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
 from tpudiag.parse.monitoring import read_monitoring
 from tpudiag.parse.xplane import Trace, locate_xplane, read_xplane
@@ -45,6 +45,17 @@ def _empty_trace(reason: str) -> Trace:
                  ops=frames.empty_frame(frames.OPS), steps=frames.empty_frame(frames.STEPS),
                  host=frames.empty_frame(frames.HOST), compile=frames.empty_frame(frames.HOST), devices=(),
                  jax_version=None)
+
+
+def _xprof_stats(trace: Trace, warnings: list[str]):
+    """XProf's hlo_stats for device-plane traces; CPU traces get none (XProf's tables are empty for them)."""
+    if trace.backend not in ("tpu", "gpu"):
+        return None
+    try:
+        return xprof_tools.hlo_stats(Path(trace.path))
+    except TpudiagError as e:
+        warnings.append(f"XProf's per-op statistics are missing: {e}")
+        return None
 
 
 def _run_root_of(xplane: Path) -> Path | None:
@@ -75,6 +86,7 @@ def analyze_run(run: Path, config: AnalysisConfig = DEFAULT_CONFIG) -> ProfileRe
             why = "the program never initialized a jax backend, so there was nothing to trace"
         warnings.append(f"no trace was written ({why})")
         trace = _empty_trace(why)
+    xprof_stats = _xprof_stats(trace, warnings)
     pids = set(trace.ops["program_id"].unique().tolist())
     index = hlo_index(run / rundir.HLO_DIR, pids)
     compiles, hits = read_monitoring(run / rundir.MONITORING)
@@ -88,7 +100,7 @@ def analyze_run(run: Path, config: AnalysisConfig = DEFAULT_CONFIG) -> ProfileRe
         "hlo_dump": rundir.HLO_DIR,
         "ir_dump": rundir.IR_DIR,
     }
-    return build_profile_report(trace, index, compiles, hits, manifest, artifacts, config, warnings)
+    return build_profile_report(trace, index, compiles, hits, manifest, artifacts, config, warnings, xprof_stats)
 
 
 def analyze_xplane(path: Path, config: AnalysisConfig = DEFAULT_CONFIG) -> ProfileReport:
@@ -99,8 +111,9 @@ def analyze_xplane(path: Path, config: AnalysisConfig = DEFAULT_CONFIG) -> Profi
         return analyze_run(root, config)
     trace = read_xplane(path)
     warnings = ["no HLO dump beside this trace: op categories and source lines are unknown"] if len(trace.ops) else []
+    xprof_stats = _xprof_stats(trace, warnings)
     return build_profile_report(trace, {}, frames.empty_frame(frames.COMPILES), 0, None,
-                                {"xplane": str(path)}, config, warnings)
+                                {"xplane": str(path)}, config, warnings, xprof_stats)
 
 
 def load_report(target: Path, config: AnalysisConfig = DEFAULT_CONFIG) -> ProfileReport:

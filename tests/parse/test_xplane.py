@@ -75,3 +75,15 @@ def test_locate_xplane(tmp_path):
     shutil.copy(__file__, other)
     with pytest.raises(InputError, match="not an .xplane.pb"):
         locate_xplane(other)
+
+
+def test_xprof_hlo_stats_is_empty_for_cpu_traces_and_leaves_no_cache_file():
+    """XProf's converter really runs on the trace; for CPU planes its table is empty (device planes only)."""
+    from tpudiag.parse import frames
+    from tpudiag.parse.xprof_tools import hlo_stats
+
+    path = xplane_of("mlp")
+    before = sorted(p.name for p in path.parent.iterdir())
+    df = hlo_stats(path)
+    assert list(df.columns) == list(frames.XPROF_HLO_STATS) and df.empty
+    assert sorted(p.name for p in path.parent.iterdir()) == before

@@ -52,7 +52,8 @@ def _median(values) -> float | None:
 
 def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, cache_hits: int,
                          manifest: dict | None, artifacts: dict[str, str], config: AnalysisConfig,
-                         warnings: list[str] | None = None) -> ProfileReport:
+                         warnings: list[str] | None = None, xprof_stats: pd.DataFrame | None = None) -> ProfileReport:
+    """`xprof_stats` (XProf's hlo_stats, device planes only) adds XProf's per-op figures to each op row."""
     warnings = list(warnings or [])
     timeline = build_timeline(trace.ops, trace.steps, hlo_index)
     ops = aggregate_ops(timeline)
@@ -78,6 +79,14 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
     if missing and hlo_index:
         warnings.append(f"{missing} of {len(ops)} ops have no matching instruction in the HLO dump "
                         "(their category is guessed from the op name; no source line)")
+    xprof = {}
+    if xprof_stats is not None and len(xprof_stats):
+        for r in xprof_stats.itertuples():
+            xprof[(int(r.program_id), r.op)] = {
+                "category": r.xprof_category, "bound_by": r.bound_by,
+                "model_gflops_per_s": None if pd.isna(r.model_gflops_per_s) else float(r.model_gflops_per_s),
+                "memory_gib_per_s": None if pd.isna(r.memory_gib_per_s) else float(r.memory_gib_per_s),
+                "flops_per_byte": None if pd.isna(r.flops_per_byte) else float(r.flops_per_byte)}
     steps = step_table(timeline, trace.steps)
     ctab = compile_table(compiles)
     m = manifest or {}
@@ -115,7 +124,8 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
              "opcode": r.opcode, "bound": r.bound, "shape": r.shape,
              "source": r.source if isinstance(r.source, str) else None,
              "occurrences": int(r.occurrences), "total_s": _s(r.total_ns), "self_s": _s(r.self_ns),
-             "avg_s": _s(r.avg_ns), "share": float(r.share)}
+             "avg_s": _s(r.avg_ns), "share": float(r.share),
+             "xprof": xprof.get((int(r.program_id), r.op))}
             for r in ops.itertuples()
         ],
         "compile": [

@@ -25,6 +25,14 @@ STEPS = {"name": "object", "step_num": "int64", "start_ns": "int64", "duration_n
 HOST = {"name": "object", "start_ns": "int64", "duration_ns": "int64"}
 # Compile activity from jax.monitoring: tracing, lowering and backend compile of one function.
 COMPILES = {"event": "object", "fun_name": "object", "start_ns": "int64", "duration_ns": "int64"}
+# XProf's hlo_stats tool, one row per HLO op of a device plane (parse/xprof_tools.py).
+XPROF_HLO_STATS = {
+    "program_id": "int64", "op": "object", "xprof_category": "object",
+    "model_gflops_per_s": "float64",   # achieved model FLOP rate
+    "memory_gib_per_s": "float64",     # measured memory bandwidth
+    "flops_per_byte": "float64",       # operational intensity
+    "bound_by": "object",              # XProf's verdict: "HBM", "Compute", ...
+}
 # The per-op timeline after joining the HLO: OPS plus these columns.
 TIMELINE = {**OPS, "step": "int64", "self_ns": "int64", "category": "object", "opcode": "object",
             "bound": "object", "shape": "object", "source": "object"}
