@@ -17,7 +17,6 @@ from tpudiag.analyze.categorize import index_module
 from tpudiag.analyze.profile_report import ProfileReport, build_profile_report
 from tpudiag.capture import rundir
 from tpudiag.capture.runner import CaptureResult, run_program
-from tpudiag.config import DEFAULT_CONFIG, AnalysisConfig
 from tpudiag.errors import InputError, TpudiagError
 from tpudiag.parse import frames, xprof_tools
 from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
@@ -40,7 +39,7 @@ def hlo_index(dump_dir: Path, program_ids: set[int] | None = None) -> dict:
     return out
 
 
-def _empty_trace(reason: str) -> Trace:
+def _empty_trace() -> Trace:
     return Trace(path="", hostname="", backend="unknown", start_time_ns=0, window_ns=0,
                  ops=frames.empty_frame(frames.OPS), steps=frames.empty_frame(frames.STEPS),
                  host=frames.empty_frame(frames.HOST), compile=frames.empty_frame(frames.HOST), devices=(),
@@ -53,8 +52,8 @@ def _xprof_stats(trace: Trace, warnings: list[str]):
         return None
     try:
         return xprof_tools.hlo_stats(Path(trace.path))
-    except TpudiagError as e:
-        warnings.append(f"XProf's per-op statistics are missing: {e}")
+    except Exception as e:  # XProf's C++ converter on an unfamiliar trace must not end the report
+        warnings.append(f"XProf's per-op statistics are missing: {type(e).__name__}: {e}")
         return None
 
 
@@ -66,16 +65,25 @@ def _run_root_of(xplane: Path) -> Path | None:
     return None
 
 
-def analyze_run(run: Path, config: AnalysisConfig = DEFAULT_CONFIG) -> ProfileReport:
-    """Analyze a run directory from its artifacts (never re-runs the program)."""
+def analyze_run(run: Path, xplane: Path | None = None) -> ProfileReport:
+    """Analyze a run directory from its artifacts (never re-runs the program).
+
+    `xplane`: which of the run's traces to report (default: the last one).
+    """
     run = Path(run)
     manifest = rundir.read_manifest(run)
     warnings = []
     xplanes = rundir.find_xplanes(run / rundir.TRACE_DIR)
+    if xplane is not None:
+        xplanes = [p for p in xplanes if p.resolve() != Path(xplane).resolve()] + [Path(xplane)]
     if xplanes:
         trace = read_xplane(xplanes[-1])
         if len(xplanes) > 1:
-            warnings.append(f"{len(xplanes)} traces in this run; reporting the last ({xplanes[-1].name})")
+            warnings.append(f"{len(xplanes)} traces in this run; reporting {xplanes[-1].name}")
+        entered, asked = manifest.get("steps_entered"), manifest.get("steps")
+        if asked is not None and entered is not None and entered < manifest.get("skip", 0) + asked:
+            warnings.append(f"--steps {asked} --skip {manifest.get('skip', 0)} asked for more steps than the "
+                            f"program ran ({entered}): traced until it ended")
     else:
         if manifest.get("reason"):
             why = manifest["reason"]
@@ -85,7 +93,7 @@ def analyze_run(run: Path, config: AnalysisConfig = DEFAULT_CONFIG) -> ProfileRe
         else:
             why = "the program never initialized a jax backend, so there was nothing to trace"
         warnings.append(f"no trace was written ({why})")
-        trace = _empty_trace(why)
+        trace = _empty_trace()
     xprof_stats = _xprof_stats(trace, warnings)
     pids = set(trace.ops["program_id"].unique().tolist())
     index = hlo_index(run / rundir.HLO_DIR, pids)
@@ -100,30 +108,30 @@ def analyze_run(run: Path, config: AnalysisConfig = DEFAULT_CONFIG) -> ProfileRe
         "hlo_dump": rundir.HLO_DIR,
         "ir_dump": rundir.IR_DIR,
     }
-    return build_profile_report(trace, index, compiles, hits, manifest, artifacts, config, warnings, xprof_stats)
+    return build_profile_report(trace, index, compiles, hits, manifest, artifacts, warnings, xprof_stats)
 
 
-def analyze_xplane(path: Path, config: AnalysisConfig = DEFAULT_CONFIG) -> ProfileReport:
+def analyze_xplane(path: Path) -> ProfileReport:
     """Analyze a bare `.xplane.pb` captured elsewhere; HLO and compile data are used if it sits in a run."""
     path = Path(path)
     root = _run_root_of(path)
     if root is not None:
-        return analyze_run(root, config)
+        return analyze_run(root, path)
     trace = read_xplane(path)
     warnings = ["no HLO dump beside this trace: op categories and source lines are unknown"] if len(trace.ops) else []
     xprof_stats = _xprof_stats(trace, warnings)
     return build_profile_report(trace, {}, frames.empty_frame(frames.COMPILES), 0, None,
-                                {"xplane": str(path)}, config, warnings, xprof_stats)
+                                {"xplane": str(path)}, warnings, xprof_stats)
 
 
-def load_report(target: Path, config: AnalysisConfig = DEFAULT_CONFIG) -> ProfileReport:
+def load_report(target: Path) -> ProfileReport:
     """A run directory, an xprof log directory, or a `.xplane.pb` file."""
     target = Path(target)
     if rundir.is_run_dir(target):
-        return analyze_run(target, config)
+        return analyze_run(target)
     if target.is_dir() and not any(target.iterdir()):
         raise InputError(f"{target}: empty directory (expected a tpudiag run directory or an .xplane.pb)")
-    return analyze_xplane(locate_xplane(target), config)
+    return analyze_xplane(locate_xplane(target))
 
 
 def write_report(report: ProfileReport, run: Path) -> Path:
@@ -136,26 +144,26 @@ def write_report(report: ProfileReport, run: Path) -> Path:
     return path
 
 
-def profile(script, args=(), out=None, *, steps=None, skip=0, python_trace=False, config=DEFAULT_CONFIG,
+def profile(script, args=(), out=None, *, steps=None, skip=0, python_trace=False,
             program_stdout=None, program_stderr=None) -> ProfileResult:
     """Run `script` under the profiler, analyze it and write `report.json` into the run directory."""
     script = Path(script)
     run = Path(out) if out else rundir.default_run_dir(script)
     cap = run_program(script, list(args), run, steps=steps, skip=skip, python_trace=python_trace,
                       program_stdout=program_stdout, program_stderr=program_stderr)
-    return finish_capture(cap, config)
+    return finish_capture(cap)
 
 
-def finish_capture(cap: CaptureResult, config: AnalysisConfig = DEFAULT_CONFIG) -> ProfileResult:
+def finish_capture(cap: CaptureResult) -> ProfileResult:
     """Analyze a capture that just ended and write its reports (even when the program failed)."""
     try:
-        report = analyze_run(cap.run_dir, config)
+        report = analyze_run(cap.run_dir)
     except TpudiagError as e:
         # Analysis of a failed program's partial artifacts must not hide the program's failure.
         if cap.exit_code == 0:
             raise
-        report = build_profile_report(_empty_trace(str(e)), {}, frames.empty_frame(frames.COMPILES), 0,
-                                      rundir.read_manifest(cap.run_dir), {"run_dir": str(cap.run_dir)}, config,
+        report = build_profile_report(_empty_trace(), {}, frames.empty_frame(frames.COMPILES), 0,
+                                      rundir.read_manifest(cap.run_dir), {"run_dir": str(cap.run_dir)},
                                       [f"analysis failed: {e}"])
     write_report(report, cap.run_dir)
     return ProfileResult(capture=cap, report=report)

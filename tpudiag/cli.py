@@ -6,6 +6,7 @@ dump flags before jax loads. `main()` is the only place that calls `sys.exit`.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def _emit(doc: dict, as_json: bool, as_md: bool, no_color: bool, width: int | No
     elif as_md:
         from tpudiag.report.markdown import render_markdown
 
-        click.echo(render_markdown(doc, DEFAULT_CONFIG.top_ops), nl=False)
+        click.echo(render_markdown(doc, DEFAULT_CONFIG.top_ops, DEFAULT_CONFIG.top_compiles), nl=False)
     else:
         from tpudiag.report.terminal import render_terminal
 
@@ -55,6 +56,9 @@ def _output_options(f):
 def cli(debug: bool) -> None:
     """Why is my JAX program slow on a TPU? Profile it, report it, and say what to do."""
     _STATE["debug"] = debug
+    if not debug:
+        # XProf's converters (device-plane traces) log a page of C++ INFO lines per call.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

@@ -37,4 +37,5 @@ def test_guess_from_name_for_bare_traces():
     assert guess_from_name("dot.12").bound == "compute"
     assert guess_from_name("while.2").bound == "control"
     assert guess_from_name("fusion.7").category == "unknown"
+    assert (guess_from_name("copy.4").category, guess_from_name("reduce.1").category) == ("data_movement", "reduction")
     assert guess_from_name("ynn_fusion.2").opcode == "?"

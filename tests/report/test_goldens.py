@@ -42,13 +42,25 @@ def test_terminal_renders_a_report_of_a_run_that_could_not_be_analyzed():
 
     from tpudiag.api import _empty_trace
     from tpudiag.analyze.profile_report import build_profile_report
-    from tpudiag.config import DEFAULT_CONFIG
     from tpudiag.parse import frames
     from tpudiag.report.terminal import render_terminal
 
-    doc = build_profile_report(_empty_trace("x"), {}, frames.empty_frame(frames.COMPILES), 0,
+    doc = build_profile_report(_empty_trace(), {}, frames.empty_frame(frames.COMPILES), 0,
                                {"status": "failed", "reason": "killed by SIGKILL", "exit_code": 137},
-                               {"run_dir": "RUN"}, DEFAULT_CONFIG, ["analysis failed: x"]).to_dict()
+                               {"run_dir": "RUN"}, ["analysis failed: x"]).to_dict()
     out = io.StringIO()
     render_terminal(doc, Console(file=out, width=100, no_color=True))
     assert "killed by SIGKILL" in out.getvalue() and "RUN" in out.getvalue()
+
+
+def test_80_column_terminal_keeps_source_lines(in_root):
+    """CI logs and pipes are 80 columns: names may be cut, the file:line of each top op may not."""
+    import re
+
+    out = CliRunner().invoke(cli, ["report", "--no-color", "--width", "80", "fixtures/artifacts/decoder"]).output
+    op_rows = [ln for ln in out.splitlines() if ln.count("│") == 5]  # op, category, count, self, share, source
+    assert len(op_rows) == 15
+    sources = [ln.rsplit("│", 1)[1].strip() for ln in op_rows]
+    assert all(s == "" or re.fullmatch(r"[\w.-]+\.py:\d+", s) for s in sources), sources
+    assert sum(bool(s) for s in sources) >= 10
+    assert max(len(ln) for ln in out.splitlines()) <= 80

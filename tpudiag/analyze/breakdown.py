@@ -17,6 +17,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+def ns_to_s(ns) -> float:
+    """ns -> s, rounded to the ns so JSON shows 0.0123 and not 0.012300000000000002."""
+    return round(float(ns) * 1e-9, 9)
+
+
 PRIORITY = ("communication", "compute", "memory", "control", "compile", "host")
 
 
@@ -37,6 +42,10 @@ class Breakdown:
         d = self.to_dict()
         d.pop("total_s")
         return d
+
+    def shares(self) -> dict[str, float | None]:
+        """Each part as a fraction of the window (`compute` for `compute_s`); None for an empty window."""
+        return {k[:-2]: (round(v / self.total_s, 6) if self.total_s else None) for k, v in self.parts().items()}
 
 
 def _coverage(bounds: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -72,9 +81,7 @@ def split_window(window_ns: int, intervals: dict[str, tuple[np.ndarray, np.ndarr
         ns[cls] = int(seg[cov].sum())
         taken |= cov
     busy = sum(ns.values())
-    def to_s(n: int) -> float:
-        return round(n * 1e-9, 9)
-
+    to_s = ns_to_s
     return Breakdown(
         total_s=to_s(window_ns),
         compute_s=to_s(ns["compute"] + ns["control"]),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tpudiag.parse.hlo import HloModule, Instruction
 
 # XLA's collective opcodes (hlo_opcode.h). Async reduce-scatter and all-to-all appear as
-# async-start/async-done wrapping one of these; see _async_collective.
+# async-start/async-done wrapping one of these; see classify().
 _COLLECTIVE = frozenset({
     "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute",
     "collective-broadcast", "all-reduce-start", "all-reduce-done", "all-gather-start", "all-gather-done",
@@ -63,47 +63,50 @@ def _is_matmul_call(instr: Instruction) -> bool:
     return (instr.custom_call_target or "").startswith(_MATMUL_CALL_PREFIXES)
 
 
-def _async_collective(module: HloModule, instr: Instruction) -> bool:
-    """async-start/-done whose wrapped computation runs a collective (async reduce-scatter, all-to-all)."""
-    start = instr
-    if instr.opcode in ("async-done", "async-update") and instr.operands:
-        start = next((i for i in module.instructions() if i.name == instr.operands[0]), instr)
-    return any(i.opcode in _COLLECTIVE for c in start.called if c in module.computations
+def _calls_collective(module: HloModule, computations: list[str]) -> bool:
+    return any(i.opcode in _COLLECTIVE for c in computations if c in module.computations
                for i in module.computations[c].instructions)
 
 
-def classify(module: HloModule, instr: Instruction) -> OpInfo:
+def _by_opcode(op: str) -> tuple[str, str] | None:
+    """(category, bound) from the opcode alone, where the opcode decides; None where the HLO must."""
+    if op in ("dot", "ragged-dot"):
+        return "matmul", "compute"
+    if op == "convolution":
+        return "convolution", "compute"
+    if op in _COLLECTIVE:
+        return "collective", "communication"
+    if op in _HOST:
+        return "host_transfer", "host"
+    if op in _CONTROL:
+        return "control_flow", "control"
+    if op in _REDUCE:
+        return "reduction", "memory"
+    if op in _DATA:
+        return "data_movement", "memory"
+    return None
+
+
+def classify(module: HloModule, instr: Instruction, by_name: dict[str, Instruction]) -> OpInfo:
+    """`by_name`: the module's instructions by name (async-done finds its async-start there)."""
     op = instr.opcode
-    if op == "dot" or op == "ragged-dot":
-        cat, bound = "matmul", "compute"
-    elif op == "convolution":
-        cat, bound = "convolution", "compute"
-    elif op == "fusion":
-        kind = (instr.fusion_kind or "kLoop")[1:].lower()
-        cat = f"fusion:{kind}"
+    if op == "fusion":
+        cat = f"fusion:{(instr.fusion_kind or 'kLoop')[1:].lower()}"
         bound = "compute" if _contains_matmul(module, instr.called) else "memory"
-        if any(i.opcode in _COLLECTIVE for c in instr.called if c in module.computations
-               for i in module.computations[c].instructions):
+        if _calls_collective(module, instr.called):
             bound = "communication"
-    elif op in _COLLECTIVE:
-        cat, bound = "collective", "communication"
-    elif op in _HOST or (op in _SEND_RECV and "is_host_transfer=true" in instr.attrs):
-        cat, bound = "host_transfer", "host"
-    elif op in _SEND_RECV:  # device-to-device send/recv
-        cat, bound = "collective", "communication"
-    elif op.startswith("async-") and _async_collective(module, instr):
-        cat, bound = "collective", "communication"
+    elif op in _SEND_RECV:
+        host = "is_host_transfer=true" in instr.attrs
+        cat, bound = ("host_transfer", "host") if host else ("collective", "communication")
+    elif op.startswith("async-"):
+        # async-start/-update/-done wrapping a collective (async reduce-scatter, all-to-all).
+        start = by_name.get(instr.operands[0], instr) if op != "async-start" and instr.operands else instr
+        cat, bound = ("collective", "communication") if _calls_collective(module, start.called) \
+            else ("control_flow", "control")
     elif op == "custom-call":
-        cat = "custom_call"
-        bound = "compute" if _is_matmul_call(instr) else "memory"
-    elif op in _CONTROL:
-        cat, bound = "control_flow", "control"
-    elif op in _REDUCE:
-        cat, bound = "reduction", "memory"
-    elif op in _DATA:
-        cat, bound = "data_movement", "memory"
+        cat, bound = "custom_call", "compute" if _is_matmul_call(instr) else "memory"
     else:
-        cat, bound = "elementwise", "memory"
+        cat, bound = _by_opcode(op) or ("elementwise", "memory")
     frames = module.source_frames(instr)
     source = f"{frames[0][0]}:{frames[0][1]}" if frames else None
     return OpInfo(opcode=op, category=cat, bound=bound, shape=instr.shape, source=source)
@@ -112,29 +115,25 @@ def classify(module: HloModule, instr: Instruction) -> OpInfo:
 def index_module(module: HloModule) -> dict[str, OpInfo]:
     """OpInfo for every instruction that can execute as a unit (not those inside fusions)."""
     fused = module.fused_computations()
+    by_name = {i.name: i for i in module.instructions()}
     out: dict[str, OpInfo] = {}
     for comp in module.computations.values():
         if comp.name in fused:
             continue
         for instr in comp.instructions:
-            out[instr.name] = classify(module, instr)
+            out[instr.name] = classify(module, instr, by_name)
     return out
-
-
-_KNOWN_OPCODES = _COLLECTIVE | _SEND_RECV | _HOST | _DATA | _REDUCE | _CONTROL | _MATMUL | {"fusion", "custom-call"}
 
 
 def guess_from_name(op_name: str) -> OpInfo:
     """For an op with no HLO (a bare trace): XLA names instructions after their opcode (`all-reduce.3`,
-    `dot.12`, `fusion.7`), so the name's stem is a fair guess at the opcode. Anything else is unknown."""
+    `dot.12`, `copy.4`), so the name's stem is a fair guess at the opcode. Fusions and anything else
+    whose kind the name cannot tell are `unknown`."""
     stem = op_name.split(".")[0]
     for candidate in (stem, stem.replace("_", "-")):
-        if candidate in _KNOWN_OPCODES:
-            if candidate in _COLLECTIVE or candidate in _SEND_RECV:
-                return OpInfo(candidate, "collective", "communication", "", None)
-            if candidate in _MATMUL:
-                return OpInfo(candidate, "matmul" if candidate != "convolution" else "convolution", "compute", "", None)
-            if candidate in _CONTROL:
-                return OpInfo(candidate, "control_flow", "control", "", None)
-            return OpInfo(candidate, "unknown", "memory", "", None)
+        if candidate in _SEND_RECV:
+            return OpInfo(candidate, "collective", "communication", "", None)
+        guess = _by_opcode(candidate)
+        if guess:
+            return OpInfo(candidate, *guess, "", None)
     return OpInfo("?", "unknown", "memory", "", None)

@@ -14,17 +14,12 @@ import numpy as np
 import pandas as pd
 
 from tpudiag.analyze.breakdown import Breakdown, split_window
+from tpudiag.analyze.breakdown import ns_to_s as _s
 from tpudiag.analyze.compiles import compile_intervals, compile_table
 from tpudiag.analyze.timeline import aggregate_ops, build_timeline, step_table
-from tpudiag.config import AnalysisConfig
 from tpudiag.parse.xplane import Trace
 
 SCHEMA = "tpudiag.report/1"
-
-
-def _s(ns) -> float:
-    """ns -> s, rounded to the ns so JSON shows 0.0123 and not 0.012300000000000002."""
-    return round(float(ns) * 1e-9, 9)
 
 
 @dataclass(frozen=True)
@@ -51,18 +46,13 @@ def _median(values) -> float | None:
 
 
 def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, cache_hits: int,
-                         manifest: dict | None, artifacts: dict[str, str], config: AnalysisConfig,
-                         warnings: list[str] | None = None, xprof_stats: pd.DataFrame | None = None) -> ProfileReport:
+                         manifest: dict | None, artifacts: dict[str, str], warnings: list[str] | None = None, xprof_stats: pd.DataFrame | None = None) -> ProfileReport:
     """`xprof_stats` (XProf's hlo_stats, device planes only) adds XProf's per-op figures to each op row."""
     warnings = list(warnings or [])
     timeline = build_timeline(trace.ops, trace.steps, hlo_index)
     ops = aggregate_ops(timeline)
 
-    classes = {}
-    for bound in ("compute", "memory", "communication", "control", "host"):
-        sel = timeline[timeline["bound"] == bound]
-        if len(sel):
-            classes[bound] = _intervals(sel)
+    classes = {bound: _intervals(sel) for bound, sel in timeline.groupby("bound", sort=False)}
     hs, he = _intervals(trace.host)
     if "host" in classes:
         classes["host"] = (np.concatenate([classes["host"][0], hs]), np.concatenate([classes["host"][1], he]))
@@ -76,7 +66,7 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
     bd = split_window(trace.window_ns, classes)
 
     missing = sum(1 for p, o in zip(ops["program_id"], ops["op"]) if o not in hlo_index.get(int(p), {}))
-    if missing and hlo_index:
+    if missing and (hlo_index or manifest is not None):
         warnings.append(f"{missing} of {len(ops)} ops have no matching instruction in the HLO dump "
                         "(their category is guessed from the op name; no source line)")
     xprof = {}
@@ -105,6 +95,7 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         "process_wall_s": m.get("wall_s"),
         "traced": {"steps": m.get("steps"), "skip": m.get("skip", 0) if m else None},
         "breakdown": bd.to_dict(),
+        "breakdown_share": bd.shares(),
         "totals": {
             "op_instances": int(len(timeline)),
             "distinct_ops": int(len(ops)),

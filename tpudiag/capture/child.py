@@ -189,7 +189,8 @@ def main() -> None:
     sys.path[0] = os.path.dirname(script)
     t0 = time.time_ns()
     try:
-        runpy.run_path(script, run_name="__main__")
+        # runpy sets sys.argv[0] to its argument: pass the path as the user gave it (as `python x.py` would).
+        runpy.run_path(spec["script"], run_name="__main__")
     except SystemExit as e:
         status["exit_code"] = _exit_code(e)
         if status["exit_code"] != 0:

@@ -66,7 +66,8 @@ def _default_platforms() -> str | None:
 def child_env(run: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: the user's, plus dump flags that must be set before jax loads."""
     env = dict(os.environ if base is None else base)
-    dump = f"--xla_dump_to={run / rundir.HLO_DIR} --xla_dump_hlo_as_text"
+    # Quoted: XLA splits XLA_FLAGS on spaces, and a run directory may contain one.
+    dump = f'--xla_dump_to="{run / rundir.HLO_DIR}" --xla_dump_hlo_as_text'
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + dump).strip()
     env["JAX_DUMP_IR_TO"] = str(run / rundir.IR_DIR)
     if "JAX_PLATFORMS" not in env and (platforms := _default_platforms()):
@@ -122,7 +123,7 @@ def run_program(
     if skip < 0:
         raise InputError(f"--skip must be 0 or more (got {skip})")
     rundir.create_run_dir(run)
-    run = run.resolve()
+    given, run = run, run.resolve()  # the child gets absolute paths; the user sees the path they gave
     cenv = child_env(run, env)
     manifest = {
         "schema": rundir.MANIFEST_SCHEMA,
@@ -206,4 +207,4 @@ def run_program(
         xplanes=[str(p.relative_to(run)) for p in rundir.find_xplanes(run / rundir.TRACE_DIR)],
     )
     rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
-    return CaptureResult(run_dir=run, exit_code=exit_code, status=manifest["status"], reason=reason)
+    return CaptureResult(run_dir=given, exit_code=exit_code, status=manifest["status"], reason=reason)

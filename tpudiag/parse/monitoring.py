@@ -1,7 +1,7 @@
 """Reads `capture/monitoring.jsonl` (jax.monitoring events recorded in the child) into frames.
 
 Returns the COMPILES frame (tracing, lowering and backend-compile durations per function, with
-their wall-clock interval) and a count of compilation-cache events per function. It does not
+their wall-clock interval) and the number of persistent compilation-cache hits in the run. It does not
 align clocks with the trace (that is `analyze/compiles.py`).
 """
 

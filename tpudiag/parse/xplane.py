@@ -6,6 +6,8 @@ Two walks share one pass over the planes:
 - Devices (`/device:TPU:N`, `/device:GPU:N`): op events sit on the line named "XLA Ops", modules
   on "XLA Modules", steps on "Steps" (XProf's device-plane layout). When such planes exist the
   backend is that device and the CPU thunk walk is skipped.
+Host events that are not op instances or step annotations become the HOST frame (host activity),
+except compilation work (compiler threads and compile TraceMes), which becomes `Trace.compile`.
 Times are returned relative to the trace start (`profile_start_time`), in ns.
 
 It does not join HLO, classify ops or compute any breakdown (that is `analyze/`).
@@ -107,9 +109,9 @@ def read_xplane(path: Path) -> Trace:
             continue
         for line in plane.lines:
             if is_device:
-                # Only the first device's "Steps" line: every device repeats the same steps.
-                dsteps = device_steps if plane is device_planes[0] else {c: [] for c in frames.STEPS}
-                max_end = max(max_end, _walk_device_line(plane.name, line, ops, dsteps))
+                if line.name == "Steps" and plane is not device_planes[0]:
+                    continue  # every device repeats the same steps: the first device's line is enough
+                max_end = max(max_end, _walk_device_line(plane.name, line, ops, device_steps))
             else:
                 max_end = max(max_end, _walk_host_line(line, ops, steps, host, compile_, want_ops=not device_planes))
 

@@ -13,7 +13,6 @@ It does not join these rows to the timeline (that is `analyze/profile_report.py`
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -36,7 +35,6 @@ _COLUMNS = {
 
 def hlo_stats(xplane: Path) -> pd.DataFrame:
     """XProf's hlo_stats table for this trace (empty for CPU-only traces)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # XProf's C++ logs a page per call otherwise
     from xprof.convert import raw_to_tool_data
 
     xplane = Path(xplane).resolve()

@@ -9,9 +9,8 @@ def _esc(text) -> str:
     return str(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def render_markdown(doc: dict, top: int = 15) -> str:
-    bd = doc["breakdown"]
-    total = bd["total_s"] or 0
+def render_markdown(doc: dict, top: int = 15, top_compiles: int = 10) -> str:
+    bd, share = doc["breakdown"], doc["breakdown_share"]
     out = [f"## tpudiag profile: `{_esc(doc.get('program') or doc['artifacts'].get('xplane', '?'))}`", ""]
     status = doc["status"] + (f" ({_esc(doc['reason'])})" if doc.get("reason") else "")
     out += [f"**Status:** {status} · **Backend:** {doc['backend']} · **Traced wall:** {fmt_s(doc['wall_s'])}"
@@ -19,7 +18,7 @@ def render_markdown(doc: dict, top: int = 15) -> str:
                if doc["steps"]["count"] else ""), ""]
     out += ["| part | time | share |", "|---|---:|---:|"]
     for key, label in BREAKDOWN_PARTS:
-        out.append(f"| {label} | {fmt_s(bd[key])} | {fmt_pct(bd[key] / total if total else None)} |")
+        out.append(f"| {label} | {fmt_s(bd[key])} | {fmt_pct(share[label])} |")
     out += ["", f"### Top ops by self time ({min(top, len(doc['ops']))} of {len(doc['ops'])})", ""]
     if doc["ops"]:
         out += ["| op | module | category | count | self | share | source |", "|---|---|---|---:|---:|---:|---|"]
@@ -33,7 +32,7 @@ def render_markdown(doc: dict, top: int = 15) -> str:
         out += ["", f"### Compilation: {fmt_s(doc['totals'].get('compile_s'))}"
                 + (f" ({hits} persistent-cache hits)" if hits else ""), "", "| function | compiles | tracing | lowering | backend |",
                 "|---|---:|---:|---:|---:|"]
-        for c in doc["compile"][:10]:
+        for c in doc["compile"][:top_compiles]:
             out.append(f"| `{_esc(c['function'])}` | {c['compiles']} | {fmt_s(c['tracing_s'])} | "
                        f"{fmt_s(c['lowering_s'])} | {fmt_s(c['backend_compile_s'])} |")
     for w in doc.get("warnings", []):

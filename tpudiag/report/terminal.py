@@ -15,14 +15,13 @@ _COLORS = {"compute": "green", "memory": "yellow", "communication": "magenta", "
 _BAR_WIDTH = 60
 
 
-def _bar(bd: dict) -> Text:
-    total = bd["total_s"] or 0
+def _bar(share: dict) -> Text:
     text = Text()
-    if not total:
+    if share["idle"] is None:
         return Text("(empty trace window)")
     used = 0
-    for i, (key, label) in enumerate(BREAKDOWN_PARTS):
-        n = round(_BAR_WIDTH * bd[key] / total) if i < len(BREAKDOWN_PARTS) - 1 else _BAR_WIDTH - used
+    for i, (_, label) in enumerate(BREAKDOWN_PARTS):
+        n = round(_BAR_WIDTH * share[label]) if i < len(BREAKDOWN_PARTS) - 1 else _BAR_WIDTH - used
         n = max(0, min(n, _BAR_WIDTH - used))
         used += n
         text.append("█" * n, style=_COLORS[label])
@@ -46,30 +45,39 @@ def _header(doc: dict) -> Panel:
 
 
 def _breakdown(doc: dict) -> Group:
-    bd = doc["breakdown"]
-    total = bd["total_s"] or 0
+    bd, share = doc["breakdown"], doc["breakdown_share"]
+    cells = [Text(f"{label} {fmt_s(bd[key])} ({fmt_pct(share[label])})", style=_COLORS[label])
+             for key, label in BREAKDOWN_PARTS]
     legend = Table.grid(padding=(0, 2))
-    for _ in BREAKDOWN_PARTS:
+    for _ in range(3):
         legend.add_column(justify="left")
-    legend.add_row(*[Text(f"{label} {fmt_s(bd[key])} ({fmt_pct(bd[key] / total if total else None)})",
-                          style=_COLORS[label]) for key, label in BREAKDOWN_PARTS[:3]])
-    legend.add_row(*[Text(f"{label} {fmt_s(bd[key])} ({fmt_pct(bd[key] / total if total else None)})",
-                          style=_COLORS[label]) for key, label in BREAKDOWN_PARTS[3:]])
-    return Group(Text("Where the time went", style="bold"), _bar(bd), legend)
+    legend.add_row(*cells[:3])
+    legend.add_row(*cells[3:])
+    return Group(Text("Where the time went", style="bold"), _bar(share), legend)
 
 
-def _ops_table(doc: dict, top: int) -> Table:
+# (column, justify, max width). Names are cut with an ellipsis (the JSON has them whole); numbers
+# and source lines never are.
+_OP_COLUMNS = (("op", "left", 40), ("module", "left", 18), ("category", "left", 14), ("count", "right", None),
+               ("self", "right", None), ("share", "right", None), ("source", "left", None))
+# Below this width the module column is dropped so the source line still fits (80-column CI logs).
+_MODULE_COLUMN_MIN_WIDTH = 100
+
+
+def _ops_table(doc: dict, top: int, width: int) -> Table:
     ops = doc["ops"]
     table = Table(title=f"Top ops by self time ({min(top, len(ops))} of {len(ops)})", title_justify="left",
                   show_edge=False, expand=False)
-    # One line per op: names are cut with an ellipsis (the JSON has them whole), numbers never are.
-    for col, just, min_w, max_w in (("op", "left", 12, 40), ("module", "left", 8, 18), ("category", "left", 8, 14),
-                                    ("count", "right", 5, None), ("self", "right", 9, None),
-                                    ("share", "right", 6, None), ("source", "left", 16, None)):
-        table.add_column(col, justify=just, no_wrap=True, overflow="ellipsis", min_width=min_w, max_width=max_w)
+    columns = [c for c in _OP_COLUMNS if c[0] != "module" or width >= _MODULE_COLUMN_MIN_WIDTH]
+    for col, just, max_w in columns:
+        # rich shrinks only wrappable columns: op/category may shrink, the rest keep their width.
+        table.add_column(col, justify=just, no_wrap=col not in ("op", "category"), overflow="ellipsis",
+                         max_width=max_w)
     for o in ops[:top]:
-        table.add_row(o["name"], o["module"], o["category"], str(o["occurrences"]), fmt_s(o["self_s"]),
-                      fmt_pct(o["share"]), short_source(o["source"], keep=1))
+        cells = {"op": o["name"], "module": o["module"], "category": o["category"], "count": str(o["occurrences"]),
+                 "self": fmt_s(o["self_s"]), "share": fmt_pct(o["share"]),
+                 "source": short_source(o["source"], keep=1)}
+        table.add_row(*[cells[c[0]] for c in columns])
     return table
 
 
@@ -110,7 +118,7 @@ def render_terminal(doc: dict, console: Console, top_ops: int = 15, top_compiles
     console.print(_breakdown(doc))
     console.print()
     if doc["ops"]:
-        console.print(_ops_table(doc, top_ops))
+        console.print(_ops_table(doc, top_ops, console.width))
     else:
         console.print("No op executed in the traced window.")
     if doc["compile"]:
