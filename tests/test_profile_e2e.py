@@ -146,3 +146,29 @@ def test_program_setting_its_own_xla_flags(tmp_path, program):
     doc = json.loads(p.stdout)
     assert len(doc["devices"]) == 8
     assert doc["breakdown"]["communication_s"] > 0
+
+
+def test_paths_with_spaces_keep_the_hlo_join(tmp_path):
+    """XLA splits XLA_FLAGS on spaces: the dump path must still land in the run directory."""
+    import shutil
+
+    d = tmp_path / "a dir"
+    d.mkdir()
+    shutil.copy(PROGRAMS / "mlp.py", d / "my prog.py")
+    p = subprocess.run([sys.executable, "-m", "tpudiag", "profile", "--json", "--out", "run 1", "my prog.py",
+                        "--", "--steps", "2"], cwd=d, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["argv"][0] == "my prog.py"
+    assert not any("no matching instruction" in w for w in doc["warnings"])
+    assert any(o["source"] and "my prog.py:" in o["source"] for o in doc["ops"])
+
+
+def test_step_window_longer_than_the_program_warns(tmp_path):
+    p = tpudiag("profile", "--json", "--steps", "5", "--out", str(tmp_path / "run"),
+                str(PROGRAMS / "mlp.py"), "--", "--steps", "2")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["steps"]["count"] == 2
+    assert any("asked for more steps than the program ran (2)" in w for w in doc["warnings"])
