@@ -167,3 +167,95 @@ def finish_capture(cap: CaptureResult) -> ProfileResult:
                                       [f"analysis failed: {e}"])
     write_report(report, cap.run_dir)
     return ProfileResult(capture=cap, report=report)
+
+
+# ---------------------------------------------------------------- compile for a TPU target
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    run_dir: Path
+    report: "CompileReport"  # noqa: F821 - imported lazily (pandas)
+
+
+def _module_artifacts(mc) -> "ModuleArtifacts":  # noqa: F821
+    """Parse what one worker left in its module directory."""
+    from tpudiag.analyze.compile_report import ModuleArtifacts
+    from tpudiag.parse import llo
+
+    hlo = static = lframe = None
+    if mc.status == "ok":
+        hlo = read_hlo_file(mc.dir / "optimized.hlo.txt")
+        if (mc.dir / "static_profile").is_dir():
+            static = llo.read_static_profiles(mc.dir / "static_profile")
+        if (mc.dir / "llo").is_dir():
+            lframe = llo.read_llo_dump(mc.dir / "llo")
+    return ModuleArtifacts(name=mc.name, status=mc.status, error=mc.error, static_profile=mc.static_profile,
+                           result=mc.result, hlo=hlo, static=static, llo=lframe, artifacts_dir=str(mc.dir))
+
+
+def compile_inputs(inputs, run: Path, target, *, static_profile=True, jobs=2, limits=None, progress=None,
+                   source: dict | None = None):
+    """Compile `ModuleInput`s for `target` into `run/modules/` and build the compile report."""
+    from tpudiag.analyze.compile_report import build_compile_report
+    from tpudiag.capture.tpu_compile import Limits, compile_modules
+
+    results = compile_modules(inputs, run / "modules", target.topology, static_profile=static_profile,
+                              limits=limits or Limits(), jobs=jobs, progress=progress)
+    return build_compile_report(target, [_module_artifacts(r) for r in results], source or {})
+
+
+def compile_target(target_text: str, input_path, args=(), out=None, *, static_profile=True, jobs=2,
+                   limits=None, progress=None, program_stdout=None) -> CompileResult:
+    """`tpudiag compile`: a script (run on CPU to collect its computations), a .mlir file or IR dump
+    directory, or an HLO text file, compiled for a TPU target on this machine."""
+    import os
+    import time
+
+    from tpudiag.capture.inputs import file_inputs, ir_dump_modules
+    from tpudiag.targets import resolve_target
+
+    target = resolve_target(target_text)
+    input_path = Path(input_path)
+    is_script = input_path.suffix == ".py"
+    if not is_script:
+        inputs = file_inputs(input_path)  # validate before creating anything
+    elif not input_path.is_file():
+        raise InputError(f"{input_path}: no such file")
+    run = Path(out) if out else rundir.default_run_dir(input_path)
+    rundir.create_run_dir(run, rundir.COMPILE_SUBDIRS)
+    t0 = time.perf_counter()
+    manifest = {"schema": rundir.MANIFEST_SCHEMA, "kind": "compile", "status": "running",
+                "program": str(input_path), "argv": [str(input_path), *args], "target": target.to_dict(),
+                "static_profile": static_profile, "versions": _versions(), "exit_code": None, "reason": None}
+    rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
+    source = {"input": str(input_path), "kind": "script" if is_script else inputs[0].kind}
+    if is_script:
+        shadow = run_program(input_path, list(args), run / "shadow", trace=False,
+                             env=dict(os.environ, JAX_PLATFORMS="cpu"), program_stdout=program_stdout)
+        source["shadow_run"] = {"exit_code": shadow.exit_code, "status": shadow.status, "reason": shadow.reason}
+        inputs = ir_dump_modules(run / "shadow" / rundir.IR_DIR)
+        if not inputs:
+            manifest.update(status="failed", exit_code=shadow.exit_code or 2,
+                            reason=shadow.reason or "the program compiled no jax computation")
+            rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
+            raise InputError(f"{input_path}: {manifest['reason']}; nothing to compile (run directory {run})")
+    report = compile_inputs(inputs, run, target, static_profile=static_profile, jobs=jobs, limits=limits,
+                            progress=progress, source=source)
+    doc = report.to_dict()
+    doc["artifacts"] = {"run_dir": str(run), "report": rundir.REPORT, "modules": "modules"}
+    from tpudiag.report.compile_markdown import render_compile_markdown
+
+    rundir.write_json_atomic(run / rundir.REPORT, doc)
+    rundir.write_text_atomic(run / rundir.REPORT_MD, render_compile_markdown(doc))
+    manifest.update(status="ok" if doc["status"] == "ok" else "failed", exit_code=0 if doc["status"] == "ok" else 1,
+                    reason=None if doc["status"] == "ok" else f"{doc['totals']['failed']} module(s) failed to compile",
+                    wall_s=round(time.perf_counter() - t0, 6))
+    rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
+    return CompileResult(run_dir=run, report=report)
+
+
+def _versions() -> dict:
+    from tpudiag.capture.versions import tool_versions
+
+    return tool_versions()

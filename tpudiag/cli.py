@@ -123,6 +123,104 @@ def report(as_json, as_md, no_color, width, target):
     _emit(doc, as_json, as_md, no_color, width)
 
 
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON (schema tpudiag.targets/1).")
+@click.option("--no-color", is_flag=True)
+def targets(as_json, no_color):
+    """The TPU generations `compile --target` accepts, with each chip's figures."""
+    from tpudiag.targets import TARGETS_SCHEMA, targets_table
+
+    rows = targets_table()
+    if as_json:
+        from tpudiag.report.json_report import render_json
+
+        click.echo(render_json({"schema": TARGETS_SCHEMA, "targets": rows}), nl=False)
+        return
+    from tpudiag.report.compile_terminal import render_targets_terminal
+
+    render_targets_terminal(rows, _console(no_color, None))
+    click.echo("Also accepted: v5e:2x4, v5p:2x2x1, v6e-4, v5litepod-8, ... (see docs/targets.md)")
+
+
+@cli.command(name="compile", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--target", "target_text", required=True, help="TPU target: v4, v5e, v5p, v6e, or a topology (v5e:2x4).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default tpudiag-runs/<timestamp>-<input>). Never overwritten.")
+@click.option("--no-static-profile", is_flag=True,
+              help="Skip the TPU compiler's static cycle profile (much faster; roofline estimates only).")
+@click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Modules compiled at once.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=120, show_default=True,
+              help="Seconds a module may spend in the static-profile compile before falling back.")
+@click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True, help="Ops shown per module.")
+@_output_options
+@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, as_json, as_md, no_color, width,
+             input_path, args):
+    """Compile INPUT for a TPU generation on this machine and report the TPU compiler's own estimates.
+
+    INPUT is a Python script (run on CPU; every jitted computation it ran is compiled; ARGS go to
+    it), a StableHLO .mlir file or JAX IR dump directory (JAX_DUMP_IR_TO), or an HLO text file.
+    """
+    if as_json and as_md:
+        raise UsageError("choose one of --json and --md")
+    from tpudiag.targets import resolve_target
+
+    resolve_target(target_text)  # a bad target fails before anything runs
+    args = list(args)
+    if args and args[0] == "--":
+        args = args[1:]
+    if args and input_path.suffix != ".py":
+        raise UsageError(f"{input_path}: program arguments are only for a .py script")
+    from tpudiag import api
+    from tpudiag.capture.tpu_compile import Limits
+
+    progress_cb, stop = _progress()
+    try:
+        result = api.compile_target(target_text, input_path, args, out, static_profile=not no_static_profile,
+                                    jobs=jobs, limits=Limits(static_timeout_s=timeout_s), progress=progress_cb,
+                                    program_stdout=sys.stderr.buffer if (as_json or as_md) else None)
+    finally:
+        stop()
+    doc = result.report.to_dict() | {"artifacts": {"run_dir": str(result.run_dir), "report": "report.json",
+                                                    "modules": "modules"}}
+    if as_json:
+        from tpudiag.report.json_report import render_json
+
+        click.echo(render_json(doc), nl=False)
+    elif as_md:
+        from tpudiag.report.compile_markdown import render_compile_markdown
+
+        click.echo(render_compile_markdown(doc, top), nl=False)
+    else:
+        from tpudiag.report.compile_terminal import render_compile_terminal
+
+        render_compile_terminal(doc, _console(no_color, width), top)
+    if doc["status"] != "ok":
+        failed = [m for m in doc["modules"] if m["status"] != "ok"]
+        raise ProgramFailed(f"{len(failed)} of {len(doc['modules'])} module(s) failed to compile for "
+                            f"{doc['target']['topology']} (first: {failed[0]['name']}: {failed[0]['error']})", 1)
+
+
+def _progress():
+    """A progress line on stderr while modules compile (counts modules as they finish)."""
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn
+
+    console = Console(stderr=True)
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console, transient=True,
+                   disable=not console.is_terminal)
+    task = bar.add_task("compiling for TPU...", total=None)
+    bar.start()
+    done = []
+
+    def on_module(mc):
+        done.append(mc)
+        bar.update(task, description=f"compiled {len(done)} module(s); last: {mc.name} ({mc.status})")
+
+    return on_module, bar.stop
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: maps tpudiag errors to one-line messages and exit codes."""
     try:

@@ -180,7 +180,9 @@ def main() -> None:
 
     tracer = _Tracer(str(run / "trace"), spec.get("python_trace", False))
     steps_seen: dict = {}
-    if spec.get("steps") is None:
+    if not spec.get("trace", True):
+        pass  # a shadow run (`compile SCRIPT`): only the IR dumps are wanted
+    elif spec.get("steps") is None:
         tracer.start_at_backend_init()
     else:
         steps_seen = _install_step_window(tracer, int(spec.get("skip") or 0), int(spec["steps"]))

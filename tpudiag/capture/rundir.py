@@ -52,11 +52,15 @@ def default_run_dir(script: Path, root: Path = Path("tpudiag-runs"), now: _dt.da
     return candidate
 
 
-def create_run_dir(path: Path) -> Path:
+PROFILE_SUBDIRS = (TRACE_DIR, HLO_DIR, IR_DIR, CAPTURE_DIR)
+COMPILE_SUBDIRS = ("modules",)
+
+
+def create_run_dir(path: Path, subdirs: tuple[str, ...] = PROFILE_SUBDIRS) -> Path:
     """Create a fresh run directory. An existing non-empty directory is never reused (runs are never overwritten)."""
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise InputError(f"{path}: already exists and is not empty; tpudiag never overwrites a run (choose another --out)")
-    for sub in (TRACE_DIR, HLO_DIR, IR_DIR, CAPTURE_DIR):
+    for sub in subdirs:
         (path / sub).mkdir(parents=True, exist_ok=True)
     return path
 

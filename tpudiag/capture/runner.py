@@ -102,6 +102,7 @@ def run_program(
     steps: int | None = None,
     skip: int = 0,
     python_trace: bool = False,
+    trace: bool = True,
     program_stdout: IO[bytes] | None = None,
     program_stderr: IO[bytes] | None = None,
     env: dict[str, str] | None = None,
@@ -127,7 +128,7 @@ def run_program(
     cenv = child_env(run, env)
     manifest = {
         "schema": rundir.MANIFEST_SCHEMA,
-        "kind": "profile",
+        "kind": "profile" if trace else "shadow",
         "status": "running",
         "program": str(script),
         "argv": [str(script), *args],
@@ -148,7 +149,8 @@ def run_program(
     rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
     spec_path = run / rundir.CAPTURE_DIR / "spec.json"
     spec_path.write_text(json.dumps({"run_dir": str(run), "script": str(script), "args": args,
-                                     "steps": steps, "skip": skip, "python_trace": python_trace}))
+                                     "steps": steps, "skip": skip, "python_trace": python_trace,
+                                     "trace": trace}))
 
     out = program_stdout or sys.stdout.buffer
     err = program_stderr or sys.stderr.buffer

@@ -39,3 +39,12 @@ BREAKDOWN_PARTS = (
     ("compile_s", "compile"),
     ("idle_s", "idle"),
 )
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"

@@ -1,0 +1,214 @@
+"""Assembles the `tpudiag.compile/1` document: per-op TPU time estimates and per-module totals.
+
+Input, per compiled module: the optimized HLO (parse.hlo), the TPU compiler's static cycle
+profile and LLO bundle statistics (parse.llo frames, or None where the compiler gave none), the
+worker's result (XLA's cost and memory analysis), and the target chip. Output: a frozen
+`CompileReport` whose `to_dict()` is the JSON document (docs/compile-schema.md). No I/O.
+
+An op's estimated time is the largest of: static cycles / clock, bytes accessed / HBM bandwidth,
+FLOPs / peak, and (collectives) modelled ICI time; `bound_by` names the largest. The static
+model is 2-4x optimistic about HBM traffic (../shared/TPU-NOTES.md), hence the HBM floor.
+Collectives get 0 cycles from the static profile: they are modelled from bytes, group size and
+ICI bandwidth, and flagged `modelled`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import pandas as pd
+
+from tpudiag.analyze.breakdown import ns_to_s
+from tpudiag.analyze.categorize import index_module
+from tpudiag.analyze.hlo_cost import module_costs
+from tpudiag.parse.hlo import HloModule
+from tpudiag.targets import Target
+
+SCHEMA = "tpudiag.compile/1"
+# Instructions that move no data and take no time on their own (they alias their operands).
+_FREE = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all",
+                   "partition-id", "replica-id", "opt-barrier", "add-dependency"})
+# The per-slot utilization columns of the LLO frame, reported as `utilization.<slot>`.
+_UTIL_PREFIX = "util_"
+
+
+@dataclass(frozen=True)
+class ModuleArtifacts:
+    """What the capture and parse layers produced for one compiled module."""
+
+    name: str
+    status: str  # "ok" | "failed"
+    error: str | None
+    static_profile: str  # "ok" | "off" | "dropped: why"
+    result: dict  # the worker's result.json
+    hlo: HloModule | None  # optimized HLO
+    static: pd.DataFrame | None  # parse.llo.read_static_profiles
+    llo: pd.DataFrame | None  # parse.llo.read_llo_dump
+    artifacts_dir: str
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    doc: dict
+
+    def to_dict(self) -> dict:
+        return self.doc
+
+
+def _group_size(instr_attrs: str, default: int) -> int:
+    """Devices per replica group: `replica_groups={{0,1,2,3}}` or the iota form `[2,4]<=[8]`."""
+    m = re.search(r"replica_groups=\{\{([^}]*)\}", instr_attrs)
+    if m:
+        return max(1, len([x for x in m.group(1).split(",") if x.strip()]))
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", instr_attrs)
+    if m:
+        return int(m.group(2))
+    return default
+
+
+def _ici_bytes(opcode: str, out_bytes: int, n: int) -> float:
+    """Bytes each device sends over ICI for a ring algorithm (the bandwidth-optimal schedule)."""
+    if n <= 1:
+        return 0.0
+    base = opcode.removesuffix("-start").removesuffix("-done")
+    if base == "all-reduce":
+        return 2 * (n - 1) / n * out_bytes
+    if base in ("all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all"):
+        return (n - 1) / n * out_bytes * (n if base == "reduce-scatter" else 1)
+    if base in ("collective-permute", "collective-broadcast", "send", "recv"):
+        return float(out_bytes)
+    return 0.0
+
+
+def _ring_bytes_per_s(target: Target) -> float:
+    """A bidirectional ring along one torus axis uses one link each way: total ICI / links."""
+    return target.chip.ici_bytes_per_s / max(1, target.chip.ici_links)
+
+
+def _limit_text(bound_by: str, row: dict, target: Target) -> str:
+    chip = target.chip
+    if bound_by == "hbm":
+        return (f"HBM: moves {row['bytes_accessed'] / 1e6:.1f} MB at {chip.hbm_bytes_per_s / 1e9:.0f} GB/s; "
+                f"fuse it with its neighbours or cut the bytes")
+    if bound_by == "compute":
+        return f"MXU peak: {row['flops'] / 1e9:.2f} GFLOP at {chip.peak_bf16_flops_per_s / 1e12:.0f} TFLOP/s"
+    if bound_by == "ici":
+        return (f"ICI (modelled): {row['ici_bytes'] / 1e6:.2f} MB per device, ring at "
+                f"{_ring_bytes_per_s(target) / 1e9:.0f} GB/s")
+    if bound_by == "static_cycles":
+        util = row.get("utilization") or {}
+        busiest = max(util.items(), key=lambda kv: kv[1])[0] if util else None
+        slot = f"; busiest slot {busiest} at {util[busiest]:.0%}" if busiest else ""
+        return f"the compiler's schedule: {row['estimated_cycles']:,} cycles{slot}"
+    return "no estimate"
+
+
+def _op_rows(m: ModuleArtifacts, target: Target) -> list[dict]:
+    chip = target.chip
+    info = index_module(m.hlo)
+    costs = module_costs(m.hlo)
+    fused = m.hlo.fused_computations()
+    static = {} if m.static is None else {r.op: r for r in m.static.itertuples()}
+    llo = {} if m.llo is None else {r.program: r._asdict() for r in m.llo.itertuples()}
+    devices = int(m.result.get("replicas", 1)) * int(m.result.get("partitions", 1))
+    rows = []
+    for comp in m.hlo.computations.values():
+        if comp.name in fused:
+            continue
+        for instr in comp.instructions:
+            if instr.opcode in _FREE or instr.name not in info:
+                continue
+            oi, cost = info[instr.name], costs.get(instr.name)
+            flops = int(cost.flops) if cost else 0
+            nbytes = int(cost.bytes_accessed) if cost else 0
+            st = static.get(instr.name)
+            cycles = None if st is None else int(st.estimated_cycles)
+            cycles_source = "static_profile" if st is not None else ("off" if m.static is None else "none")
+            if st is not None and (getattr(st, "estimate_missing", False) or (cycles == 0 and oi.bound == "communication")):
+                cycles, cycles_source = None, "not_estimated"  # 0 with a remote DMA means "not estimated", not free
+            candidates = {"hbm": nbytes / chip.hbm_bytes_per_s, "compute": flops / chip.peak_bf16_flops_per_s}
+            if cycles is not None:
+                candidates["static_cycles"] = cycles / chip.clock_hz
+            ici = 0.0
+            if oi.bound == "communication":
+                out_bytes = nbytes // 2 if nbytes else 0  # operand + output bytes: one side is what moves
+                ici = _ici_bytes(instr.opcode, out_bytes, _group_size(instr.attrs, devices))
+                candidates["ici"] = ici / _ring_bytes_per_s(target)
+            bound_by = max(candidates, key=candidates.get)
+            lrow = llo.get(instr.name, {})
+            util = {k[len(_UTIL_PREFIX):]: round(float(v), 4) for k, v in lrow.items()
+                    if k.startswith(_UTIL_PREFIX) and v == v}
+            row = {
+                "name": instr.name, "computation": comp.name, "in_entry": comp.is_entry, "opcode": instr.opcode,
+                "fusion_kind": instr.fusion_kind, "category": oi.category, "source": oi.source,
+                "estimated_cycles": cycles, "cycles_source": cycles_source, "flops": flops,
+                "bytes_accessed": nbytes, "ici_bytes": round(ici), "modelled": oi.bound == "communication",
+                "estimated_s": round(candidates[bound_by], 12), "bound_by": bound_by,
+                "bundles": int(lrow["bundles"]) if lrow.get("bundles") == lrow.get("bundles") and "bundles" in lrow else None,
+                "utilization": util or None,
+                "spills": int(lrow.get("spill_stores", 0) + lrow.get("spill_loads", 0)) if lrow else None,
+                "loops": int(lrow["loops"]) if "loops" in lrow else None,
+            }
+            row["limit"] = _limit_text(bound_by, row, target)
+            rows.append(row)
+    rows.sort(key=lambda r: (-r["estimated_s"], r["name"]))
+    return rows
+
+
+def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
+    base = {"name": m.name, "status": m.status, "error": m.error, "static_profile": m.static_profile,
+            "artifacts": m.artifacts_dir}
+    if m.status != "ok" or m.hlo is None:
+        return {**base, "ops": [], "totals": None}
+    ops = _op_rows(m, target)
+    mem = m.result.get("memory", {})
+    peak = (mem.get("argument_bytes", 0) + mem.get("output_bytes", 0) - mem.get("alias_bytes", 0)
+            + mem.get("temp_bytes", 0) + mem.get("generated_code_bytes", 0))
+    cap = target.chip.hbm_bytes
+    fits = peak <= cap
+    cost = m.result.get("cost", {})
+    optimal = cost.get("optimal_seconds")
+    totals = {
+        "estimated_s": round(sum(o["estimated_s"] for o in ops), 12),
+        "estimated_cycles": sum(o["estimated_cycles"] or 0 for o in ops),
+        "ops_with_static_cycles": sum(o["cycles_source"] == "static_profile" for o in ops),
+        "ops": len(ops),
+        "flops": int(cost.get("flops", 0)),
+        "bytes_accessed": int(cost.get("bytes accessed", 0)),
+        # XLA reports a negative optimal_seconds when it has no model for the module.
+        "xla_optimal_s": optimal if optimal is not None and optimal >= 0 else None,
+        "compile_s": m.result.get("compile_s"),
+        "devices": int(m.result.get("replicas", 1)) * int(m.result.get("partitions", 1)),
+        "memory": {**mem, "peak_hbm_bytes": peak, "hbm_capacity_bytes": cap, "fits": fits},
+    }
+    findings = []
+    if not fits:
+        findings.append(f"needs {peak / 2**30:.1f} GiB of HBM per chip, {target.chip.name} has {cap / 2**30:.0f} GiB")
+    if any(o["modelled"] for o in ops):
+        findings.append("collective times are a model (bytes, group size, ICI bandwidth), not compiler estimates")
+    if m.static_profile.startswith("dropped"):
+        findings.append(f"static cycle profile {m.static_profile}; op times are roofline floors only")
+    return {**base, "ops": ops, "totals": totals, "findings": findings}
+
+
+def build_compile_report(target: Target, modules: list[ModuleArtifacts], source: dict) -> CompileReport:
+    docs = [_module_doc(m, target) for m in modules]
+    ok = [d for d in docs if d["status"] == "ok"]
+    chip = target.chip
+    return CompileReport({
+        "schema": SCHEMA,
+        "status": "ok" if len(ok) == len(docs) and docs else ("partial" if ok else "failed"),
+        "target": {"chip": chip.name, "topology": target.topology, "chips": target.chips,
+                   "clock_hz": chip.clock_hz, "peak_bf16_flops_per_s": chip.peak_bf16_flops_per_s,
+                   "hbm_bytes_per_s": chip.hbm_bytes_per_s, "hbm_bytes": chip.hbm_bytes,
+                   "ici_bytes_per_s": chip.ici_bytes_per_s, "ici_ring_bytes_per_s": _ring_bytes_per_s(target),
+                   "note": target.note},
+        "source": source,
+        "modules": docs,
+        "totals": {
+            "modules": len(docs), "failed": len(docs) - len(ok),
+            "estimated_s": round(sum(d["totals"]["estimated_s"] for d in ok), 12),
+        },
+    })

@@ -1,0 +1,156 @@
+"""Compiles modules for a TPU target, each in its own worker process, with the TPU compiler's dumps on.
+
+For each module it writes `RUN/modules/<NN>-<name>/`: the input, `result.json` from the worker,
+`compile.log` (libtpu's own output, shown to users only with --debug), XLA's HLO dumps (`hlo/`),
+the final LLO bundles and slot utilization (`llo/`) and the static cycle profile
+(`static_profile/`).
+
+The static-profile flag is slow and fragile (../shared/TPU-NOTES.md: an 8k^3 matmul takes 1 s
+without it and 117 s with it; it aborts on gathers and scatters and can grow past 10 GB), so a
+module is first compiled with it under a time and memory limit, and if that fails compiled again
+without it; `static_profile` in the result says which happened. It parses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+# The LLO dump narrowed to the final bundles and their slot utilization: without the regex
+# libtpu writes every LLO pass (~100 MB for a tiny program).
+_LLO_FLAGS = ("--xla_jf_dump_to={llo} --xla_jf_dump_llo_text=true "
+              "--xla_jf_dump_llo_pass_label_regex=final_bundles|final_hlo-static-per-bundle-utilization")
+_STATIC_FLAG = "--xla_jf_dump_static_llo_profile_to={static}"
+
+
+@dataclass(frozen=True)
+class ModuleInput:
+    name: str  # e.g. "jit_train_step"
+    path: Path  # StableHLO (.mlir, text or bytecode) or HLO text
+    kind: str  # "mlir" | "hlo"
+
+
+@dataclass(frozen=True)
+class Limits:
+    static_timeout_s: float = 120.0  # with the static profile (TPU-NOTES: 117 s for an 8k^3 matmul)
+    compile_timeout_s: float = 300.0  # plain compile
+    memory_bytes: int = 8 << 30  # the static profile can balloon past 10 GB on sorts and top_k
+
+
+@dataclass(frozen=True)
+class ModuleCompile:
+    name: str
+    dir: Path
+    status: str  # "ok" | "failed"
+    error: str | None
+    static_profile: str  # "ok" | "off" | why it was dropped ("timeout after 120 s", "aborted: ...")
+    result: dict
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _last_error_line(log: Path) -> str:
+    """libtpu aborts with a line like `F... Static LLO profiling of fusion.3 failed: ...`."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
+    for ln in reversed(lines):
+        if ln[:1] in "FE" and ("failed" in ln or "Check failed" in ln or "INVALID_ARGUMENT" in ln):
+            return ln[:400]
+    return lines[-1][:400] if lines else "no output"
+
+
+def _attempt(spec_path: Path, mdir: Path, env: dict, timeout_s: float, memory_bytes: int) -> tuple[str, str | None]:
+    """Run one worker. Returns (outcome, detail): "ok", "failed" (compiler said no), "timeout", "memory", "crashed"."""
+    (mdir / "result.json").unlink(missing_ok=True)
+    with open(mdir / "compile.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tpudiag.capture.tpu_worker", str(spec_path)], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                return "timeout", f"timed out after {timeout_s:.0f} s"
+            if _rss_bytes(proc.pid) > memory_bytes:
+                proc.kill()
+                proc.wait()
+                return "memory", f"used more than {memory_bytes / 2**30:.0f} GiB"
+            time.sleep(0.05)
+    result = mdir / "result.json"
+    if proc.returncode != 0 or not result.exists():
+        return "crashed", f"the TPU compiler aborted (exit {proc.returncode}): {_last_error_line(mdir / 'compile.log')}"
+    doc = json.loads(result.read_text())
+    return ("ok", None) if doc.get("status") == "ok" else ("failed", doc.get("error"))
+
+
+def _env(mdir: Path, static: bool) -> dict:
+    env = dict(os.environ)
+    libtpu = _LLO_FLAGS.format(llo=mdir / "llo")
+    if static:
+        libtpu += " " + _STATIC_FLAG.format(static=mdir / "static_profile")
+    env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + " " + libtpu).strip()
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f' --xla_dump_to="{mdir / "hlo"}" --xla_dump_hlo_as_text').strip()
+    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # several workers load libtpu at once
+    env["JAX_PLATFORMS"] = "cpu"  # the compile-only client needs no TPU; skip libtpu's device probe
+    env["TF_CPP_MIN_LOG_LEVEL"] = env.get("TF_CPP_MIN_LOG_LEVEL", "1")
+    return env
+
+
+def compile_module(inp: ModuleInput, mdir: Path, topology: str, static_profile: bool, limits: Limits) -> ModuleCompile:
+    mdir.mkdir(parents=True, exist_ok=True)
+    suffix = ".mlir" if inp.kind == "mlir" else ".hlo.txt"
+    local = mdir / f"input{suffix}"
+    shutil.copyfile(inp.path, local)
+    spec = mdir / "spec.json"
+    spec.write_text(json.dumps({"input": str(local), "kind": inp.kind, "topology": topology, "out_dir": str(mdir)}))
+    static_note = "off"
+    if static_profile:
+        outcome, detail = _attempt(spec, mdir, _env(mdir, True), limits.static_timeout_s, limits.memory_bytes)
+        if outcome == "ok":
+            return _done(inp, mdir, "ok")
+        if outcome == "failed":  # the compiler rejected the module itself: no point retrying
+            return ModuleCompile(inp.name, mdir, "failed", detail, "off", {})
+        static_note = f"dropped: {detail}"
+        for sub in ("llo", "static_profile", "hlo"):  # partial dumps of the aborted attempt
+            shutil.rmtree(mdir / sub, ignore_errors=True)
+    outcome, detail = _attempt(spec, mdir, _env(mdir, False), limits.compile_timeout_s, limits.memory_bytes)
+    if outcome != "ok":
+        return ModuleCompile(inp.name, mdir, "failed", detail, static_note, {})
+    return _done(inp, mdir, static_note)
+
+
+def _done(inp: ModuleInput, mdir: Path, static_note: str) -> ModuleCompile:
+    return ModuleCompile(inp.name, mdir, "ok", None, static_note, json.loads((mdir / "result.json").read_text()))
+
+
+def compile_modules(inputs: list[ModuleInput], modules_dir: Path, topology: str, *, static_profile: bool = True,
+                    limits: Limits = Limits(), jobs: int = 2,
+                    progress: Callable[[ModuleCompile], None] | None = None) -> list[ModuleCompile]:
+    """Compile every input (up to `jobs` at once); failures are results, never exceptions."""
+    dirs = [modules_dir / f"{i:02d}-{inp.name}" for i, inp in enumerate(inputs)]
+
+    def one(args):
+        inp, mdir = args
+        res = compile_module(inp, mdir, topology, static_profile, limits)
+        if progress:
+            progress(res)
+        return res
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, zip(inputs, dirs)))

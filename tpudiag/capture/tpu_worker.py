@@ -1,0 +1,108 @@
+"""Compiles one module for a TPU topology with libtpu's compile-only client, in its own process.
+
+`python -m tpudiag.capture.tpu_worker SPEC.json` reads {input, kind ("mlir" | "hlo"), topology,
+out_dir}, compiles, and writes `out_dir/result.json` (status, compile time, XLA's cost and memory
+analysis, partitioning) and `out_dir/optimized.hlo.txt`. The TPU compiler's own dumps (LLO
+bundles, static cycle profile, XLA's HLO dumps) are switched on by the parent through
+LIBTPU_INIT_ARGS and XLA_FLAGS before this process starts; this module only compiles.
+
+It runs alone in a process because the TPU compiler can abort the process (static-profile
+failures) or grow past any sane memory limit; the parent (`tpu_compile.py`) survives that.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def _load_module_text(path: Path, kind: str):
+    """The computation as an MLIR module: StableHLO text/bytecode, or HLO text converted to StableHLO."""
+    from jax._src.lib.mlir import ir
+
+    if kind == "hlo":
+        from jax._src.lib import _jax
+        from jaxlib import _hlo
+
+        module = _hlo.hlo_module_from_text(path.read_text())
+        return ir.Module.parse(_jax.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto()))
+    return ir.Module.parse(path.read_bytes())
+
+
+def _partitioning(module) -> tuple[int, int]:
+    attrs = module.operation.attributes
+    get = lambda key: int(str(attrs[key]).split(":")[0].strip()) if key in attrs else 1  # noqa: E731
+    return get("mhlo.num_replicas"), get("mhlo.num_partitions")
+
+
+def compile_one(spec: dict) -> dict:
+    import numpy as np
+    from jax._src import compiler
+    from jax._src.interpreters import mlir
+    from jax._src.lib import xla_client as xc
+    from jax.experimental import topologies
+
+    t0 = time.perf_counter()
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=spec["topology"])
+    with mlir.make_ir_context():
+        module = _load_module_text(Path(spec["input"]), spec["kind"])
+        replicas, partitions = _partitioning(module)
+        need = replicas * partitions
+        if need > len(topo.devices):
+            raise ValueError(f"the module needs {need} devices; topology {spec['topology']} has {len(topo.devices)}")
+        devices = list(topo.devices[:need])
+        opts = compiler.get_compile_options(num_replicas=replicas, num_partitions=partitions,
+                                            device_assignment=np.array(devices).reshape(replicas, partitions))
+        t1 = time.perf_counter()
+        executable = devices[0].client.compile(module, executable_devices=xc.DeviceList(tuple(devices)),
+                                               compile_options=opts)
+        compile_s = time.perf_counter() - t1
+    out = Path(spec["out_dir"])
+    (out / "optimized.hlo.txt").write_text(executable.hlo_modules()[0].to_string())
+    cost = executable.cost_analysis() or {}
+    if isinstance(cost, list):  # older jaxlibs return one dict per partition
+        cost = cost[0] if cost else {}
+    mem = executable.get_compiled_memory_stats()
+    return {
+        "status": "ok",
+        "compile_s": round(compile_s, 6),
+        "setup_s": round(t1 - t0, 6),
+        "replicas": replicas,
+        "partitions": partitions,
+        "cost": {k: float(cost[k]) for k in ("flops", "bytes accessed", "transcendentals", "optimal_seconds")
+                 if k in cost},
+        "memory": {
+            "argument_bytes": int(mem.argument_size_in_bytes),
+            "output_bytes": int(mem.output_size_in_bytes),
+            "alias_bytes": int(mem.alias_size_in_bytes),
+            "temp_bytes": int(mem.temp_size_in_bytes),
+            "generated_code_bytes": int(mem.generated_code_size_in_bytes),
+        },
+    }
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    # XLA errors carry a long tail (stack traces, source locations): the first line is the message.
+    line = text.splitlines()[0]
+    return re.sub(r"\s+", " ", line)[:500]
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(spec["out_dir"])
+    try:
+        result = compile_one(spec)
+    except Exception as e:  # the compiler rejected the module: a reported failure, not a crash
+        traceback.print_exc()
+        result = {"status": "failed", "error": f"{type(e).__name__}: {_first_line(e)}"}
+    (out / "result.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

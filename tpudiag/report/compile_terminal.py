@@ -1,0 +1,100 @@
+"""Renders a `tpudiag.compile/1` document for the terminal: per-module table, then per module the
+top ops by estimated TPU time with slot-utilization bars and a one-line "what limits this op"."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from tpudiag.report.units import fmt_bytes, fmt_s, short_source
+
+_SLOTS_SHOWN = ("mxu", "valu", "xlu", "eup", "vload", "vstore")
+_BAR = 8
+
+
+def _util_bars(util: dict | None) -> Text:
+    text = Text()
+    if not util:
+        return Text("-", style="bright_black")
+    for slot in _SLOTS_SHOWN:
+        if slot not in util:
+            continue
+        filled = round(_BAR * min(1.0, util[slot]))
+        text.append(f"{slot} ")
+        text.append("█" * filled, style="green")
+        text.append("·" * (_BAR - filled), style="bright_black")
+        text.append(f" {util[slot]:.0%}  ")
+    return text
+
+
+def render_compile_terminal(doc: dict, console: Console, top: int = 10) -> None:
+    t = doc["target"]
+    head = Text()
+    head.append(f"{doc['source'].get('input', '?')}", style="bold")
+    head.append(f"   target {t['chip']} ({t['topology']}, {t['chips']} chips)   status ")
+    head.append(doc["status"], style="green" if doc["status"] == "ok" else "bold red")
+    head.append(f"\n{t['peak_bf16_flops_per_s'] / 1e12:.0f} TFLOP/s bf16, {t['hbm_bytes_per_s'] / 1e9:.0f} GB/s HBM, "
+                f"{t['hbm_bytes'] / 2**30:.0f} GiB per chip; clock {t['clock_hz'] / 1e9:.2f} GHz")
+    if t.get("note"):
+        head.append(f"\n{t['note']}", style="yellow")
+    console.print(Panel(head, title="tpudiag compile", title_align="left"))
+
+    table = Table(title="Modules", title_justify="left", show_edge=False)
+    for col, just in (("module", "left"), ("status", "left"), ("est. TPU time", "right"), ("XLA optimal", "right"),
+                      ("peak HBM", "right"), ("ops", "right"), ("static profile", "left")):
+        table.add_column(col, justify=just, overflow="fold" if col in ("status", "static profile") else "ellipsis")
+    for m in doc["modules"]:
+        tot = m["totals"] or {}
+        mem = tot.get("memory") or {}
+        fits = mem.get("fits", True)
+        table.add_row(m["name"], "ok" if m["status"] == "ok" else Text(f"failed: {m['error']}", style="red"),
+                      fmt_s(tot.get("estimated_s")), fmt_s(tot.get("xla_optimal_s")),
+                      Text(fmt_bytes(mem.get("peak_hbm_bytes")), style="" if fits else "bold red") if tot else "-",
+                      str(tot.get("ops", "-")), m["static_profile"])
+    console.print(table)
+
+    for m in doc["modules"]:
+        if not m["ops"]:
+            continue
+        console.print()
+        ops = Table(title=f"{m['name']}: top ops by estimated TPU time", title_justify="left", show_edge=False)
+        for col, just in (("op", "left"), ("est.", "right"), ("bound by", "left"), ("cycles", "right"),
+                          ("bytes", "right"), ("source", "left")):
+            ops.add_column(col, justify=just, no_wrap=col != "op", overflow="ellipsis")
+        for o in m["ops"][:top]:
+            cycles = f"{o['estimated_cycles']:,}" if o["estimated_cycles"] is not None else "-"
+            ops.add_row(o["name"], fmt_s(o["estimated_s"]), o["bound_by"], cycles, fmt_bytes(o["bytes_accessed"]),
+                        short_source(o["source"], keep=1))
+            ops.add_row(Text("  " + o["limit"], style="italic"), "", "", "", "", "")
+            if o.get("utilization"):
+                ops.add_row(Text("  ").append_text(_util_bars(o["utilization"])), "", "", "", "", "")
+        console.print(ops)
+        for f in m.get("findings", []):
+            console.print(Text(f"note: {f}", style="yellow"))
+    console.print()
+    console.print(Text(f"Artifacts  {doc.get('artifacts', {}).get('run_dir', '')}", style="bold"))
+
+
+def render_targets_terminal(rows: list[dict], console: Console) -> None:
+    table = Table(title="TPU targets (per chip: bf16 peak, HBM, ridge point, ICI, clock)", title_justify="left",
+                  show_edge=False)
+    cols = [("target", "name"), ("topology", "default_topology"), ("TFLOP/s", "peak_bf16_flops_per_s"),
+            ("HBM GiB", "hbm_bytes"), ("HBM GB/s", "hbm_bytes_per_s"), ("FLOP/B", "ridge_flops_per_byte"),
+            ("ICI GB/s", "ici_bytes_per_s"), ("GHz", "clock_hz")]
+    scale = {"peak_bf16_flops_per_s": 1e12, "hbm_bytes": 2**30, "hbm_bytes_per_s": 1e9, "ici_bytes_per_s": 1e9,
+             "clock_hz": 1e9}
+    for label, _ in cols:
+        table.add_column(label, justify="left" if label in ("target", "topology") else "right", no_wrap=True)
+    for r in rows:
+        cells = []
+        for _, key in cols:
+            v = r.get(key)
+            if isinstance(v, (int, float)) and key in scale:
+                v = f"{v / scale[key]:.{2 if key == 'clock_hz' else 0}f}"
+            elif isinstance(v, float):
+                v = f"{v:.0f}"
+            cells.append(str(v))
+        table.add_row(*cells)
+    console.print(table)
