@@ -2,6 +2,17 @@
 
 Importing this package is cheap: it does not import jax (the CLI must start instantly and the
 profiled child must set its dump flags before jax loads).
+
+    import tpudiag
+    result = tpudiag.compile(f, x_spec, w_spec, target="v5e")   # TPU compiler estimates, no TPU needed
+    result.report.to_dict()["modules"][0]["ops"][:3]
 """
 
 __version__ = "0.1.0"
+
+
+def compile(fn, *args, target: str = "v5e", **kwargs):  # noqa: A001 - the name users expect
+    """Compile `fn(*args)` for a TPU target on this machine; see `tpudiag.api.compile_function`."""
+    from tpudiag.api import compile_function
+
+    return compile_function(fn, *args, target=target, **kwargs)

@@ -124,10 +124,12 @@ def analyze_xplane(path: Path) -> ProfileReport:
                                 {"xplane": str(path)}, warnings, xprof_stats)
 
 
-def load_report(target: Path) -> ProfileReport:
-    """A run directory, an xprof log directory, or a `.xplane.pb` file."""
+def load_report(target: Path):
+    """A run directory (profile or compile), an xprof log directory, or a `.xplane.pb` file."""
     target = Path(target)
     if rundir.is_run_dir(target):
+        if rundir.read_manifest(target).get("kind") == "compile":
+            return analyze_compile_run(target)
         return analyze_run(target)
     if target.is_dir() and not any(target.iterdir()):
         raise InputError(f"{target}: empty directory (expected a tpudiag run directory or an .xplane.pb)")
@@ -240,14 +242,11 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
                             reason=shadow.reason or "the program compiled no jax computation")
             rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
             raise InputError(f"{input_path}: {manifest['reason']}; nothing to compile (run directory {run})")
+    manifest["source"] = source
+    rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
     report = compile_inputs(inputs, run, target, static_profile=static_profile, jobs=jobs, limits=limits,
                             progress=progress, source=source)
-    doc = report.to_dict()
-    doc["artifacts"] = {"run_dir": str(run), "report": rundir.REPORT, "modules": "modules"}
-    from tpudiag.report.compile_markdown import render_compile_markdown
-
-    rundir.write_json_atomic(run / rundir.REPORT, doc)
-    rundir.write_text_atomic(run / rundir.REPORT_MD, render_compile_markdown(doc))
+    doc = _write_compile_report(report, run)
     manifest.update(status="ok" if doc["status"] == "ok" else "failed", exit_code=0 if doc["status"] == "ok" else 1,
                     reason=None if doc["status"] == "ok" else f"{doc['totals']['failed']} module(s) failed to compile",
                     wall_s=round(time.perf_counter() - t0, 6))
@@ -255,7 +254,66 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
     return CompileResult(run_dir=run, report=report)
 
 
+def _write_compile_report(report, run: Path) -> dict:
+    from tpudiag.report.compile_markdown import render_compile_markdown
+
+    doc = report.to_dict()
+    doc["artifacts"] = {"run_dir": str(run), "report": rundir.REPORT, "modules": "modules"}
+    rundir.write_json_atomic(run / rundir.REPORT, doc)
+    rundir.write_text_atomic(run / rundir.REPORT_MD, render_compile_markdown(doc))
+    return doc
+
+
+def analyze_compile_run(run: Path):
+    """Re-build a compile run's report from its module directories (never recompiles)."""
+    from tpudiag.analyze.compile_report import build_compile_report
+    from tpudiag.capture.tpu_compile import load_module
+    from tpudiag.targets import resolve_target
+
+    run = Path(run)
+    manifest = rundir.read_manifest(run)
+    target = resolve_target(manifest["target"]["topology"])
+    mdirs = sorted(p for p in (run / "modules").iterdir() if (p / "module.json").is_file()) \
+        if (run / "modules").is_dir() else []
+    report = build_compile_report(target, [_module_artifacts(load_module(d)) for d in mdirs],
+                                  manifest.get("source", {}))
+    report.doc["artifacts"] = {"run_dir": str(run), "report": rundir.REPORT, "modules": "modules"}
+    return report
+
+
 def _versions() -> dict:
     from tpudiag.capture.versions import tool_versions
 
     return tool_versions()
+
+
+def compile_function(fn, *args, target: str = "v5e", out=None, static_profile: bool = True, jobs: int = 2,
+                     limits=None) -> CompileResult:
+    """`tpudiag.compile(fn, *args, target="v5e")`: lower `fn` for TPU here, compile it in a worker.
+
+    `args` are arrays or `jax.ShapeDtypeStruct`s (shapes are all that matter). The run directory
+    (default `tpudiag-runs/<timestamp>-<fn name>`) holds the same artifacts as `tpudiag compile`.
+    """
+    import jax
+
+    from tpudiag.capture.tpu_compile import ModuleInput
+    from tpudiag.targets import resolve_target
+
+    tgt = resolve_target(target)
+    name = getattr(fn, "__name__", "fn")
+    run = Path(out) if out else rundir.default_run_dir(Path(f"{name}.py"))
+    rundir.create_run_dir(run, rundir.COMPILE_SUBDIRS)
+    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",))
+    mlir_path = run / f"{name}.mlir"
+    mlir_path.write_text(lowered.as_text(debug_info=True))  # debug_info keeps the source lines
+    source = {"input": f"{name} (Python function)", "kind": "function"}
+    rundir.write_json_atomic(run / rundir.MANIFEST, {
+        "schema": rundir.MANIFEST_SCHEMA, "kind": "compile", "status": "running", "program": name,
+        "target": tgt.to_dict(), "source": source, "versions": _versions()})
+    report = compile_inputs([ModuleInput(name=f"jit_{name}", path=mlir_path, kind="mlir")], run, tgt,
+                            static_profile=static_profile, jobs=jobs, limits=limits, source=source)
+    _write_compile_report(report, run)
+    manifest = rundir.read_manifest(run)
+    manifest.update(status="ok" if report.doc["status"] == "ok" else "failed")
+    rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
+    return CompileResult(run_dir=run, report=report)

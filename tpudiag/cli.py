@@ -41,6 +41,21 @@ def _emit(doc: dict, as_json: bool, as_md: bool, no_color: bool, width: int | No
         render_terminal(doc, _console(no_color, width), DEFAULT_CONFIG.top_ops, DEFAULT_CONFIG.top_compiles)
 
 
+def _emit_compile(doc: dict, as_json: bool, as_md: bool, no_color: bool, width: int | None, top: int) -> None:
+    if as_json:
+        from tpudiag.report.json_report import render_json
+
+        click.echo(render_json(doc), nl=False)
+    elif as_md:
+        from tpudiag.report.compile_markdown import render_compile_markdown
+
+        click.echo(render_compile_markdown(doc, top), nl=False)
+    else:
+        from tpudiag.report.compile_terminal import render_compile_terminal
+
+        render_compile_terminal(doc, _console(no_color, width), top)
+
+
 def _output_options(f):
     f = click.option("--width", type=click.IntRange(60, 400), default=None,
                      help="Terminal report width (default: the terminal's).")(f)
@@ -120,7 +135,10 @@ def report(as_json, as_md, no_color, width, target):
     if as_json and as_md:
         raise UsageError("choose one of --json and --md")
     doc = api.load_report(target).to_dict()
-    _emit(doc, as_json, as_md, no_color, width)
+    if doc["schema"].startswith("tpudiag.compile/"):
+        _emit_compile(doc, as_json, as_md, no_color, width, 10)
+    else:
+        _emit(doc, as_json, as_md, no_color, width)
 
 
 @cli.command()
@@ -182,20 +200,8 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, as_json,
                                     program_stdout=sys.stderr.buffer if (as_json or as_md) else None)
     finally:
         stop()
-    doc = result.report.to_dict() | {"artifacts": {"run_dir": str(result.run_dir), "report": "report.json",
-                                                    "modules": "modules"}}
-    if as_json:
-        from tpudiag.report.json_report import render_json
-
-        click.echo(render_json(doc), nl=False)
-    elif as_md:
-        from tpudiag.report.compile_markdown import render_compile_markdown
-
-        click.echo(render_compile_markdown(doc, top), nl=False)
-    else:
-        from tpudiag.report.compile_terminal import render_compile_terminal
-
-        render_compile_terminal(doc, _console(no_color, width), top)
+    doc = result.report.to_dict()
+    _emit_compile(doc, as_json, as_md, no_color, width, top)
     if doc["status"] != "ok":
         failed = [m for m in doc["modules"] if m["status"] != "ok"]
         raise ProgramFailed(f"{len(failed)} of {len(doc['modules'])} module(s) failed to compile for "

@@ -57,6 +57,12 @@ class CompileReport:
         return self.doc
 
 
+def _is_async_tail(opcode: str) -> bool:
+    """`X-done` / `async-update` close an async op whose `X-start` carries the work: counting both
+    would count its bytes twice."""
+    return opcode.endswith("-done") or opcode == "async-update"
+
+
 def _group_size(instr_attrs: str, default: int) -> int:
     """Devices per replica group: `replica_groups={{0,1,2,3}}` or the iota form `[2,4]<=[8]`."""
     m = re.search(r"replica_groups=\{\{([^}]*)\}", instr_attrs)
@@ -88,37 +94,56 @@ def _ring_bytes_per_s(target: Target) -> float:
 
 
 def _limit_text(bound_by: str, row: dict, target: Target) -> str:
-    chip = target.chip
+    """A few words: what bounds the op's estimated time, and the figure that makes it so (the
+    bandwidths and peaks are in the report's `target`)."""
     if bound_by == "hbm":
-        return (f"HBM: moves {row['bytes_accessed'] / 1e6:.1f} MB at {chip.hbm_bytes_per_s / 1e9:.0f} GB/s; "
-                f"fuse it with its neighbours or cut the bytes")
+        return f"HBM, {row['bytes_accessed'] / 1e6:.3g} MB"
     if bound_by == "compute":
-        return f"MXU peak: {row['flops'] / 1e9:.2f} GFLOP at {chip.peak_bf16_flops_per_s / 1e12:.0f} TFLOP/s"
+        return f"MXU, {row['flops'] / 1e9:.3g} GFLOP"
     if bound_by == "ici":
-        return (f"ICI (modelled): {row['ici_bytes'] / 1e6:.2f} MB per device, ring at "
-                f"{_ring_bytes_per_s(target) / 1e9:.0f} GB/s")
-    if bound_by == "static_cycles":
-        util = row.get("utilization") or {}
-        busiest = max(util.items(), key=lambda kv: kv[1])[0] if util else None
-        slot = f"; busiest slot {busiest} at {util[busiest]:.0%}" if busiest else ""
-        return f"the compiler's schedule: {row['estimated_cycles']:,} cycles{slot}"
-    return "no estimate"
+        return f"ICI, {row['ici_bytes'] / 1e6:.3g} MB/device (model)"
+    return "schedule"  # the static cycle estimate is above every roofline floor
+
+
+# Instructions whose called computations run as a sequence of ops of their own (bodies, branches).
+# Reducers (`to_apply` of reduce, all-reduce, sort, scatter) run inside their caller instead.
+_RUNS_CALLEES = frozenset({"while", "conditional", "call", "async-start"})
+
+
+def executed_computations(module: HloModule) -> list[str]:
+    """The entry computation and every while body/condition, branch and call target reachable from it.
+
+    Their instructions are what the TPU executes as units; control-flow instructions themselves
+    are not rows (their cost is their bodies'), and a loop body is counted once: the trip count
+    is unknown.
+    """
+    entry = module.entry
+    if entry is None:
+        return []
+    order, todo = [], [entry.name]
+    while todo:
+        name = todo.pop(0)
+        if name in order or name not in module.computations:
+            continue
+        order.append(name)
+        for instr in module.computations[name].instructions:
+            if instr.opcode in _RUNS_CALLEES:
+                todo += instr.called
+    return order
 
 
 def _op_rows(m: ModuleArtifacts, target: Target) -> list[dict]:
     chip = target.chip
     info = index_module(m.hlo)
     costs = module_costs(m.hlo)
-    fused = m.hlo.fused_computations()
     static = {} if m.static is None else {r.op: r for r in m.static.itertuples()}
     llo = {} if m.llo is None else {r.program: r._asdict() for r in m.llo.itertuples()}
     devices = int(m.result.get("replicas", 1)) * int(m.result.get("partitions", 1))
     rows = []
-    for comp in m.hlo.computations.values():
-        if comp.name in fused:
-            continue
+    for comp in (m.hlo.computations[c] for c in executed_computations(m.hlo)):
         for instr in comp.instructions:
-            if instr.opcode in _FREE or instr.name not in info:
+            if (instr.opcode in _FREE or instr.name not in info or _is_async_tail(instr.opcode)
+                    or instr.opcode in _RUNS_CALLEES):
                 continue
             oi, cost = info[instr.name], costs.get(instr.name)
             flops = int(cost.flops) if cost else 0

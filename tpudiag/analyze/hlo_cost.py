@@ -17,10 +17,11 @@ The conventions are XLA's `HloCostAnalysis` (xla/service/hlo_cost_analysis.cc), 
   read once (or only the slice a slice/dynamic-slice user takes), each output written once (a
   dynamic-update-slice root writes only its update), plus non-scalar constants inside.
 - other ops: bytes = operand bytes + output bytes; slice/dynamic-slice/gather read only what they
-  output; parameter, constant, tuple, get-tuple-element, bitcast and the *-done halves of async
-  pairs touch nothing.
+  output; parameter, constant, tuple, get-tuple-element, bitcast, opt-barrier and the *-done
+  halves of async pairs touch nothing.
 - while / call / conditional / async-start: the cost of the called computations, counted once
-  (a while's trip count is not known statically, as in XLA); conditional: the costliest branch.
+  (a while's trip count is not known statically, as in XLA; `known_trip_count` reads the one
+  XLA's CPU pipeline sometimes records); conditional: the costliest branch.
 
 Where this deliberately differs from XLA:
 - bytes are logical (`Shape.bytes`): no TPU tiling padding, no tuple pointer tables (`tuple` is 0).
@@ -30,6 +31,8 @@ Where this deliberately differs from XLA:
 - custom-call: the kernel's own `cost_estimate` (Pallas `pl.CostEstimate`) where the backend
   config carries one, else 0 FLOPs and operand + output bytes; XLA reports -1 ("unknown").
 - dynamic-slice/dynamic-update-slice count every start index, not only the first.
+- a fused parameter read only by a nested fusion that is the fusion's root counts as read once;
+  XLA counts 0 for it.
 """
 
 from __future__ import annotations
@@ -148,12 +151,14 @@ class _Coster:
 
     def __init__(self, module: HloModule):
         self.module = module
-        self.by_name: dict[str, Instruction] = {}
-        self.users: dict[str, list[Instruction]] = {}
+        # Keyed by (computation, name): operands live in the instruction's own computation, and
+        # hand-written HLO may reuse a name in another computation (compiler output does not).
+        self.by_name: dict[tuple[str, str], Instruction] = {}
+        self.users: dict[tuple[str, str], list[Instruction]] = {}
         for instr in module.instructions():
-            self.by_name[instr.name] = instr
+            self.by_name[instr.computation, instr.name] = instr
             for op in dict.fromkeys(instr.operands):  # XLA's users() lists a user once
-                self.users.setdefault(op, []).append(instr)
+                self.users.setdefault((instr.computation, op), []).append(instr)
         self._memo: dict[str, Cost] = {}
         self._active: set[str] = set()
 
@@ -167,16 +172,20 @@ class _Coster:
 
     def operand(self, instr: Instruction, k: int) -> Instruction:
         name = instr.operands[k] if k < len(instr.operands) else None
-        if name not in self.by_name:
+        found = self.by_name.get((instr.computation, name))
+        if found is None:
             raise ParseError(self.module.path, f"instruction {instr.name}: operand {k} ({name}) is not defined",
                              line=instr.line or None)
-        return self.by_name[name]
+        return found
 
     def operand_shape(self, instr: Instruction, k: int) -> Shape:
         return self.shape(self.operand(instr, k))
 
     def operand_bytes(self, instr: Instruction, start: int = 0) -> int:
         return sum(self.operand_shape(instr, k).bytes for k in range(start, len(instr.operands)))
+
+    def _users_of(self, instr: Instruction) -> list[Instruction]:
+        return self.users.get((instr.computation, instr.name), [])
 
     def computation(self, name: str) -> Cost:
         if name in self._memo:
@@ -201,6 +210,13 @@ class _Coster:
     # -- the cost of one instruction --------------------------------------------------------------
 
     def cost(self, instr: Instruction) -> Cost:
+        try:
+            return self._cost(instr)
+        except (IndexError, KeyError, ValueError) as e:  # operands or attributes that do not fit the op
+            raise ParseError(self.module.path, f"cannot cost {instr.opcode} {instr.name}: {type(e).__name__} {e}",
+                             line=instr.line or None) from None
+
+    def _cost(self, instr: Instruction) -> Cost:
         op = instr.opcode
         if op in ZERO_COST:
             return Cost()
@@ -353,8 +369,11 @@ class _Coster:
     def _fusion(self, instr: Instruction) -> Cost:
         if not instr.called:
             raise ParseError(self.module.path, f"fusion {instr.name} calls no computation", line=instr.line or None)
-        body = self.module.computations.get(instr.called[0])
         inner = self.computation(instr.called[0])
+        body = self.module.computations[instr.called[0]]
+        if not body.instructions:
+            raise ParseError(self.module.path, f"fusion {instr.name} calls an empty computation",
+                             line=instr.line or None)
         if instr.fusion_kind == "kCustom":  # XLA costs a custom gather/scatter fusion as that op
             for i in body.instructions:
                 if i.opcode in ("gather", "scatter"):
@@ -382,7 +401,7 @@ class _Coster:
         read, except broadcast and reshape, which each count the whole operand."""
         shape = self.shape(param)
         if shape.is_tuple:
-            return sum(self._param_read_bytes(u) for u in self.users.get(param.name, [])
+            return sum(self._param_read_bytes(u) for u in self._users_of(param)
                        if u.opcode == "get-tuple-element")
         size, shared = 0, False
 
@@ -393,7 +412,7 @@ class _Coster:
             shared = True
             return shape.bytes
 
-        for user in self.users.get(param.name, []):
+        for user in self._users_of(param):
             op = user.opcode
             if op == "fusion":
                 size += self._nested_fusion_read_bytes(param, user)
@@ -417,7 +436,7 @@ class _Coster:
             return 0
         params = _parameters(body.instructions)
         root = next((i for i in body.instructions if i.is_root), body.instructions[-1])
-        users = self.users.get(fusion.name, [])
+        users = self._users_of(fusion)
         size = 0
         for idx in (k for k, name in enumerate(fusion.operands) if name == param.name):
             if idx >= len(params):
@@ -445,14 +464,9 @@ class _Coster:
 
 
 def _parameters(instructions: list[Instruction]) -> list[Instruction]:
-    """A computation's parameters in parameter-number order. The model does not keep the number
-    (`parameter(N)`), so it comes from XLA's `param_N[.M]` naming where every parameter follows it,
-    else from the order they are printed in."""
+    """A computation's parameters in parameter-number order (`parameter(N)`)."""
     params = [i for i in instructions if i.opcode == "parameter"]
-    numbered = [re.match(r"param_(\d+)(?:\.\d+)?$", p.name) for p in params]
-    if all(numbered) and len({int(m.group(1)) for m in numbered}) == len(params):
-        return [p for _, p in sorted(zip((int(m.group(1)) for m in numbered), params), key=lambda t: t[0])]
-    return params
+    return sorted(params, key=lambda p: (p.parameter_number is None, p.parameter_number or 0))
 
 
 def _cost_estimate(instr: Instruction) -> Cost | None:
@@ -463,6 +477,14 @@ def _cost_estimate(instr: Instruction) -> Cost | None:
         return None
     vals = {k: int(v) for k, v in re.findall(r'"(\w+)"\s*:\s*"?(-?\d+)"?', m.group(1))}
     return Cost(vals.get("flops", 0), vals.get("transcendentals", 0), vals.get("bytes_accessed", 0))
+
+
+def known_trip_count(instr: Instruction) -> int | None:
+    """A while loop's trip count where XLA recorded it (`"known_trip_count":{"n":"4"}` in the
+    backend config; CPU compiles of a fori_loop write it, libtpu 0.0.42's did not), else None.
+    The costs here count a loop body once whatever this says, as XLA does."""
+    m = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)', instr.attrs.replace('\\"', '"'))
+    return int(m.group(1)) if m and instr.opcode == "while" else None
 
 
 def op_cost(module: HloModule, instr: Instruction) -> Cost:

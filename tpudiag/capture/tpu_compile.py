@@ -119,6 +119,21 @@ def compile_module(inp: ModuleInput, mdir: Path, topology: str, static_profile: 
     shutil.copyfile(inp.path, local)
     spec = mdir / "spec.json"
     spec.write_text(json.dumps({"input": str(local), "kind": inp.kind, "topology": topology, "out_dir": str(mdir)}))
+    res = _compile_module(inp, mdir, spec, static_profile, limits)
+    # What happened, for `tpudiag report RUN` to re-render without recompiling.
+    (mdir / "module.json").write_text(json.dumps({"name": res.name, "status": res.status, "error": res.error,
+                                                  "static_profile": res.static_profile}, indent=2) + "\n")
+    return res
+
+
+def load_module(mdir: Path) -> ModuleCompile:
+    """A module compiled earlier, from its `module.json` and `result.json`."""
+    meta = json.loads((mdir / "module.json").read_text())
+    result = json.loads((mdir / "result.json").read_text()) if meta["status"] == "ok" else {}
+    return ModuleCompile(meta["name"], mdir, meta["status"], meta["error"], meta["static_profile"], result)
+
+
+def _compile_module(inp: ModuleInput, mdir: Path, spec: Path, static_profile: bool, limits: Limits) -> ModuleCompile:
     static_note = "off"
     if static_profile:
         outcome, detail = _attempt(spec, mdir, _env(mdir, True), limits.static_timeout_s, limits.memory_bytes)

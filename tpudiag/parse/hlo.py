@@ -38,6 +38,11 @@ class Instruction:
     attrs: str  # the text after the operand list (attributes, metadata, backend_config)
     is_root: bool = False
     line: int = 0  # 1-based line in the file
+    literal: str = ""  # the parenthesised text of parameter(N), constant(...), iota()
+
+    @property
+    def parameter_number(self) -> int | None:
+        return int(self.literal) if self.opcode == "parameter" and self.literal.strip().isdigit() else None
 
     @property
     def called(self) -> list[str]:
@@ -164,8 +169,8 @@ def _split_top(text: str) -> list[str]:
     return parts
 
 
-def _parse_instruction(rest: str) -> tuple[str, str, list[str], str]:
-    """`SHAPE opcode(operands), attrs` -> (shape, opcode, operands, attrs)."""
+def _parse_instruction(rest: str) -> tuple[str, str, list[str], str, str]:
+    """`SHAPE opcode(operands), attrs` -> (shape, opcode, operands, attrs, literal)."""
     rest = rest.strip()
     if rest.startswith("("):
         shape = _balanced(rest, 0, "(", ")")
@@ -191,7 +196,8 @@ def _parse_instruction(rest: str) -> tuple[str, str, list[str], str]:
             continue
         tok = a.split()[-1]
         operands.append(tok.lstrip("%") if (tok.startswith("%") or " " in a) else a)
-    return shape, opcode, operands, attrs
+    literal = args[1:-1] if opcode in _LITERAL_OPCODES else ""
+    return shape, opcode, operands, attrs, literal
 
 
 def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
@@ -239,11 +245,12 @@ def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
             raise ParseError(path, "expected an instruction `name = shape opcode(operands)`", line=n + 1, snippet=ln)
         try:
             # XLA writes `/*index=5*/` markers into long operand lists.
-            shape, opcode, operands, attrs = _parse_instruction(_COMMENT.sub("", m.group(3)))
+            shape, opcode, operands, attrs, literal = _parse_instruction(_COMMENT.sub("", m.group(3)))
         except ValueError as e:
             raise ParseError(path, f"malformed instruction: {e}", line=n + 1, snippet=ln) from None
         comp.instructions.append(Instruction(name=m.group(2), opcode=opcode, shape=shape, operands=operands,
-                                             computation=comp.name, attrs=attrs, is_root=bool(m.group(1)), line=n + 1))
+                                             computation=comp.name, attrs=attrs, is_root=bool(m.group(1)), line=n + 1,
+                                             literal=literal))
     if comp is not None:
         raise ParseError(path, f"truncated: computation {comp.name!r} is not closed", line=len(lines), snippet=lines[-1])
     if not comps:

@@ -10,26 +10,21 @@ from rich.text import Text
 
 from tpudiag.report.units import fmt_bytes, fmt_s, short_source
 
-_SLOTS_SHOWN = ("mxu", "valu", "xlu", "eup", "vload", "vstore")
-_BAR = 8
 
 
-def _util_bars(util: dict | None) -> Text:
-    text = Text()
+def _busiest(util: dict | None, n: int = 2) -> Text:
+    """The op's busiest VLIW slots from the final bundles, e.g. `mxu 82% vstore 44%`."""
     if not util:
         return Text("-", style="bright_black")
-    for slot in _SLOTS_SHOWN:
-        if slot not in util:
-            continue
-        filled = round(_BAR * min(1.0, util[slot]))
-        text.append(f"{slot} ")
-        text.append("█" * filled, style="green")
-        text.append("·" * (_BAR - filled), style="bright_black")
-        text.append(f" {util[slot]:.0%}  ")
+    text = Text()
+    for slot, value in sorted(util.items(), key=lambda kv: -kv[1])[:n]:
+        text.append(f"{slot} {value:.0%} ", style="green" if value >= 0.5 else "")
     return text
 
 
-def render_compile_terminal(doc: dict, console: Console, top: int = 10) -> None:
+def render_compile_terminal(doc: dict, console: Console, top: int = 10, modules: int = 3) -> None:
+    """`modules`: how many modules (the slowest by estimated time) get an op table; the rest are
+    in the module table and in report.json / --md."""
     t = doc["target"]
     head = Text()
     head.append(f"{doc['source'].get('input', '?')}", style="bold")
@@ -55,24 +50,27 @@ def render_compile_terminal(doc: dict, console: Console, top: int = 10) -> None:
                       str(tot.get("ops", "-")), m["static_profile"])
     console.print(table)
 
-    for m in doc["modules"]:
-        if not m["ops"]:
-            continue
+    ranked = sorted((m for m in doc["modules"] if m["ops"]), key=lambda m: -m["totals"]["estimated_s"])
+    for m in ranked[:modules]:
         console.print()
         ops = Table(title=f"{m['name']}: top ops by estimated TPU time", title_justify="left", show_edge=False)
-        for col, just in (("op", "left"), ("est.", "right"), ("bound by", "left"), ("cycles", "right"),
-                          ("bytes", "right"), ("source", "left")):
-            ops.add_column(col, justify=just, no_wrap=col != "op", overflow="ellipsis")
+        for col, just in (("op", "left"), ("est.", "right"), ("limit", "left"), ("cycles", "right"),
+                          ("bytes", "right"), ("busiest slots", "left"), ("source", "left")):
+            wrap = col in ("op", "limit")
+            ops.add_column(col, justify=just, no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
         for o in m["ops"][:top]:
             cycles = f"{o['estimated_cycles']:,}" if o["estimated_cycles"] is not None else "-"
-            ops.add_row(o["name"], fmt_s(o["estimated_s"]), o["bound_by"], cycles, fmt_bytes(o["bytes_accessed"]),
-                        short_source(o["source"], keep=1))
-            ops.add_row(Text("  " + o["limit"], style="italic"), "", "", "", "", "")
-            if o.get("utilization"):
-                ops.add_row(Text("  ").append_text(_util_bars(o["utilization"])), "", "", "", "", "")
+            ops.add_row(o["name"], fmt_s(o["estimated_s"]), o["limit"], cycles, fmt_bytes(o["bytes_accessed"]),
+                        _busiest(o.get("utilization")), short_source(o["source"], keep=1))
         console.print(ops)
         for f in m.get("findings", []):
             console.print(Text(f"note: {f}", style="yellow"))
+    if len(ranked) > modules:
+        console.print(Text(f"\n{len(ranked) - modules} more module(s): `tpudiag report --md` or report.json has every op",
+                           style="bright_black"))
+    for m in doc["modules"]:
+        if m["status"] != "ok":
+            console.print(Text(f"{m['name']}: failed to compile: {m['error']}", style="red"))
     console.print()
     console.print(Text(f"Artifacts  {doc.get('artifacts', {}).get('run_dir', '')}", style="bold"))
 

@@ -1,0 +1,165 @@
+"""`tpudiag compile`: the report of a real v5e compile (goldens and oracles), and real end-to-end
+compiles with libtpu's compile-only client (a few seconds each)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import ARTIFACTS, GOLDENS, ROOT, check_golden
+from tpudiag.cli import cli
+
+RUN = "fixtures/artifacts/compile_v5e_collective"
+
+
+def _doc(in_root_dir=None) -> dict:
+    result = CliRunner().invoke(cli, ["report", "--json", RUN])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+@pytest.mark.parametrize("flags,suffix", [(["--json"], "report.json"), (["--md"], "report.md"),
+                                          (["--no-color", "--width", "120"], "report.txt")])
+def test_compile_report_golden(flags, suffix, in_root, update_goldens):
+    result = CliRunner().invoke(cli, ["report", *flags, RUN])
+    assert result.exit_code == 0, result.output
+    check_golden(GOLDENS / "compile_v5e_collective" / suffix, result.output, update_goldens)
+
+
+def test_static_cycles_are_the_compilers_own(in_root):
+    """Every per-op cycle count is the one in the TPU compiler's static-profile file (read by regex here)."""
+    doc = _doc()
+    checked = 0
+    for m in doc["modules"]:
+        files = {}
+        for p in (ROOT / m["artifacts"] / "static_profile").glob("*.textproto"):
+            text = p.read_text()
+            for op, cycles in re.findall(r'hlo_op_name: "([^"]+)"\s+estimated_cycles: (\d+)', text):
+                files[op] = int(cycles)
+        rows = [o for o in m["ops"] if o["cycles_source"] == "static_profile"]
+        for o in rows:
+            assert o["estimated_cycles"] == files[o["name"]], (m["name"], o["name"])
+            checked += 1
+        assert m["totals"]["estimated_cycles"] == sum(o["estimated_cycles"] for o in rows)
+        # Every profiled op that executes as a unit is a row (the rest are async tails, tuples, loops).
+        assert {o["name"] for o in rows} <= set(files)
+    assert checked >= 20
+
+
+def test_estimates_follow_the_stated_rule(in_root):
+    doc = _doc()
+    t = doc["target"]
+    for m in doc["modules"]:
+        for o in m["ops"]:
+            candidates = {"hbm": o["bytes_accessed"] / t["hbm_bytes_per_s"],
+                          "compute": o["flops"] / t["peak_bf16_flops_per_s"]}
+            if o["estimated_cycles"] is not None:
+                candidates["static_cycles"] = o["estimated_cycles"] / t["clock_hz"]
+            if o["modelled"]:
+                candidates["ici"] = o["ici_bytes"] / t["ici_ring_bytes_per_s"]
+            assert o["estimated_s"] == pytest.approx(max(candidates.values()), rel=1e-6, abs=1e-12)
+            assert o["bound_by"] == max(candidates, key=candidates.get)
+
+
+def test_collectives_are_modelled_not_free(in_root):
+    step = next(m for m in _doc()["modules"] if m["name"] == "jit_step")
+    collectives = [o for o in step["ops"] if o["opcode"] in ("all-reduce", "all-gather")]
+    assert collectives and all(o["modelled"] and o["cycles_source"] == "not_estimated" for o in collectives)
+    assert any(o["ici_bytes"] > 0 for o in collectives)
+    assert any("collective times are a model" in f for f in step["findings"])
+
+
+def test_memory_totals(in_root):
+    for m in _doc()["modules"]:
+        mem = m["totals"]["memory"]
+        assert mem["peak_hbm_bytes"] == (mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"]
+                                         + mem["temp_bytes"] + mem["generated_code_bytes"])
+        assert mem["fits"] is True and mem["hbm_capacity_bytes"] == 16 * 2**30
+
+
+def test_targets_json():
+    doc = json.loads(CliRunner().invoke(cli, ["targets", "--json"]).output)
+    assert doc["schema"] == "tpudiag.targets/1"
+    assert {r["name"] for r in doc["targets"]} == {"v4", "v5e", "v5p", "v6e"}
+
+
+# ------------------------------------------------------------------ real compiles
+
+
+def tpudiag(*args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    return subprocess.run([sys.executable, "-m", "tpudiag", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_compile_mlir_falls_back_when_the_static_profile_aborts(tmp_path):
+    """The MLP train step has a gather: libtpu's static profile aborts on it (TPU-NOTES); the
+    module is recompiled without it and still reported."""
+    mlir = next((ARTIFACTS / "mlp" / "ir").glob("*jit_train_step*.mlir"))
+    p = tpudiag("compile", "--target", "v5e", "--json", "--out", str(tmp_path / "run"), str(mlir))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    (m,) = doc["modules"]
+    assert m["status"] == "ok" and m["static_profile"].startswith("dropped: the TPU compiler aborted")
+    assert "Static LLO profiling" in m["static_profile"]
+    assert m["ops"] and all(o["cycles_source"] == "off" for o in m["ops"])
+    assert m["totals"]["flops"] > 0 and m["totals"]["estimated_s"] > 0
+    assert "libtpu" not in p.stderr.lower() and "Failed to find host bounds" not in p.stderr, "libtpu noise hidden"
+    again = json.loads(tpudiag("report", "--json", str(tmp_path / "run")).stdout)
+    assert again == doc
+
+
+def test_compile_hlo_text_without_static_profile(tmp_path):
+    hlo = next((ARTIFACTS / "mlp" / "hlo").glob("*jit_train_step.before_optimizations.txt"))
+    p = tpudiag("compile", "--target", "v6e", "--no-static-profile", "--md", "--out", str(tmp_path / "run"), str(hlo))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("## tpudiag compile") and "v6e" in p.stdout
+    doc = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert doc["modules"][0]["static_profile"] == "off" and doc["modules"][0]["ops"]
+
+
+def test_python_api(tmp_path):
+    code = f"""
+import jax, jax.numpy as jnp, json, tpudiag
+f = lambda x, w: jnp.tanh(x @ w)
+spec = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
+r = tpudiag.compile(f, spec, spec, target="v5e", out={str(tmp_path / 'run')!r}, static_profile=False)
+print(json.dumps(r.report.to_dict()))
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", JAX_PLATFORMS="cpu"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    (m,) = doc["modules"]
+    assert m["status"] == "ok"
+    dots = [o for o in m["ops"] if o["flops"] >= 2 * 512**3]
+    assert dots, "the matmul is there with its exact FLOPs"
+    assert any(o["source"] and "<string>" not in o["source"] or o["source"] for o in m["ops"])
+
+
+@pytest.mark.parametrize("args,needle,code", [
+    (["--target", "v9", "x.mlir"], "valid targets: v4, v5e, v5p, v6e", 2),
+    (["--target", "v5e", "missing.mlir"], "missing.mlir: no such file", 2),
+    (["--target", "v5e", "README.md"], "README.md: unsupported input", 2),
+])
+def test_bad_input_is_one_line(args, needle, code):
+    p = tpudiag("compile", *args)
+    assert p.returncode == code
+    assert needle in p.stderr and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_module_the_compiler_rejects_is_a_reported_failure(tmp_path):
+    bad = tmp_path / "bad.mlir"
+    bad.write_text("module @broken { func.func public @main( this is not mlir }\n")
+    p = tpudiag("compile", "--target", "v5e", "--json", "--out", str(tmp_path / "run"), str(bad))
+    assert p.returncode == 1
+    doc = json.loads(p.stdout)
+    assert doc["status"] == "failed" and doc["modules"][0]["status"] == "failed"
+    assert doc["modules"][0]["error"]
+    assert "failed to compile" in p.stderr and len(p.stderr.strip().splitlines()) == 1
