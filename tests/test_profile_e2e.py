@@ -172,3 +172,31 @@ def test_step_window_longer_than_the_program_warns(tmp_path):
     doc = json.loads(p.stdout)
     assert doc["steps"]["count"] == 2
     assert any("asked for more steps than the program ran (2)" in w for w in doc["warnings"])
+
+
+def test_profile_with_a_tpu_target(tmp_path):
+    """`profile --target`: the run's own computations compiled for v5e, estimated beside the CPU times."""
+    run = tmp_path / "run"
+    p = tpudiag("profile", "--json", "--target", "v5e", "--no-static-profile", "--out", str(run),
+                str(PROGRAMS / "mlp.py"), "--", "--steps", "2")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    est = doc["tpu_estimate"]
+    assert est["target"]["chip"] == "v5e" and est["status"] == "ok"
+    mods = {m["name"]: m for m in est["modules"]}
+    train = mods["jit_train_step"]
+    assert train["executions"] == 2 and train["status"] == "ok"
+    assert train["tpu_estimated_total_s"] == pytest.approx(2 * train["tpu_estimated_s"])
+    # The step estimate weights each module by its runs inside the steps: here make_inputs runs in
+    # step 0 and train_step once per step.
+    expected = sum(m["tpu_estimated_s"] * n for m, n in ((train, 2), (mods["jit_make_inputs"], 1))) / 2
+    assert est["step"]["tpu_estimated_s"] == pytest.approx(expected, rel=1e-6)
+    assert any(ln["source"].endswith(("mlp.py:55", "mlp.py:56")) and ln["cpu_self_s"] > 0 for ln in est["lines"])
+    assert (run / "tpu" / "report.json").is_file()
+    assert json.loads(tpudiag("report", "--json", str(run)).stdout) == doc
+
+
+def test_profile_target_is_checked_before_the_program_runs(tmp_path):
+    p = tpudiag("profile", "--target", "v9", "--out", str(tmp_path / "run"), str(PROGRAMS / "mlp.py"))
+    assert p.returncode == 2 and "valid targets" in p.stderr
+    assert not (tmp_path / "run").exists()

@@ -108,7 +108,14 @@ def analyze_run(run: Path, xplane: Path | None = None) -> ProfileReport:
         "hlo_dump": rundir.HLO_DIR,
         "ir_dump": rundir.IR_DIR,
     }
-    return build_profile_report(trace, index, compiles, hits, manifest, artifacts, warnings, xprof_stats)
+    report = build_profile_report(trace, index, compiles, hits, manifest, artifacts, warnings, xprof_stats)
+    if rundir.is_run_dir(run / TPU_DIR):  # `profile --target`: the TPU estimate beside the CPU timeline
+        from tpudiag.analyze.tpu_estimate import SECTION, build_tpu_estimate
+
+        compile_doc = analyze_compile_run(run / TPU_DIR).to_dict()
+        report.doc[SECTION] = build_tpu_estimate(report.timeline, report.doc["steps"]["count"], compile_doc)
+        report.doc["artifacts"]["tpu_compile"] = TPU_DIR
+    return report
 
 
 def analyze_xplane(path: Path) -> ProfileReport:
@@ -317,3 +324,32 @@ def compile_function(fn, *args, target: str = "v5e", out=None, static_profile: b
     manifest.update(status="ok" if report.doc["status"] == "ok" else "failed")
     rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
     return CompileResult(run_dir=run, report=report)
+
+
+TPU_DIR = "tpu"  # inside a profile run: the shadow compile of its own computations (`profile --target`)
+
+
+def shadow_compile_run(run: Path, target_text: str, *, static_profile=True, jobs=2, limits=None, progress=None):
+    """`profile --target`: compile the run's own jitted computations (its JAX IR dump) for a TPU
+    into RUN/tpu/, and add the `tpu_estimate` section to the run's report."""
+    from tpudiag.capture.inputs import ir_dump_modules
+    from tpudiag.targets import resolve_target
+
+    run = Path(run)
+    target = resolve_target(target_text)
+    inputs = ir_dump_modules(run / rundir.IR_DIR)
+    if not inputs:
+        raise InputError(f"{run}: the program compiled no jax computation; nothing to compile for {target_text}")
+    tdir = run / TPU_DIR
+    rundir.create_run_dir(tdir, rundir.COMPILE_SUBDIRS)
+    source = {"input": str(run / rundir.IR_DIR), "kind": "profile_run"}
+    rundir.write_json_atomic(tdir / rundir.MANIFEST, {
+        "schema": rundir.MANIFEST_SCHEMA, "kind": "compile", "status": "running", "program": str(run),
+        "target": target.to_dict(), "source": source, "static_profile": static_profile, "versions": _versions()})
+    report = compile_inputs(inputs, tdir, target, static_profile=static_profile, jobs=jobs, limits=limits,
+                            progress=progress, source=source)
+    _write_compile_report(report, tdir)
+    manifest = rundir.read_manifest(tdir)
+    manifest.update(status="ok" if report.doc["status"] == "ok" else "failed")
+    rundir.write_json_atomic(tdir / rundir.MANIFEST, manifest)
+    return analyze_run(run)

@@ -83,10 +83,15 @@ def cli(debug: bool) -> None:
               help="Trace only N jax.profiler.StepTraceAnnotation steps (default: trace the whole run).")
 @click.option("--skip", type=int, default=0, show_default=True, help="With --steps: steps to run untraced first.")
 @click.option("--python-trace", is_flag=True, help="Also record every Python call (slow: 2-5x).")
+@click.option("--target", "target_text", default=None,
+              help="Also compile the program's computations for this TPU (v5e, v6e:2x2, ...) and show "
+                   "the estimated TPU time beside the measured one.")
+@click.option("--no-static-profile", is_flag=True, help="With --target: skip the static cycle profile.")
 @_output_options
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def profile(out, steps, skip, python_trace, as_json, as_md, no_color, width, script, args):
+def profile(out, steps, skip, python_trace, target_text, no_static_profile, as_json, as_md, no_color, width,
+            script, args):
     """Run SCRIPT [ARGS...] under the profiler and report where its time went.
 
     Everything after SCRIPT (or after `--`) is passed to the program. The run directory holds the
@@ -102,6 +107,10 @@ def profile(out, steps, skip, python_trace, as_json, as_md, no_color, width, scr
         raise UsageError("choose one of --json and --md")
     if skip and steps is None:
         raise UsageError("--skip needs --steps")
+    if target_text:
+        from tpudiag.targets import resolve_target
+
+        resolve_target(target_text)  # a bad target fails before the program runs
     args = list(args)
     if args and args[0] == "--":
         args = args[1:]
@@ -113,6 +122,15 @@ def profile(out, steps, skip, python_trace, as_json, as_md, no_color, width, scr
     from tpudiag import api
 
     result = api.finish_capture(cap)
+    if target_text and cap.exit_code == 0:
+        progress_cb, stop = _progress()
+        try:
+            report = api.shadow_compile_run(cap.run_dir, target_text, static_profile=not no_static_profile,
+                                            progress=progress_cb)
+        finally:
+            stop()
+        api.write_report(report, cap.run_dir)
+        result = api.ProfileResult(capture=cap, report=report)
     doc = result.report.to_dict()
     _emit(doc, as_json, as_md, no_color, width)
     cap = result.capture

@@ -35,9 +35,9 @@ def test_aggregate_counts_match_instances():
 
 def test_self_time_subtracts_nested_events():
     ops = pd.DataFrame({
-        "device": ["d"] * 3, "line": ["l"] * 3, "module": ["m"] * 3, "program_id": [1, 1, 1],
+        "device": ["d"] * 3, "line": ["l"] * 3, "module": ["m"] * 3, "program_id": [1, 1, 1], "run_id": [7, 7, 7],
         "op": ["while.1", "fusion.2", "fusion.3"], "start_ns": [0, 10, 50], "duration_ns": [100, 20, 30],
-    }).astype({"program_id": "int64", "start_ns": "int64", "duration_ns": "int64"})
+    }).astype({"program_id": "int64", "run_id": "int64", "start_ns": "int64", "duration_ns": "int64"})
     tl = build_timeline(ops, frames.empty_frame(frames.STEPS), {})
     assert dict(zip(tl["op"], tl["self_ns"])) == {"while.1": 50, "fusion.2": 20, "fusion.3": 30}
     assert (tl["step"] == -1).all()

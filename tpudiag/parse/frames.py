@@ -15,6 +15,7 @@ OPS = {
     "line": "object",         # the trace line (thread or stream) it ran on
     "module": "object",       # HLO module name, e.g. "jit_mlp"
     "program_id": "int64",    # XLA's module id; joins `module_NNNN.*` in the HLO dump (-1 if unknown)
+    "run_id": "int64",        # one execution of the module: its ops share it (-1 if unknown)
     "op": "object",           # HLO instruction name, e.g. "fusion.12"
     "start_ns": "int64",      # from the start of the trace window
     "duration_ns": "int64",

@@ -148,6 +148,7 @@ def _walk_host_line(line, ops, steps, host, compile_, want_ops: bool) -> int:
                 ops["line"].append(lname)
                 ops["module"].append(str(stats.get("hlo_module", "")))
                 ops["program_id"].append(int(stats.get("program_id", -1)))
+                ops["run_id"].append(_int(stats.get("run_id")))
                 ops["op"].append(str(stats["hlo_op"]))
                 ops["start_ns"].append(start)
                 ops["duration_ns"].append(dur)
@@ -197,10 +198,18 @@ def _walk_device_line(device: str, line, ops, steps) -> int:
         ops["line"].append(lname)
         ops["module"].append(module)
         ops["program_id"].append(int(pid) if str(pid).lstrip("-").isdigit() else -1)
+        ops["run_id"].append(_int(stats.get("run_id")))
         ops["op"].append(str(stats.get("hlo_op", ev.name)))
         ops["start_ns"].append(start)
         ops["duration_ns"].append(dur)
     return max_end
+
+
+def _int(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
 
 
 def locate_xplane(path: Path) -> Path:

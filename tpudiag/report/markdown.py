@@ -35,6 +35,19 @@ def render_markdown(doc: dict, top: int = 15, top_compiles: int = 10) -> str:
         for c in doc["compile"][:top_compiles]:
             out.append(f"| `{_esc(c['function'])}` | {c['compiles']} | {fmt_s(c['tracing_s'])} | "
                        f"{fmt_s(c['lowering_s'])} | {fmt_s(c['backend_compile_s'])} |")
+    if "tpu_estimate" in doc:
+        est, backend = doc["tpu_estimate"], doc["backend"]
+        t = est["target"]
+        out += ["", f"### Estimated on TPU {t['chip']} ({t['topology']})", ""]
+        if est["step"]["tpu_estimated_s"] is not None:
+            out += [f"Step: measured {fmt_s(doc['steps']['median_s'])} on {backend}, estimated "
+                    f"{fmt_s(est['step']['tpu_estimated_s'])} on {t['chip']}.", ""]
+        out += [f"| module | runs | {backend} op time | TPU est. / run | TPU est. total | status |",
+                "|---|---:|---:|---:|---:|---|"]
+        for m in est["modules"][:top]:
+            out.append(f"| `{_esc(m['name'])}` | {m['executions']} | {fmt_s(m['cpu_self_s'])} | "
+                       f"{fmt_s(m['tpu_estimated_s'])} | {fmt_s(m['tpu_estimated_total_s'])} | {_esc(m['status'])} |")
+        out += ["", f"_{_esc(est['note'])}_"]
     for w in doc.get("warnings", []):
         out += ["", f"> **Warning:** {_esc(w)}"]
     return "\n".join(out) + "\n"

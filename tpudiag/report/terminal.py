@@ -95,6 +95,29 @@ def _compile_table(doc: dict, top: int) -> Table:
     return table
 
 
+def _tpu_estimate(doc: dict, top: int) -> Group:
+    est = doc["tpu_estimate"]
+    t = est["target"]
+    step = est["step"]
+    head = Text(f"Estimated on TPU {t['chip']} ({t['topology']})", style="bold")
+    if step["tpu_estimated_s"] is not None and doc["steps"]["median_s"]:
+        head.append(f"   step: measured {fmt_s(doc['steps']['median_s'])} on {doc['backend']}, "
+                    f"estimated {fmt_s(step['tpu_estimated_s'])} on {t['chip']}")
+    mods = Table(show_edge=False)
+    for col, just in (("module", "left"), ("runs", "right"), (f"{doc['backend']} op time", "right"),
+                      ("TPU est. / run", "right"), ("TPU est. total", "right"), ("status", "left")):
+        mods.add_column(col, justify=just, no_wrap=col != "status")
+    for m in est["modules"][:top]:
+        mods.add_row(m["name"], str(m["executions"]), fmt_s(m["cpu_self_s"]), fmt_s(m["tpu_estimated_s"]),
+                     fmt_s(m["tpu_estimated_total_s"]), m["status"] if not m["error"] else f"failed: {m['error']}")
+    lines = Table(title="By source line", title_justify="left", show_edge=False)
+    for col, just in (("source", "left"), (f"{doc['backend']} op time", "right"), ("TPU est.", "right")):
+        lines.add_column(col, justify=just, no_wrap=True)
+    for ln in est["lines"][:top]:
+        lines.add_row(short_source(ln["source"], keep=1), fmt_s(ln["cpu_self_s"]), fmt_s(ln["tpu_estimated_s"]))
+    return Group(head, mods, lines, Text(est["note"], style="bright_black"))
+
+
 def _artifacts(doc: dict) -> Text:
     a = doc["artifacts"]
     t = Text("Artifacts", style="bold")
@@ -124,6 +147,9 @@ def render_terminal(doc: dict, console: Console, top_ops: int = 15, top_compiles
     if doc["compile"]:
         console.print()
         console.print(_compile_table(doc, top_compiles))
+    if "tpu_estimate" in doc:
+        console.print()
+        console.print(_tpu_estimate(doc, top_ops))
     for w in doc.get("warnings", []):
         console.print(Text(f"warning: {w}", style="yellow"))
     console.print()
