@@ -163,3 +163,17 @@ def test_module_the_compiler_rejects_is_a_reported_failure(tmp_path):
     assert doc["status"] == "failed" and doc["modules"][0]["status"] == "failed"
     assert doc["modules"][0]["error"]
     assert "failed to compile" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_missing_libtpu_names_the_install_line(monkeypatch, capsys):
+    """Without libtpu the compile-only client does not exist: say how to install the matching one."""
+    import importlib.util
+
+    from tpudiag.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
+    with pytest.raises(SystemExit) as e:
+        main(["compile", "--target", "v5e", str(ARTIFACTS / "tpu_v5e_step" / "hlo")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "pip install 'jax[tpu]==0.10.2'" in err and len(err.strip().splitlines()) == 1

@@ -222,9 +222,10 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
     import time
 
     from tpudiag.capture.inputs import file_inputs, ir_dump_modules
-    from tpudiag.targets import resolve_target
+    from tpudiag.targets import require_libtpu, resolve_target
 
     target = resolve_target(target_text)
+    require_libtpu()
     input_path = Path(input_path)
     is_script = input_path.suffix == ".py"
     if not is_script:
@@ -304,9 +305,10 @@ def compile_function(fn, *args, target: str = "v5e", out=None, static_profile: b
     import jax
 
     from tpudiag.capture.tpu_compile import ModuleInput
-    from tpudiag.targets import resolve_target
+    from tpudiag.targets import require_libtpu, resolve_target
 
     tgt = resolve_target(target)
+    require_libtpu()
     name = getattr(fn, "__name__", "fn")
     run = Path(out) if out else rundir.default_run_dir(Path(f"{name}.py"))
     rundir.create_run_dir(run, rundir.COMPILE_SUBDIRS)
@@ -333,10 +335,11 @@ def shadow_compile_run(run: Path, target_text: str, *, static_profile=True, jobs
     """`profile --target`: compile the run's own jitted computations (its JAX IR dump) for a TPU
     into RUN/tpu/, and add the `tpu_estimate` section to the run's report."""
     from tpudiag.capture.inputs import ir_dump_modules
-    from tpudiag.targets import resolve_target
+    from tpudiag.targets import require_libtpu, resolve_target
 
     run = Path(run)
     target = resolve_target(target_text)
+    require_libtpu()
     inputs = ir_dump_modules(run / rundir.IR_DIR)
     if not inputs:
         raise InputError(f"{run}: the program compiled no jax computation; nothing to compile for {target_text}")

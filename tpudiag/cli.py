@@ -200,9 +200,10 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, as_json,
     """
     if as_json and as_md:
         raise UsageError("choose one of --json and --md")
-    from tpudiag.targets import resolve_target
+    from tpudiag.targets import require_libtpu, resolve_target
 
-    resolve_target(target_text)  # a bad target fails before anything runs
+    resolve_target(target_text)  # a bad target or a missing libtpu fails before anything runs
+    require_libtpu()
     args = list(args)
     if args and args[0] == "--":
         args = args[1:]
@@ -220,6 +221,9 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, as_json,
         stop()
     doc = result.report.to_dict()
     _emit_compile(doc, as_json, as_md, no_color, width, top)
+    if _STATE["debug"]:  # libtpu's own output is kept out of the way, not thrown away
+        for m in doc["modules"]:
+            click.echo(f"tpudiag: {m['name']}: TPU compiler log in {m['artifacts']}/compile.log", err=True)
     if doc["status"] != "ok":
         failed = [m for m in doc["modules"] if m["status"] != "ok"]
         raise ProgramFailed(f"{len(failed)} of {len(doc['modules'])} module(s) failed to compile for "

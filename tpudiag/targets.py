@@ -397,3 +397,15 @@ def _chips_in(topology: str) -> int:
 def targets_table() -> list[dict]:
     """One JSON-safe row per supported chip, in CHIPS order, for `tpudiag targets`."""
     return [chip.to_dict() for chip in CHIPS.values()]
+
+
+LIBTPU_INSTALL = "pip install 'jax[tpu]==0.10.2'"
+
+
+def require_libtpu() -> None:
+    """Compiling for a TPU needs libtpu (its compile-only client), even with no TPU attached."""
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is None:
+        raise TargetError(f"libtpu is not installed, and compiling for a TPU needs it: {LIBTPU_INSTALL} "
+                          "(the version jax 0.10.2 matches; a newer libtpu crashes this jax's profiler)")
