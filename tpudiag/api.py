@@ -17,7 +17,7 @@ from tpudiag.analyze.categorize import index_module
 from tpudiag.analyze.profile_report import ProfileReport, build_profile_report
 from tpudiag.capture import rundir
 from tpudiag.capture.runner import CaptureResult, run_program
-from tpudiag.errors import InputError, TpudiagError
+from tpudiag.errors import InputError, ProgramFailed, TpudiagError
 from tpudiag.parse import frames, xprof_tools
 from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
 from tpudiag.parse.monitoring import read_monitoring
@@ -193,14 +193,24 @@ def _module_artifacts(mc) -> "ModuleArtifacts":  # noqa: F821
     from tpudiag.parse import llo
 
     hlo = static = lframe = None
+    notes = []
     if mc.status == "ok":
         hlo = read_hlo_file(mc.dir / "optimized.hlo.txt")
+        # The compiler's side dumps enrich the report; one it wrote in a shape we do not read
+        # costs that module its cycles or utilization, not the whole report.
         if (mc.dir / "static_profile").is_dir():
-            static = llo.read_static_profiles(mc.dir / "static_profile")
+            try:
+                static = llo.read_static_profiles(mc.dir / "static_profile")
+            except TpudiagError as e:
+                notes.append(f"static cycle profile unreadable, op times are roofline floors: {e}")
         if (mc.dir / "llo").is_dir():
-            lframe = llo.read_llo_dump(mc.dir / "llo")
+            try:
+                lframe = llo.read_llo_dump(mc.dir / "llo")
+            except TpudiagError as e:
+                notes.append(f"LLO bundle dump unreadable, no slot utilization: {e}")
     return ModuleArtifacts(name=mc.name, status=mc.status, error=mc.error, static_profile=mc.static_profile,
-                           result=mc.result, hlo=hlo, static=static, llo=lframe, artifacts_dir=str(mc.dir))
+                           result=mc.result, hlo=hlo, static=static, llo=lframe, artifacts_dir=str(mc.dir),
+                           notes=tuple(notes))
 
 
 def compile_inputs(inputs, run: Path, target, *, static_profile=True, jobs=2, limits=None, progress=None,
@@ -249,14 +259,23 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
             manifest.update(status="failed", exit_code=shadow.exit_code or 2,
                             reason=shadow.reason or "the program compiled no jax computation")
             rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
-            raise InputError(f"{input_path}: {manifest['reason']}; nothing to compile (run directory {run})")
+            message = f"{input_path}: {manifest['reason']}; nothing to compile (run directory {run})"
+            raise ProgramFailed(message, shadow.exit_code) if shadow.exit_code else InputError(message)
     manifest["source"] = source
     rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
-    report = compile_inputs(inputs, run, target, static_profile=static_profile, jobs=jobs, limits=limits,
-                            progress=progress, source=source)
-    doc = _write_compile_report(report, run)
-    manifest.update(status="ok" if doc["status"] == "ok" else "failed", exit_code=0 if doc["status"] == "ok" else 1,
-                    reason=None if doc["status"] == "ok" else f"{doc['totals']['failed']} module(s) failed to compile",
+    try:
+        report = compile_inputs(inputs, run, target, static_profile=static_profile, jobs=jobs, limits=limits,
+                                progress=progress, source=source)
+        doc = _write_compile_report(report, run)
+    except BaseException as e:  # no report: the manifest must not stay "running"
+        manifest.update(status="failed", exit_code=getattr(e, "exit_code", 1), reason=f"tpudiag failed: {e}"[:300])
+        rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
+        raise
+    shadow_code = source.get("shadow_run", {}).get("exit_code") or 0
+    ok = doc["status"] == "ok" and not shadow_code
+    manifest.update(status="ok" if ok else "failed", exit_code=0 if ok else (shadow_code or 1),
+                    reason=None if ok else (source["shadow_run"]["reason"] if shadow_code
+                                            else f"{doc['totals']['failed']} module(s) failed to compile"),
                     wall_s=round(time.perf_counter() - t0, 6))
     rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
     return CompileResult(run_dir=run, report=report)

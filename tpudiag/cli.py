@@ -56,12 +56,12 @@ def _emit_compile(doc: dict, as_json: bool, as_md: bool, no_color: bool, width: 
         render_compile_terminal(doc, _console(no_color, width), top)
 
 
-def _output_options(f):
+def _output_options(f, schema: str = "tpudiag.report/1"):
     f = click.option("--width", type=click.IntRange(60, 400), default=None,
                      help="Terminal report width (default: the terminal's).")(f)
     f = click.option("--no-color", is_flag=True, help="Plain terminal output.")(f)
     f = click.option("--md", "as_md", is_flag=True, help="Print GitHub-flavoured Markdown (for $GITHUB_STEP_SUMMARY).")(f)
-    f = click.option("--json", "as_json", is_flag=True, help="Print report.json to stdout (schema tpudiag.report/1).")(f)
+    f = click.option("--json", "as_json", is_flag=True, help=f"Print report.json to stdout (schema {schema}).")(f)
     return f
 
 
@@ -141,7 +141,7 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, as_j
 
 
 @cli.command()
-@_output_options
+@lambda f: _output_options(f, "tpudiag.report/1, or tpudiag.compile/1 for a compile run")
 @click.argument("target", type=click.Path(path_type=Path))
 def report(as_json, as_md, no_color, width, target):
     """Re-render a run without re-running it.
@@ -188,7 +188,7 @@ def targets(as_json, no_color):
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=120, show_default=True,
               help="Seconds a module may spend in the static-profile compile before falling back.")
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True, help="Ops shown per module.")
-@_output_options
+@lambda f: _output_options(f, "tpudiag.compile/1")
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, as_json, as_md, no_color, width,
@@ -221,6 +221,11 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, as_json,
         stop()
     doc = result.report.to_dict()
     _emit_compile(doc, as_json, as_md, no_color, width, top)
+    shadow = doc["source"].get("shadow_run") or {}
+    if shadow.get("exit_code"):  # the script failed: what it ran before failing was still compiled
+        raise ProgramFailed(f"the program failed ({shadow['reason']}); the {len(doc['modules'])} computation(s) "
+                            f"it ran before that were compiled; run directory {result.run_dir}",
+                            shadow["exit_code"])
     if _STATE["debug"]:  # libtpu's own output is kept out of the way, not thrown away
         for m in doc["modules"]:
             click.echo(f"tpudiag: {m['name']}: TPU compiler log in {m['artifacts']}/compile.log", err=True)

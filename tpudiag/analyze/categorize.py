@@ -24,7 +24,7 @@ _COLLECTIVE = frozenset({
 _SEND_RECV = frozenset({"send", "send-done", "recv", "recv-done"})
 _HOST = frozenset({"infeed", "outfeed"})
 _DATA = frozenset({
-    "copy", "copy-start", "copy-done", "transpose", "gather", "scatter", "dynamic-slice",
+    "copy", "copy-start", "copy-done", "slice-start", "slice-done", "transpose", "gather", "scatter", "dynamic-slice",
     "dynamic-update-slice", "slice", "concatenate", "pad", "reshape", "broadcast", "bitcast", "reverse",
     "tuple", "get-tuple-element", "bitcast-convert", "iota", "constant", "parameter",
 })

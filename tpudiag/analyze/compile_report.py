@@ -23,7 +23,8 @@ import pandas as pd
 from tpudiag.analyze.breakdown import ns_to_s
 from tpudiag.analyze.categorize import index_module
 from tpudiag.analyze.hlo_cost import module_costs
-from tpudiag.parse.hlo import HloModule
+from tpudiag.parse.hlo import HloModule, Instruction
+from tpudiag.parse.shapes import parse_shape
 from tpudiag.targets import Target
 
 SCHEMA = "tpudiag.compile/1"
@@ -47,6 +48,7 @@ class ModuleArtifacts:
     static: pd.DataFrame | None  # parse.llo.read_static_profiles
     llo: pd.DataFrame | None  # parse.llo.read_llo_dump
     artifacts_dir: str
+    notes: tuple[str, ...] = ()  # what could not be read, said in the module's findings
 
 
 @dataclass(frozen=True)
@@ -64,28 +66,73 @@ def _is_async_tail(opcode: str) -> bool:
 
 
 def _group_size(instr_attrs: str, default: int) -> int:
-    """Devices per replica group: `replica_groups={{0,1,2,3}}` or the iota form `[2,4]<=[8]`."""
+    """Devices per replica group: `{{0,1,2,3},{4,5,6,7}}`, the iota form `[2,4]<=[8]`, or the mesh
+    form `mesh['axis_0'=8,'axis_1'=1]` libtpu writes (taken as the whole mesh: the axes it reduces
+    over are not in the text)."""
     m = re.search(r"replica_groups=\{\{([^}]*)\}", instr_attrs)
     if m:
         return max(1, len([x for x in m.group(1).split(",") if x.strip()]))
     m = re.search(r"replica_groups=\[(\d+),(\d+)\]", instr_attrs)
     if m:
         return int(m.group(2))
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]", instr_attrs)
+    if m:
+        return math.prod(int(v) for v in re.findall(r"=(\d+)", m.group(1))) or default
     return default
 
 
-def _ici_bytes(opcode: str, out_bytes: int, n: int) -> float:
-    """Bytes each device sends over ICI for a ring algorithm (the bandwidth-optimal schedule)."""
-    if n <= 1:
+_COLLECTIVE_BASES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all",
+                     "collective-permute", "collective-broadcast", "send", "recv")
+
+
+def _result_bytes(instr: Instruction) -> int:
+    """The collective's result: for `X-start` ops the output tuple's second element (operands, results, ...)."""
+    shape = parse_shape(instr.shape)
+    if instr.opcode.endswith("-start") and shape.is_tuple and len(shape.tuple_shapes) >= 2:
+        return shape.tuple_shapes[1].bytes
+    return shape.bytes
+
+
+def ici_bytes(instr: Instruction, by_name: dict[str, Instruction], n: int) -> float:
+    """Bytes one device sends over ICI for a bandwidth-optimal ring (docs/compile.md):
+    all-reduce 2(n-1)/n x result, all-gather and all-to-all (n-1)/n x result, reduce-scatter
+    (n-1)/n x input, permute / broadcast / send / recv the whole result."""
+    base = instr.opcode.removesuffix("-start")
+    if n <= 1 or base not in _COLLECTIVE_BASES:
         return 0.0
-    base = opcode.removesuffix("-start").removesuffix("-done")
+    out = _result_bytes(instr)
     if base == "all-reduce":
-        return 2 * (n - 1) / n * out_bytes
-    if base in ("all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all"):
-        return (n - 1) / n * out_bytes * (n if base == "reduce-scatter" else 1)
-    if base in ("collective-permute", "collective-broadcast", "send", "recv"):
-        return float(out_bytes)
-    return 0.0
+        return 2 * (n - 1) / n * out
+    if base == "reduce-scatter":
+        inputs = sum(parse_shape(by_name[o].shape).bytes for o in instr.operands if o in by_name)
+        return (n - 1) / n * inputs
+    if base in ("all-gather", "all-to-all", "ragged-all-to-all"):
+        return (n - 1) / n * out
+    return float(out)
+
+
+def _op_ici_bytes(module: HloModule, instr: Instruction, by_name: dict[str, Instruction], devices: int) -> float:
+    """A collective's ICI bytes; for a fusion or async wrapper, the collectives inside it."""
+    if instr.opcode in ("fusion", "async-start"):
+        return sum(_op_ici_bytes(module, inner, by_name, devices) for c in instr.called
+                   if c in module.computations for inner in module.computations[c].instructions)
+    return ici_bytes(instr, by_name, _group_size(instr.attrs, devices))
+
+
+@dataclass(frozen=True)
+class DeviceFigures:
+    """The figures one compiled-for device gets: a chip's, divided among the devices it exposes
+    (a v4 device is one TensorCore, half a chip; every other target has one device per chip)."""
+
+    peak_flops_per_s: float
+    hbm_bytes_per_s: float
+    hbm_bytes: int
+    clock_hz: float
+
+    @classmethod
+    def of(cls, target: Target) -> "DeviceFigures":
+        chip, k = target.chip, max(1, target.chip.devices_per_chip)
+        return cls(chip.peak_bf16_flops_per_s / k, chip.hbm_bytes_per_s / k, chip.hbm_bytes // k, chip.clock_hz)
 
 
 def _ring_bytes_per_s(target: Target) -> float:
@@ -93,15 +140,22 @@ def _ring_bytes_per_s(target: Target) -> float:
     return target.chip.ici_bytes_per_s / max(1, target.chip.ici_links)
 
 
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
 def _limit_text(bound_by: str, row: dict, target: Target) -> str:
     """A few words: what bounds the op's estimated time, and the figure that makes it so (the
     bandwidths and peaks are in the report's `target`)."""
     if bound_by == "hbm":
-        return f"HBM, {row['bytes_accessed'] / 1e6:.3g} MB"
+        return f"HBM, {_size(row['bytes_accessed'])}"
     if bound_by == "compute":
         return f"MXU, {row['flops'] / 1e9:.3g} GFLOP"
     if bound_by == "ici":
-        return f"ICI, {row['ici_bytes'] / 1e6:.3g} MB/device (model)"
+        return f"ICI, {_size(row['ici_bytes'])}/device (model)"
     return "schedule"  # the static cycle estimate is above every roofline floor
 
 
@@ -133,12 +187,13 @@ def executed_computations(module: HloModule) -> list[str]:
 
 
 def _op_rows(m: ModuleArtifacts, target: Target) -> list[dict]:
-    chip = target.chip
+    dev = DeviceFigures.of(target)
     info = index_module(m.hlo)
     costs = module_costs(m.hlo)
     static = {} if m.static is None else {r.op: r for r in m.static.itertuples()}
     llo = {} if m.llo is None else {r.program: r._asdict() for r in m.llo.itertuples()}
     devices = int(m.result.get("replicas", 1)) * int(m.result.get("partitions", 1))
+    by_name = {i.name: i for i in m.hlo.instructions()}
     rows = []
     for comp in (m.hlo.computations[c] for c in executed_computations(m.hlo)):
         for instr in comp.instructions:
@@ -150,16 +205,16 @@ def _op_rows(m: ModuleArtifacts, target: Target) -> list[dict]:
             nbytes = int(cost.bytes_accessed) if cost else 0
             st = static.get(instr.name)
             cycles = None if st is None else int(st.estimated_cycles)
-            cycles_source = "static_profile" if st is not None else ("off" if m.static is None else "none")
+            # "none": the static profile ran but has no entry for this op; "off": it did not run.
+            cycles_source = "static_profile" if st is not None else ("none" if m.static_profile == "ok" else "off")
             if st is not None and (getattr(st, "estimate_missing", False) or (cycles == 0 and oi.bound == "communication")):
                 cycles, cycles_source = None, "not_estimated"  # 0 with a remote DMA means "not estimated", not free
-            candidates = {"hbm": nbytes / chip.hbm_bytes_per_s, "compute": flops / chip.peak_bf16_flops_per_s}
+            candidates = {"hbm": nbytes / dev.hbm_bytes_per_s, "compute": flops / dev.peak_flops_per_s}
             if cycles is not None:
-                candidates["static_cycles"] = cycles / chip.clock_hz
+                candidates["static_cycles"] = cycles / dev.clock_hz
             ici = 0.0
             if oi.bound == "communication":
-                out_bytes = nbytes // 2 if nbytes else 0  # operand + output bytes: one side is what moves
-                ici = _ici_bytes(instr.opcode, out_bytes, _group_size(instr.attrs, devices))
+                ici = _op_ici_bytes(m.hlo, instr, by_name, devices)
                 candidates["ici"] = ici / _ring_bytes_per_s(target)
             bound_by = max(candidates, key=candidates.get)
             lrow = llo.get(instr.name, {})
@@ -186,12 +241,12 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
     base = {"name": m.name, "status": m.status, "error": m.error, "static_profile": m.static_profile,
             "artifacts": m.artifacts_dir}
     if m.status != "ok" or m.hlo is None:
-        return {**base, "ops": [], "totals": None}
+        return {**base, "ops": [], "totals": None, "findings": list(m.notes)}
     ops = _op_rows(m, target)
     mem = m.result.get("memory", {})
     peak = (mem.get("argument_bytes", 0) + mem.get("output_bytes", 0) - mem.get("alias_bytes", 0)
             + mem.get("temp_bytes", 0) + mem.get("generated_code_bytes", 0))
-    cap = target.chip.hbm_bytes
+    cap = DeviceFigures.of(target).hbm_bytes
     fits = peak <= cap
     cost = m.result.get("cost", {})
     optimal = cost.get("optimal_seconds")
@@ -208,9 +263,10 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
         "devices": int(m.result.get("replicas", 1)) * int(m.result.get("partitions", 1)),
         "memory": {**mem, "peak_hbm_bytes": peak, "hbm_capacity_bytes": cap, "fits": fits},
     }
-    findings = []
+    findings = list(m.notes)
     if not fits:
-        findings.append(f"needs {peak / 2**30:.1f} GiB of HBM per chip, {target.chip.name} has {cap / 2**30:.0f} GiB")
+        findings.append(f"needs {peak / 2**30:.1f} GiB of HBM per device, a {target.chip.name} device has "
+                        f"{cap / 2**30:.0f} GiB")
     if any(o["modelled"] for o in ops):
         findings.append("collective times are a model (bytes, group size, ICI bandwidth), not compiler estimates")
     if m.static_profile.startswith("dropped"):
@@ -221,13 +277,15 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
 def build_compile_report(target: Target, modules: list[ModuleArtifacts], source: dict) -> CompileReport:
     docs = [_module_doc(m, target) for m in modules]
     ok = [d for d in docs if d["status"] == "ok"]
-    chip = target.chip
+    chip, dev = target.chip, DeviceFigures.of(target)
     return CompileReport({
         "schema": SCHEMA,
         "status": "ok" if len(ok) == len(docs) and docs else ("partial" if ok else "failed"),
+        # Figures per compiled-for device (= per chip except on v4, where a device is one TensorCore).
         "target": {"chip": chip.name, "topology": target.topology, "chips": target.chips,
-                   "clock_hz": chip.clock_hz, "peak_bf16_flops_per_s": chip.peak_bf16_flops_per_s,
-                   "hbm_bytes_per_s": chip.hbm_bytes_per_s, "hbm_bytes": chip.hbm_bytes,
+                   "devices": target.devices, "devices_per_chip": chip.devices_per_chip,
+                   "clock_hz": dev.clock_hz, "peak_bf16_flops_per_s": dev.peak_flops_per_s,
+                   "hbm_bytes_per_s": dev.hbm_bytes_per_s, "hbm_bytes": dev.hbm_bytes,
                    "ici_bytes_per_s": chip.ici_bytes_per_s, "ici_ring_bytes_per_s": _ring_bytes_per_s(target),
                    "note": target.note},
         "source": source,

@@ -343,6 +343,9 @@ class _Coster:
             return 3 * updates + self.operand_shape(instr, n).bytes
         if op == "transpose" and self._transpose_is_bitcast(instr, out):
             return 0
+        if op == "slice-start" and out.is_tuple and len(out.tuple_shapes) >= 2:
+            # TPU async slice: ((operand), slice, context). It reads and writes the slice only.
+            return 2 * out.tuple_shapes[1].bytes
         if op == "copy-start":  # read the source, write the destination (output tuple element 0)
             return self.operand_bytes(instr) + out.leaves()[0].bytes
         if op in _ASYNC_COLLECTIVE_START and out.is_tuple and len(out.tuple_shapes) >= 2:

@@ -26,66 +26,81 @@ from tpudiag.analyze.breakdown import ns_to_s
 SECTION = "tpu_estimate"
 
 
-def _executions(tl: pd.DataFrame) -> pd.Series:
-    """Per module: how many times it ran (distinct run ids; where the trace has none, the most
-    frequent op's count)."""
-    known = tl[tl["run_id"] != -1].groupby("module")["run_id"].nunique()  # run ids may be negative (int32)
-    fallback = tl.groupby(["module", "op"]).size().groupby("module").max()
+def _executions(tl: pd.DataFrame, key: str) -> pd.Series:
+    """Per `key` (module or program id): how many times it ran (distinct run ids; where the trace
+    has none, the most frequent op's count). Run ids may be negative (int32); -1 means unknown."""
+    if tl.empty:
+        return pd.Series(dtype="int64")
+    known = tl[tl["run_id"] != -1].groupby(key)["run_id"].nunique()
+    fallback = tl.groupby([key, "op"]).size().groupby(key).max()
     return known.reindex(fallback.index).fillna(fallback).astype("int64")
+
+
+def _pair_compiles(compile_doc: dict, tl: pd.DataFrame) -> list[tuple[dict, int | None]]:
+    """Each compiled module with the CPU program id it corresponds to.
+
+    Both sides list a function's compiles in compile order (the IR dump numbers them, XLA's
+    program ids grow), so the k-th compile of `jit_f` is the k-th `jit_f` program in the trace.
+    Where the counts differ the pairing is unknown (None) and the module's runs are split evenly.
+    """
+    ids = {name: sorted(g.unique().tolist()) for name, g in tl.groupby("module")["program_id"]} if len(tl) else {}
+    by_name: dict[str, list[dict]] = defaultdict(list)
+    for m in compile_doc["modules"]:
+        by_name[m["name"]].append(m)
+    out = []
+    for name, mods in by_name.items():
+        pids = ids.get(name, [])
+        paired = len(pids) == len(mods)
+        out += [(m, pids[k] if paired else None) for k, m in enumerate(mods)]
+    return out
 
 
 def build_tpu_estimate(timeline: pd.DataFrame, step_count: int, compile_doc: dict) -> dict:
     tl = timeline
-    by_module = defaultdict(lambda: {"estimated_s": 0.0, "status": "ok", "errors": []})
-    line_tpu = defaultdict(float)
-    for m in compile_doc["modules"]:
-        entry = by_module[m["name"]]
-        if m["status"] != "ok":
-            entry["status"] = "failed"
-            entry["errors"].append(m["error"])
-            continue
-        entry["estimated_s"] += m["totals"]["estimated_s"]
-        for o in m["ops"]:
-            if o["source"]:
-                line_tpu[(m["name"], o["source"])] += o["estimated_s"]
+    in_steps = tl[tl["step"] >= 0] if len(tl) else tl
+    runs_pid, runs_name = _executions(tl, "program_id"), _executions(tl, "module")
+    step_pid, step_name = _executions(in_steps, "program_id"), _executions(in_steps, "module")
+    cpu_pid = tl.groupby("program_id")["self_ns"].sum() if len(tl) else pd.Series(dtype="int64")
+    cpu_name = tl.groupby("module")["self_ns"].sum() if len(tl) else pd.Series(dtype="int64")
+    cpu_lines = tl[tl["source"].notna()].groupby(["program_id", "source"])["self_ns"].sum() if len(tl) else None
+    pairs = _pair_compiles(compile_doc, tl)
+    same_name = defaultdict(int)
+    for m, _ in pairs:
+        same_name[m["name"]] += 1
 
-    execs = _executions(tl) if len(tl) else pd.Series(dtype="int64")
-    cpu_ns = tl.groupby("module")["self_ns"].sum() if len(tl) else pd.Series(dtype="int64")
-    in_steps = tl[tl["step"] >= 0]
-    step_execs = _executions(in_steps) if len(in_steps) else pd.Series(dtype="int64")
-
-    modules, step_tpu_s = [], 0.0
-    for name in sorted(set(by_module) | set(execs.index)):
-        est = by_module.get(name)
-        n = int(execs.get(name, 0))
-        per = est["estimated_s"] if est and est["status"] == "ok" else None
+    modules, lines, step_tpu_s = [], defaultdict(lambda: [0.0, 0.0]), 0.0
+    for m, pid in pairs:
+        share = 1 / same_name[m["name"]]  # unpaired compiles split their function's runs evenly
+        runs = int(runs_pid.get(pid, 0)) if pid is not None else runs_name.get(m["name"], 0) * share
+        in_step = int(step_pid.get(pid, 0)) if pid is not None else step_name.get(m["name"], 0) * share
+        cpu_ns = cpu_pid.get(pid, 0) if pid is not None else cpu_name.get(m["name"], 0) * share
+        per = m["totals"]["estimated_s"] if m["status"] == "ok" else None
         modules.append({
-            "name": name,
-            "executions": n,
-            "cpu_self_s": ns_to_s(cpu_ns.get(name, 0)),
-            "tpu_estimated_s": per,
-            "tpu_estimated_total_s": None if per is None else round(per * n, 12),
-            "status": "not compiled" if est is None else est["status"],
-            "error": "; ".join(est["errors"]) if est and est["errors"] else None,
+            "name": m["name"], "program_id": pid, "executions": round(runs, 3) if pid is None else runs,
+            "cpu_self_s": ns_to_s(cpu_ns), "tpu_estimated_s": per,
+            "tpu_estimated_total_s": None if per is None else round(per * runs, 12),
+            "status": m["status"], "error": m["error"],
         })
         if per is not None and step_count:
-            step_tpu_s += per * int(step_execs.get(name, 0)) / step_count
+            step_tpu_s += per * in_step / step_count
+        if per is None or not runs:
+            continue
+        for o in m["ops"]:
+            if o["source"]:
+                lines[o["source"]][1] += o["estimated_s"] * runs
+        if pid is not None and cpu_lines is not None:
+            for (p, source), ns in cpu_lines.items():
+                if p == pid:
+                    lines[source][0] += ns * 1e-9
     modules.sort(key=lambda r: (-(r["tpu_estimated_total_s"] or 0), r["name"]))
-
-    cpu_lines = tl[tl["source"].notna()].groupby(["module", "source"])["self_ns"].sum() if len(tl) else {}
-    lines = []
-    for (module, source), tpu_s in line_tpu.items():
-        n = int(execs.get(module, 0))
-        lines.append({"module": module, "source": source,
-                      "cpu_self_s": ns_to_s(cpu_lines.get((module, source), 0)) if len(tl) else 0.0,
-                      "tpu_estimated_s": round(tpu_s * max(n, 1), 12)})
-    lines.sort(key=lambda r: (-r["tpu_estimated_s"], r["source"]))
+    line_rows = sorted(({"source": src, "cpu_self_s": round(cpu, 9), "tpu_estimated_s": round(tpu, 12)}
+                        for src, (cpu, tpu) in lines.items()), key=lambda r: (-r["tpu_estimated_s"], r["source"]))
     return {
         "target": compile_doc["target"],
         "status": compile_doc["status"],
         "modules": modules,
         "step": {"count": step_count, "tpu_estimated_s": round(step_tpu_s, 12) if step_count else None},
-        "lines": lines,
+        "lines": line_rows,
         "note": "TPU times are the TPU compiler's static estimates and roofline floors, not measurements; "
                 "loop bodies count once per execution",
     }

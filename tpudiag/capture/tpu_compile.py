@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -75,9 +76,24 @@ def _last_error_line(log: Path) -> str:
     return lines[-1][:400] if lines else "no output"
 
 
-def _attempt(spec_path: Path, mdir: Path, env: dict, timeout_s: float, memory_bytes: int) -> tuple[str, str | None]:
-    """Run one worker. Returns (outcome, detail): "ok", "failed" (compiler said no), "timeout", "memory", "crashed"."""
+def _attempt(spec_path: Path, mdir: Path, static: bool, timeout_s: float, memory_bytes: int) -> tuple[str, str | None]:
+    """Run one worker. Returns (outcome, detail): "ok", "failed" (compiler said no), "timeout", "memory", "crashed".
+
+    libtpu splits LIBTPU_INIT_ARGS on spaces and takes quotes literally, so its dumps go to a
+    space-free temporary directory and are moved into the module directory afterwards.
+    """
     (mdir / "result.json").unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tpudiag-dump-") as tmp:
+        try:
+            return _run_worker(spec_path, mdir, _env(mdir, Path(tmp), static), timeout_s, memory_bytes)
+        finally:
+            for sub in ("llo", "static_profile"):
+                if (Path(tmp) / sub).is_dir():
+                    shutil.rmtree(mdir / sub, ignore_errors=True)
+                    shutil.move(str(Path(tmp) / sub), str(mdir / sub))
+
+
+def _run_worker(spec_path: Path, mdir: Path, env: dict, timeout_s: float, memory_bytes: int) -> tuple[str, str | None]:
     with open(mdir / "compile.log", "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "tpudiag.capture.tpu_worker", str(spec_path)], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -99,11 +115,11 @@ def _attempt(spec_path: Path, mdir: Path, env: dict, timeout_s: float, memory_by
     return ("ok", None) if doc.get("status") == "ok" else ("failed", doc.get("error"))
 
 
-def _env(mdir: Path, static: bool) -> dict:
+def _env(mdir: Path, dump: Path, static: bool) -> dict:
     env = dict(os.environ)
-    libtpu = _LLO_FLAGS.format(llo=mdir / "llo")
+    libtpu = _LLO_FLAGS.format(llo=dump / "llo")
     if static:
-        libtpu += " " + _STATIC_FLAG.format(static=mdir / "static_profile")
+        libtpu += " " + _STATIC_FLAG.format(static=dump / "static_profile")
     env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + " " + libtpu).strip()
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f' --xla_dump_to="{mdir / "hlo"}" --xla_dump_hlo_as_text').strip()
     env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # several workers load libtpu at once
@@ -136,15 +152,15 @@ def load_module(mdir: Path) -> ModuleCompile:
 def _compile_module(inp: ModuleInput, mdir: Path, spec: Path, static_profile: bool, limits: Limits) -> ModuleCompile:
     static_note = "off"
     if static_profile:
-        outcome, detail = _attempt(spec, mdir, _env(mdir, True), limits.static_timeout_s, limits.memory_bytes)
+        outcome, detail = _attempt(spec, mdir, True, limits.static_timeout_s, limits.memory_bytes)
         if outcome == "ok":
             return _done(inp, mdir, "ok")
         if outcome == "failed":  # the compiler rejected the module itself: no point retrying
-            return ModuleCompile(inp.name, mdir, "failed", detail, "off", {})
+            return ModuleCompile(inp.name, mdir, "failed", detail, "not reached: the module failed to compile", {})
         static_note = f"dropped: {detail}"
         for sub in ("llo", "static_profile", "hlo"):  # partial dumps of the aborted attempt
             shutil.rmtree(mdir / sub, ignore_errors=True)
-    outcome, detail = _attempt(spec, mdir, _env(mdir, False), limits.compile_timeout_s, limits.memory_bytes)
+    outcome, detail = _attempt(spec, mdir, False, limits.compile_timeout_s, limits.memory_bytes)
     if outcome != "ok":
         return ModuleCompile(inp.name, mdir, "failed", detail, static_note, {})
     return _done(inp, mdir, static_note)

@@ -248,10 +248,13 @@ def read_static_profiles(directory) -> pd.DataFrame:
 
 # --- LLO text dumps -------------------------------------------------------------------------
 
-def _read_schedule(path: Path) -> tuple[int, int]:
-    """(total, empty) scheduled bundles of a `*-schedule-analysis_final_bundles.txt`."""
+def _read_schedule(path: Path) -> tuple[int | None, int | None]:
+    """(total, empty) scheduled bundles of a `*-schedule-analysis_final_bundles.txt`; (None, None)
+    for the empty analysis v4 writes for its <late-initialization> program (libtpu 0.0.42)."""
     lines = _read_text(path).splitlines()
-    if not lines or lines[0].strip() != "Schedule analysis:":
+    if not lines:
+        return None, None
+    if lines[0].strip() != "Schedule analysis:":
         raise ParseError(path, "expected a `Schedule analysis:` header", line=1,
                          snippet=lines[0] if lines else None)
     found = {}
@@ -267,7 +270,7 @@ def _read_schedule(path: Path) -> tuple[int, int]:
     return found["total"], found["empty"]
 
 
-def _read_utilization(path: Path, bundles: int) -> tuple[list[str], np.ndarray, np.ndarray]:
+def _read_utilization(path: Path, bundles: int | None) -> tuple[list[str], np.ndarray, np.ndarray]:
     """(slot ids, capacity per slot, per-slot sums over bundles) of a per-bundle utilization file.
 
     Layout: `== CAPACTIY:` (sic), a comma-separated line of slot names, a line of capacities,
@@ -299,7 +302,7 @@ def _read_utilization(path: Path, bundles: int) -> tuple[list[str], np.ndarray, 
             raise ParseError(path, f"expected {width} per-slot counts", line=n + 1, snippet=lines[n])
         sums += np.array(parts, dtype=np.int64)
         rows += 1
-    if rows != bundles:
+    if bundles is not None and rows != bundles:
         raise ParseError(path, f"{rows} bundle rows, but the schedule analysis counts {bundles} bundles (truncated?)",
                          line=len(lines))
     return [_slot_id(s) for s in names], np.array(caps, dtype=np.int64), sums
@@ -378,14 +381,14 @@ def read_llo_dump(directory) -> pd.DataFrame:
         bundles, empty = _read_schedule(have["schedule"])
         slots, caps, sums = _read_utilization(have["util"], bundles)
         counted = _read_bundles(have["bundles"])
-        if counted["bundles"] != bundles:
+        if bundles is not None and counted["bundles"] != bundles:
             raise ParseError(have["bundles"], f"{counted['bundles']} bundles, but the schedule analysis counts "
                              f"{bundles} (truncated?)", line=len(_read_text(have["bundles"]).splitlines()))
         # Programs of one module are dumped after its TLP (same or larger id): attribute by order.
         owner = max((i for i in modules if i <= dump_id), default=None)
         row = {"module": modules.get(owner, ""), "program": program,
                "kind": "tlp" if program == "TLP" else "late" if program.startswith("<late-") else "op",
-               "dump_id": dump_id, "empty_bundles": empty, **counted, "file": have["bundles"].name}
+               "dump_id": dump_id, "empty_bundles": -1 if empty is None else empty, **counted, "file": have["bundles"].name}
         by_slot = dict(zip(slots, zip(caps, sums)))
         row["spill_stores"] = int(by_slot["vstore_spill"][1]) if "vstore_spill" in by_slot else -1
         row["spill_loads"] = int(by_slot["vload_fill"][1]) if "vload_fill" in by_slot else -1

@@ -30,8 +30,9 @@ def render_compile_terminal(doc: dict, console: Console, top: int = 10, modules:
     head.append(f"{doc['source'].get('input', '?')}", style="bold")
     head.append(f"   target {t['chip']} ({t['topology']}, {t['chips']} chips)   status ")
     head.append(doc["status"], style="green" if doc["status"] == "ok" else "bold red")
+    per = "chip" if t.get("devices_per_chip", 1) == 1 else f"device (1/{t['devices_per_chip']} chip)"
     head.append(f"\n{t['peak_bf16_flops_per_s'] / 1e12:.0f} TFLOP/s bf16, {t['hbm_bytes_per_s'] / 1e9:.0f} GB/s HBM, "
-                f"{t['hbm_bytes'] / 2**30:.0f} GiB per chip; clock {t['clock_hz'] / 1e9:.2f} GHz")
+                f"{t['hbm_bytes'] / 2**30:.0f} GiB per {per}; clock {t['clock_hz'] / 1e9:.2f} GHz")
     if t.get("note"):
         head.append(f"\n{t['note']}", style="yellow")
     console.print(Panel(head, title="tpudiag compile", title_align="left"))

@@ -1,0 +1,109 @@
+"""Renders a `tpudiag.fusions/1` document (analyze/fusions.py): the fusions of one module with what
+they hold, move and cost, then the fusion breaks, largest tensor first, each with its reason and
+the evidence for it. Terminal (rich) and Markdown; both show the first `top` rows of each table
+(the JSON has all). Used alone by `tpudiag fusions` and as a section of the profile and compile
+reports (`title=False` / `level=3`). Nothing is computed here."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from tpudiag.report.markdown import _esc
+from tpudiag.report.units import fmt_bytes, fmt_s, short_source
+
+_OPS_SHOWN = 5  # opcodes listed per fusion; the JSON has the full count
+_MEMORY_NOTE = ("S(n): the tensor was assigned to memory space n (S(1) is VMEM on TPU), so it did not "
+                "go through HBM")
+
+
+def _ops(ops: dict[str, int]) -> str:
+    items = sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(op if n == 1 else f"{op}×{n}" for op, n in items[:_OPS_SHOWN])
+    return text + (", …" if len(items) > _OPS_SHOWN else "")
+
+
+def _intensity(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _edge(b: dict) -> str:
+    index = "" if b["output_index"] is None else f"#{b['output_index']}"
+    return f"{b['producer']}{index} → {b['consumer']}"
+
+
+def _memory(b: dict) -> str:
+    return "" if not b["memory_space"] else f"S({b['memory_space']})"
+
+
+def _time_header(doc: dict) -> str:
+    return f"time ({doc['time_source']})" if doc.get("time_source") else "time"
+
+
+def render_fusions_terminal(doc: dict, console: Console, top: int = 15, title: bool = True) -> None:
+    m, tot = doc["module"], doc["totals"]
+    if title:
+        console.print(Text(f"tpudiag fusions: {m['name']}", style="bold"), Text(f"  {m['path']}", style="bright_black"))
+    console.print(f"{tot['fusions']} fusions moving {fmt_bytes(tot['fusion_bytes'])}; {tot['breaks']} fusion breaks "
+                  f"round-trip {fmt_bytes(tot['break_bytes'])} ({fmt_bytes(tot['break_bytes_default_memory'])} in "
+                  f"default memory), {tot['breaks_not_inferable']} with no inferable reason")
+
+    table = Table(title="Fusions", title_justify="left", show_edge=False)
+    cols = [("fusion", "left"), ("kind", "left"), (_time_header(doc), "right"), ("in", "right"), ("out", "right"),
+            ("FLOP/B", "right"), ("ops", "left"), ("source", "left")]
+    for col, just in cols:
+        table.add_column(col, justify=just, overflow="fold" if col in ("fusion", "ops") else "ellipsis",
+                         no_wrap=col not in ("fusion", "ops"))
+    for f in doc["fusions"][:top]:
+        table.add_row(f["name"], f["kind"] or "-", fmt_s(f["time_s"]), fmt_bytes(f["bytes_in"]),
+                      fmt_bytes(f["bytes_out"]), _intensity(f["arithmetic_intensity"]), _ops(f["ops"]),
+                      short_source(f["sources"][0] if f["sources"] else None))
+    console.print(table)
+    if len(doc["fusions"]) > top:
+        console.print(Text(f"{len(doc['fusions']) - top} more fusions in the JSON", style="bright_black"))
+
+    console.print()
+    breaks = Table(title="Fusion breaks: tensors that go to memory between kernels, largest first",
+                   title_justify="left", show_edge=False)
+    for col, just in (("bytes", "right"), ("producer → consumer", "left"), ("tensor", "left"), ("mem", "left"),
+                      ("reason", "left"), ("evidence", "left")):
+        breaks.add_column(col, justify=just, overflow="fold", no_wrap=col in ("bytes", "tensor", "mem"))
+    shown = doc["breaks"][:top]
+    for b in shown:
+        reason = Text(b["reason"], style="bright_black" if b["reason"] == "reason not inferable" else "")
+        breaks.add_row(fmt_bytes(b["bytes"]), _edge(b), b["shape"], _memory(b), reason, b["evidence"])
+    console.print(breaks)
+    if len(doc["breaks"]) > top:
+        console.print(Text(f"{len(doc['breaks']) - top} more breaks in the JSON", style="bright_black"))
+    if any(b["memory_space"] for b in shown):
+        console.print(Text(_MEMORY_NOTE, style="bright_black"))
+
+
+def render_fusions_markdown(doc: dict, top: int = 15, level: int = 2) -> str:
+    m, tot = doc["module"], doc["totals"]
+    h = "#" * level
+    out = [f"{h} Fusions: `{_esc(m['name'])}`", "",
+           f"{tot['fusions']} fusions moving {fmt_bytes(tot['fusion_bytes'])}; {tot['breaks']} fusion breaks "
+           f"round-trip {fmt_bytes(tot['break_bytes'])} ({fmt_bytes(tot['break_bytes_default_memory'])} in default "
+           f"memory), {tot['breaks_not_inferable']} with no inferable reason.", "",
+           f"| fusion | kind | {_time_header(doc)} | bytes in | bytes out | FLOP/B | ops | sources |",
+           "|---|---|---:|---:|---:|---:|---|---|"]
+    for f in doc["fusions"][:top]:
+        sources = ", ".join(_esc(short_source(s)) for s in f["sources"][:3])
+        out.append(f"| `{_esc(f['name'])}` | {f['kind'] or '-'} | {fmt_s(f['time_s'])} | {fmt_bytes(f['bytes_in'])} | "
+                   f"{fmt_bytes(f['bytes_out'])} | {_intensity(f['arithmetic_intensity'])} | {_esc(_ops(f['ops']))} | "
+                   f"{sources} |")
+    if len(doc["fusions"]) > top:
+        out += ["", f"{len(doc['fusions']) - top} more fusions in the JSON."]
+    out += ["", f"{h}# Fusion breaks, largest first", "",
+            "| bytes | producer → consumer | tensor | memory | reason | evidence |", "|---:|---|---|---|---|---|"]
+    shown = doc["breaks"][:top]
+    for b in shown:
+        out.append(f"| {fmt_bytes(b['bytes'])} | `{_esc(_edge(b))}` | {b['shape']} | {_memory(b) or '-'} | "
+                   f"{_esc(b['reason'])} | {_esc(b['evidence'])} |")
+    if len(doc["breaks"]) > top:
+        out += ["", f"{len(doc['breaks']) - top} more breaks in the JSON."]
+    if any(b["memory_space"] for b in shown):
+        out += ["", f"> {_esc(_MEMORY_NOTE)}"]
+    return "\n".join(out) + "\n"
