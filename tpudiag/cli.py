@@ -185,7 +185,7 @@ def targets(as_json, no_color):
 @click.option("--no-static-profile", is_flag=True,
               help="Skip the TPU compiler's static cycle profile (much faster; roofline estimates only).")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Modules compiled at once.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=120, show_default=True,
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=60, show_default=True,
               help="Seconds a module may spend in the static-profile compile before falling back.")
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True, help="Ops shown per module.")
 @lambda f: _output_options(f, "tpudiag.compile/1")
@@ -233,6 +233,78 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, as_json,
         failed = [m for m in doc["modules"] if m["status"] != "ok"]
         raise ProgramFailed(f"{len(failed)} of {len(doc['modules'])} module(s) failed to compile for "
                             f"{doc['target']['topology']} (first: {failed[0]['name']}: {failed[0]['error']})", 1)
+
+
+@cli.command()
+@click.option("--module", "module_name", default=None, help="Only modules whose name contains this.")
+@click.option("--top", type=click.IntRange(1, 10000), default=15, show_default=True, help="Rows per table.")
+@lambda f: _output_options(f, "tpudiag.fusions/1, one document per module in a list")
+@click.argument("target", type=click.Path(path_type=Path))
+def fusions(module_name, top, as_json, as_md, no_color, width, target):
+    """Fusions and fusion breaks of the optimized HLO in TARGET.
+
+    TARGET is an HLO text file, an XLA dump directory, a profile run (fusions get measured times)
+    or a compile run (estimated TPU times). A fusion break is a producer->consumer edge XLA did not
+    fuse, so the tensor round-trips memory; the reason is given only when the graph shows it.
+    """
+    from tpudiag import api
+
+    if as_json and as_md:
+        raise UsageError("choose one of --json and --md")
+    docs = api.fusion_reports(target, module_name)
+    if as_json:
+        from tpudiag.report.json_report import render_json
+
+        click.echo(render_json({"schema": "tpudiag.fusions_list/1", "modules": docs}), nl=False)
+    elif as_md:
+        from tpudiag.report.fusions_render import render_fusions_markdown
+
+        click.echo("\n".join(render_fusions_markdown(d, top) for d in docs), nl=False)
+    else:
+        from tpudiag.report.fusions_render import render_fusions_terminal
+
+        console = _console(no_color, width)
+        for d in docs:
+            render_fusions_terminal(d, console, top)
+
+
+@cli.command(name="hlo-diff")
+@click.option("--module", "module_name", default=None, help="The module to compare when a side holds several.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
+              help="Also write a self-contained side-by-side HTML page here.")
+@click.option("--fail-on-change", is_flag=True, help="Exit 1 if anything was added, removed, changed or moved (CI).")
+@click.option("--all", "show_all", is_flag=True, help="List unchanged instructions too.")
+@lambda f: _output_options(f, "tpudiag.hlo_diff/1")
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+def hlo_diff(module_name, html_path, fail_on_change, show_all, as_json, as_md, no_color, width, a, b):
+    """What changed between two compiles: A and B are HLO files, dump directories or run directories.
+
+    Instructions are matched by structure (opcode, shape, operands, metadata), not by name.
+    """
+    from tpudiag import api
+    from tpudiag.analyze.hlo_diff import has_changes
+    from tpudiag.report import diff_render
+
+    if as_json and as_md:
+        raise UsageError("choose one of --json and --md")
+    doc = api.hlo_diff(a, b, module_name)
+    if html_path:
+        from tpudiag.capture.rundir import write_text_atomic
+
+        write_text_atomic(html_path, diff_render.render_diff_html(doc))
+    if as_json:
+        from tpudiag.report.json_report import render_json
+
+        click.echo(render_json(doc), nl=False)
+    elif as_md:
+        click.echo(diff_render.render_diff_markdown(doc), nl=False)
+    else:
+        click.echo(diff_render.render_diff_text(doc, unchanged=show_all), nl=False)
+    if fail_on_change and has_changes(doc):
+        s = doc["summary"]
+        raise ProgramFailed(f"HLO changed: {s['added']} added, {s['removed']} removed, {s['changed']} changed, "
+                            f"{s['moved']} moved", 1)
 
 
 def _progress():

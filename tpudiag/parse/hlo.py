@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from tpudiag.errors import ParseError
@@ -44,7 +45,7 @@ class Instruction:
     def parameter_number(self) -> int | None:
         return int(self.literal) if self.opcode == "parameter" and self.literal.strip().isdigit() else None
 
-    @property
+    @cached_property
     def called(self) -> list[str]:
         """Computations this instruction calls (fusion `calls=`, `to_apply=`, while `body=`...)."""
         out = []
@@ -55,12 +56,12 @@ class Instruction:
                 out += [c.strip().lstrip("%") for c in m.group(1).strip("{}").split(",") if c.strip()]
         return out
 
-    @property
+    @cached_property
     def fusion_kind(self) -> str | None:
         m = re.search(r"\bkind=(k\w+)", self.attrs)
         return m.group(1) if m else None
 
-    @property
+    @cached_property
     def metadata(self) -> dict[str, str]:
         i = self.attrs.find("metadata={")
         if i < 0:
@@ -68,7 +69,7 @@ class Instruction:
         body = _balanced(self.attrs, i + len("metadata="), "{", "}")[1:-1]
         return {k: v[1:-1] if v.startswith('"') else v for k, v in _KV.findall(body)}
 
-    @property
+    @cached_property
     def custom_call_target(self) -> str | None:
         m = re.search(r'custom_call_target="([^"]*)"', self.attrs)
         return m.group(1) if m else None
