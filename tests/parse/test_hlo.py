@@ -16,7 +16,8 @@ HLO_FILES = sorted(ARTIFACTS.glob("*/hlo/*optimizations.txt"))
 
 # Opcodes whose text spelling (HloOpcodeString in XLA) is not the kebab-case of the enum name.
 _SPELLING = {"log1p": "log-plus-one", "expm1": "exponential-minus-one", "exp": "exponential",
-             "optimization-barrier": "opt-barrier", "population-count": "popcnt"}
+             "optimization-barrier": "opt-barrier", "population-count": "popcnt", "cos": "cosine",
+             "sin": "sine", "clz": "count-leading-zeros", "top-k": "topk"}
 
 
 def _opcode(enum) -> str:

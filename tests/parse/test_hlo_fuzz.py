@@ -250,7 +250,6 @@ def test_mutated_hlo_parses_or_raises_parse_error(results):
 # number; reading the module then raises ValueError (`unbalanced {}`, `invalid literal for int()`),
 # so `tpudiag report` exits 70 "internal error" instead of 3 with the file and line. Strict: once
 # the parser is fixed this XPASSes and fails, and the mark goes.
-@pytest.mark.xfail(strict=True, reason="parse_hlo_text returns modules whose metadata/int fields raise ValueError")
 def test_modules_from_mutated_hlo_can_be_read(results):
     bad = [r for r in results if r[3] == "accessor"]
     assert not bad, f"{len(bad)} of {CASES} cases:\n" + _report(bad)

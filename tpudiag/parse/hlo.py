@@ -23,7 +23,7 @@ _HEADER = re.compile(r"^HloModule\s+([^\s,]+)")
 _COMP = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*(\(.*\))?\s*->.*\{\s*$")
 _INSTR = re.compile(r"^\s*(ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
 _COMMENT = re.compile(r"/\*.*?\*/")
-_TABLE_ROW = re.compile(r"^(\d+)\s+(.*)$")
+_TABLE_ROW = re.compile(r"^([0-9]+)\s+(.*)$")
 _KV = re.compile(r"(\w+)=(\"(?:[^\"\\]|\\.)*\"|[^\s}]+)")
 _LITERAL_OPCODES = frozenset({"parameter", "constant", "iota", "rng-get-and-update-state"})
 _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
@@ -43,7 +43,7 @@ class Instruction:
 
     @property
     def parameter_number(self) -> int | None:
-        return int(self.literal) if self.opcode == "parameter" and self.literal.strip().isdigit() else None
+        return _num(self.literal, None) if self.opcode == "parameter" else None
 
     @cached_property
     def called(self) -> list[str]:
@@ -108,19 +108,25 @@ class HloModule:
         """The Python call stack (file, line, function) an instruction came from, innermost first."""
         md = instr.metadata
         if "source_file" in md:
-            return [(md["source_file"], int(md.get("source_line", 0) or 0), "")]
+            return [(md["source_file"], _num(md.get("source_line")), "")]
         fid = md.get("stack_frame_id")
         out, seen = [], set()
-        while fid and fid.isdigit() and int(fid) in self.stack_frames and fid not in seen:
+        while fid and _num(fid, None) in self.stack_frames and fid not in seen:
             seen.add(fid)
-            frame = self.stack_frames[int(fid)]
-            loc = self.file_locations.get(int(frame.get("file_location_id", 0)), {})
-            file = self.file_names.get(int(loc.get("file_name_id", 0) or 0), "?")
-            func = self.function_names.get(int(loc.get("function_name_id", 0) or 0), "")
-            out.append((file, int(loc.get("line", 0) or 0), func))
+            frame = self.stack_frames[_num(fid)]
+            loc = self.file_locations.get(_num(frame.get("file_location_id")), {})
+            file = self.file_names.get(_num(loc.get("file_name_id")), "?")
+            func = self.function_names.get(_num(loc.get("function_name_id")), "")
+            out.append((file, _num(loc.get("line")), func))
             parent = frame.get("parent_frame_id")
             fid = parent if parent != fid else None
         return out
+
+
+def _num(text, default: int | None = 0) -> int | None:
+    """An ASCII decimal number, else `default` (`str.isdigit` also accepts '²', which int() rejects)."""
+    text = (text or "").strip()
+    return int(text) if re.fullmatch(r"[0-9]+", text) else default
 
 
 def _balanced(text: str, start: int, open_: str, close: str) -> str:
@@ -202,7 +208,10 @@ def _parse_instruction(rest: str) -> tuple[str, str, list[str], str, str]:
 
 
 def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
-    lines = text.splitlines()
+    # XLA ends a line only at "\n" (its printer escapes other line breaks inside strings).
+    lines = [ln.removesuffix("\r") for ln in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line does not start another
     name, start = None, 0
     for n, ln in enumerate(lines):
         if ln.strip():
@@ -249,6 +258,12 @@ def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
             shape, opcode, operands, attrs, literal = _parse_instruction(_COMMENT.sub("", m.group(3)))
         except ValueError as e:
             raise ParseError(path, f"malformed instruction: {e}", line=n + 1, snippet=ln) from None
+        md_at = attrs.find("metadata={")
+        if md_at >= 0:  # checked here so that reading `.metadata` later cannot fail
+            try:
+                _balanced(attrs, md_at + len("metadata="), "{", "}")
+            except ValueError:
+                raise ParseError(path, "unterminated metadata={...}", line=n + 1, snippet=ln) from None
         comp.instructions.append(Instruction(name=m.group(2), opcode=opcode, shape=shape, operands=operands,
                                              computation=comp.name, attrs=attrs, is_root=bool(m.group(1)), line=n + 1,
                                              literal=literal))
