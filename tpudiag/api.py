@@ -30,13 +30,15 @@ class ProfileResult:
     report: ProfileReport
 
 
+def hlo_modules(dump_dir: Path, program_ids: set[int] | None = None) -> dict:
+    """{program_id: HloModule} of the after-optimizations HLO in a dump directory."""
+    return {pid: read_hlo_file(path) for pid, path in find_optimized_modules(dump_dir).items()
+            if program_ids is None or pid in program_ids}
+
+
 def hlo_index(dump_dir: Path, program_ids: set[int] | None = None) -> dict:
     """{program_id: {op name: OpInfo}} from the after-optimizations HLO in a dump directory."""
-    out = {}
-    for pid, path in find_optimized_modules(dump_dir).items():
-        if program_ids is None or pid in program_ids:
-            out[pid] = index_module(read_hlo_file(path))
-    return out
+    return {pid: index_module(m) for pid, m in hlo_modules(dump_dir, program_ids).items()}
 
 
 def _empty_trace() -> Trace:
@@ -96,7 +98,8 @@ def analyze_run(run: Path, xplane: Path | None = None) -> ProfileReport:
         trace = _empty_trace()
     xprof_stats = _xprof_stats(trace, warnings)
     pids = set(trace.ops["program_id"].unique().tolist())
-    index = hlo_index(run / rundir.HLO_DIR, pids)
+    modules = hlo_modules(run / rundir.HLO_DIR, pids)
+    index = {pid: index_module(m) for pid, m in modules.items()}
     compiles, hits = read_monitoring(run / rundir.MONITORING)
     artifacts = {
         "run_dir": str(run),
@@ -108,7 +111,8 @@ def analyze_run(run: Path, xplane: Path | None = None) -> ProfileReport:
         "hlo_dump": rundir.HLO_DIR,
         "ir_dump": rundir.IR_DIR,
     }
-    report = build_profile_report(trace, index, compiles, hits, manifest, artifacts, warnings, xprof_stats)
+    report = build_profile_report(trace, index, compiles, hits, manifest, artifacts, warnings, xprof_stats,
+                                  modules=modules)
     if rundir.is_run_dir(run / TPU_DIR):  # `profile --target`: the TPU estimate beside the CPU timeline
         from tpudiag.analyze.tpu_estimate import SECTION, build_tpu_estimate
 

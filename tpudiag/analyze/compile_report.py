@@ -22,6 +22,8 @@ import pandas as pd
 
 from tpudiag.analyze.breakdown import ns_to_s
 from tpudiag.analyze.categorize import index_module
+from tpudiag.analyze.executed import RUNS_CALLEES, executed_computations
+from tpudiag.analyze.fusions import build_fusion_report, fusion_summary
 from tpudiag.analyze.hlo_cost import module_costs
 from tpudiag.parse.hlo import HloModule, Instruction
 from tpudiag.parse.shapes import parse_shape
@@ -159,33 +161,6 @@ def _limit_text(bound_by: str, row: dict, target: Target) -> str:
     return "schedule"  # the static cycle estimate is above every roofline floor
 
 
-# Instructions whose called computations run as a sequence of ops of their own (bodies, branches).
-# Reducers (`to_apply` of reduce, all-reduce, sort, scatter) run inside their caller instead.
-_RUNS_CALLEES = frozenset({"while", "conditional", "call", "async-start"})
-
-
-def executed_computations(module: HloModule) -> list[str]:
-    """The entry computation and every while body/condition, branch and call target reachable from it.
-
-    Their instructions are what the TPU executes as units; control-flow instructions themselves
-    are not rows (their cost is their bodies'), and a loop body is counted once: the trip count
-    is unknown.
-    """
-    entry = module.entry
-    if entry is None:
-        return []
-    order, todo = [], [entry.name]
-    while todo:
-        name = todo.pop(0)
-        if name in order or name not in module.computations:
-            continue
-        order.append(name)
-        for instr in module.computations[name].instructions:
-            if instr.opcode in _RUNS_CALLEES:
-                todo += instr.called
-    return order
-
-
 def _op_rows(m: ModuleArtifacts, target: Target) -> list[dict]:
     dev = DeviceFigures.of(target)
     info = index_module(m.hlo)
@@ -198,7 +173,7 @@ def _op_rows(m: ModuleArtifacts, target: Target) -> list[dict]:
     for comp in (m.hlo.computations[c] for c in executed_computations(m.hlo)):
         for instr in comp.instructions:
             if (instr.opcode in _FREE or instr.name not in info or _is_async_tail(instr.opcode)
-                    or instr.opcode in _RUNS_CALLEES):
+                    or instr.opcode in RUNS_CALLEES):
                 continue
             oi, cost = info[instr.name], costs.get(instr.name)
             flops = int(cost.flops) if cost else 0
@@ -271,7 +246,9 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
         findings.append("collective times are a model (bytes, group size, ICI bandwidth), not compiler estimates")
     if m.static_profile.startswith("dropped"):
         findings.append(f"static cycle profile {m.static_profile}; op times are roofline floors only")
-    return {**base, "ops": ops, "totals": totals, "findings": findings}
+    times = {o["name"]: o["estimated_s"] for o in ops}
+    fusions = fusion_summary(build_fusion_report(m.hlo, times, "estimated"))
+    return {**base, "ops": ops, "totals": totals, "findings": findings, "fusions": fusions}
 
 
 def build_compile_report(target: Target, modules: list[ModuleArtifacts], source: dict) -> CompileReport:

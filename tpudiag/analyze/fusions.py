@@ -8,7 +8,7 @@ Returns plain JSON-safe rows, and the `tpudiag.fusions/1` document that holds th
      "fusions": [fusion row...], "breaks": [break row...], "totals": {...}}
 
 `fusion_table`: one row per fusion instruction of an executed computation (the entry, while
-bodies and conditions, branches, call targets: `compile_report.executed_computations`). Bytes
+bodies and conditions, branches, call targets: `executed.executed_computations`). Bytes
 and FLOPs are `hlo_cost`'s: `bytes_out` is what the fusion writes (each output once; a
 dynamic-update-slice root writes only its update), `bytes_in` is the rest of `hlo_cost`'s
 `bytes_accessed` (operands, or the slice a slicing user takes, plus non-scalar constants inside),
@@ -45,7 +45,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from tpudiag.analyze.categorize import index_module
-from tpudiag.analyze.compile_report import executed_computations
+from tpudiag.analyze.executed import executed_computations
 from tpudiag.analyze.hlo_cost import ELEMENTWISE, arithmetic_intensity, module_costs
 from tpudiag.parse.hlo import HloModule, Instruction
 from tpudiag.parse.shapes import Shape, parse_shape
@@ -563,3 +563,11 @@ def build_fusion_report(module: HloModule, times: dict[str, float] | None = None
             "breaks_not_inferable": sum(b["reason"] == NOT_INFERABLE for b in breaks),
         },
     })
+
+
+def fusion_summary(report: FusionReport, top: int = 5) -> dict:
+    """The short form embedded in profile and compile reports: totals and the largest breaks."""
+    doc = report.to_dict()
+    keep = ("producer", "consumer", "bytes", "shape", "memory_space", "reason")
+    return {"module": doc["module"]["name"], **doc["totals"],
+            "top_breaks": [{k: b[k] for k in keep} for b in doc["breaks"][:top]]}

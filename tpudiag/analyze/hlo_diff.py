@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tpudiag.analyze.compile_report import executed_computations
+from tpudiag.analyze.executed import executed_computations
 from tpudiag.analyze.hlo_cost import module_costs
 from tpudiag.errors import ParseError
 from tpudiag.parse.hlo import HloModule, Instruction

@@ -16,6 +16,7 @@ import pandas as pd
 from tpudiag.analyze.breakdown import Breakdown, split_window
 from tpudiag.analyze.breakdown import ns_to_s as _s
 from tpudiag.analyze.compiles import compile_intervals, compile_table
+from tpudiag.analyze.fusions import build_fusion_report, fusion_summary
 from tpudiag.analyze.timeline import aggregate_ops, build_timeline, step_table
 from tpudiag.parse.xplane import Trace
 
@@ -45,9 +46,28 @@ def _median(values) -> float | None:
     return float(np.median(values)) if len(values) else None
 
 
+def _fusion_summaries(timeline: pd.DataFrame, modules: dict, top: int) -> list[dict]:
+    """Fusions and fusion breaks of the modules that took the most op time, with measured times."""
+    if timeline.empty or not modules:
+        return []
+    by_pid = timeline.groupby("program_id")["self_ns"].sum().sort_values(ascending=False)
+    out = []
+    for pid in by_pid.index[:top]:
+        if int(pid) not in modules:
+            continue
+        sel = timeline[timeline["program_id"] == pid]
+        times = {op: ns * 1e-9 for op, ns in sel.groupby("op")["self_ns"].sum().items()}
+        out.append(fusion_summary(build_fusion_report(modules[int(pid)], times, "measured")))
+    return out
+
+
 def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, cache_hits: int,
-                         manifest: dict | None, artifacts: dict[str, str], warnings: list[str] | None = None, xprof_stats: pd.DataFrame | None = None) -> ProfileReport:
-    """`xprof_stats` (XProf's hlo_stats, device planes only) adds XProf's per-op figures to each op row."""
+                         manifest: dict | None, artifacts: dict[str, str], warnings: list[str] | None = None,
+                         xprof_stats: pd.DataFrame | None = None, modules: dict | None = None,
+                         fusion_modules: int = 3) -> ProfileReport:
+    """`xprof_stats` (XProf's hlo_stats, device planes only) adds XProf's per-op figures to each op row;
+    `modules` ({program_id: HloModule}) adds the fusion summary of the `fusion_modules` modules with
+    the most op time."""
     warnings = list(warnings or [])
     timeline = build_timeline(trace.ops, trace.steps, hlo_index)
     ops = aggregate_ops(timeline)
@@ -127,6 +147,7 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         ],
         "artifacts": artifacts,
         "versions": m.get("versions", {"jax": trace.jax_version}),
+        "fusions": _fusion_summaries(timeline, modules or {}, fusion_modules),
         "warnings": warnings,
     }
     return ProfileReport(doc=doc, timeline=timeline, ops=ops)

@@ -8,7 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tpudiag.report.units import fmt_bytes, fmt_s, short_source
+from tpudiag.report.units import fmt_bytes, fmt_s, fusion_summary_lines, short_source
 
 
 
@@ -64,6 +64,9 @@ def render_compile_terminal(doc: dict, console: Console, top: int = 10, modules:
             ops.add_row(o["name"], fmt_s(o["estimated_s"]), o["limit"], cycles, fmt_bytes(o["bytes_accessed"]),
                         _busiest(o.get("utilization")), short_source(o["source"], keep=1))
         console.print(ops)
+        if m.get("fusions"):
+            for line in fusion_summary_lines(m["fusions"], top=2):
+                console.print(Text(line, style="bright_black"))
         for f in m.get("findings", []):
             console.print(Text(f"note: {f}", style="yellow"))
     if len(ranked) > modules:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, short_source
+from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, fusion_summary_lines, short_source
 
 
 def _esc(text) -> str:
@@ -35,6 +35,11 @@ def render_markdown(doc: dict, top: int = 15, top_compiles: int = 10) -> str:
         for c in doc["compile"][:top_compiles]:
             out.append(f"| `{_esc(c['function'])}` | {c['compiles']} | {fmt_s(c['tracing_s'])} | "
                        f"{fmt_s(c['lowering_s'])} | {fmt_s(c['backend_compile_s'])} |")
+    if doc.get("fusions"):
+        out += ["", "### Fusion breaks", "", "```"]
+        for summary in doc["fusions"]:
+            out += fusion_summary_lines(summary)
+        out += ["```"]
     if "tpu_estimate" in doc:
         est, backend = doc["tpu_estimate"], doc["backend"]
         t = est["target"]

@@ -8,7 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, short_source
+from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, fusion_summary_lines, short_source
 
 _COLORS = {"compute": "green", "memory": "yellow", "communication": "magenta", "host": "cyan",
            "compile": "blue", "idle": "bright_black"}
@@ -147,6 +147,13 @@ def render_terminal(doc: dict, console: Console, top_ops: int = 15, top_compiles
     if doc["compile"]:
         console.print()
         console.print(_compile_table(doc, top_compiles))
+    if doc.get("fusions"):
+        console.print()
+        console.print(Text("Fusion breaks (tensors written to memory between kernels; `tpudiag fusions RUN` has all)",
+                           style="bold"))
+        for summary in doc["fusions"]:
+            for line in fusion_summary_lines(summary):
+                console.print(Text(line))
     if "tpu_estimate" in doc:
         console.print()
         console.print(_tpu_estimate(doc, top_ops))

@@ -48,3 +48,13 @@ def fmt_bytes(n: float | None) -> str:
         if abs(n) >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"
+
+
+def fusion_summary_lines(summary: dict, top: int = 3) -> list[str]:
+    """The fusion summary of one module (`analyze.fusions.fusion_summary`) as plain lines."""
+    out = [f"{summary['module']}: {summary['fusions']} fusions; {summary['breaks']} fusion breaks round-trip "
+           f"{fmt_bytes(summary['break_bytes'])} ({fmt_bytes(summary['break_bytes_default_memory'])} in default "
+           f"memory), {summary['breaks_not_inferable']} with no inferable reason"]
+    for b in summary["top_breaks"][:top]:
+        out.append(f"  {fmt_bytes(b['bytes'])}  {b['producer']} -> {b['consumer']}  {b['shape']}  ({b['reason']})")
+    return out
