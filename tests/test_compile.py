@@ -177,3 +177,22 @@ def test_missing_libtpu_names_the_install_line(monkeypatch, capsys):
         main(["compile", "--target", "v5e", str(ARTIFACTS / "tpu_v5e_step" / "hlo")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "pip install 'jax[tpu]==0.10.2'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_program_that_does_not_fit_is_a_finding(tmp_path):
+    """24 GiB of arguments and outputs on a 16 GiB v5e: reported, not a crash."""
+    code = f"""
+import jax, jax.numpy as jnp, json, tpudiag
+spec = jax.ShapeDtypeStruct((3 * 2**30,), jnp.float32)
+r = tpudiag.compile(lambda x: x * 2.0, spec, target="v5e", out={str(tmp_path / 'run')!r}, static_profile=False)
+print(json.dumps(r.report.to_dict()))
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", JAX_PLATFORMS="cpu"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    (m,) = json.loads(p.stdout.strip().splitlines()[-1])["modules"]
+    # libtpu itself refuses it (RESOURCE_EXHAUSTED); tpudiag turns that into the finding.
+    mem = m["totals"]["memory"]
+    assert m["status"] == "failed" and mem["fits"] is False and mem["peak_hbm_bytes"] >= 24 * 2**30
+    assert any(f.startswith("needs 24.0 GiB of HBM per device, a v5e device has 15.75 GiB usable")
+               for f in m["findings"]), m["findings"]

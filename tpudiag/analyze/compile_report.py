@@ -35,6 +35,9 @@ _FREE = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitca
                    "partition-id", "replica-id", "opt-barrier", "add-dependency"})
 # The per-slot utilization columns of the LLO frame, reported as `utilization.<slot>`.
 _UTIL_PREFIX = "util_"
+# libtpu's out-of-memory verdict: "... the total memory required for HLO temporaries (24.00G)
+# exceeds available HBM (15.75G)."
+_OOM = re.compile(r"RESOURCE_EXHAUSTED.*?\(([0-9.]+)G\).*?available HBM \(([0-9.]+)G\)")
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,7 @@ def _op_rows(m: ModuleArtifacts, target: Target) -> list[dict]:
                 "utilization": util or None,
                 "spills": int(lrow.get("spill_stores", 0) + lrow.get("spill_loads", 0)) if lrow else None,
                 "loops": int(lrow["loops"]) if "loops" in lrow else None,
+                "loop_depth": int(lrow["max_loop_depth"]) if "max_loop_depth" in lrow else None,
             }
             row["limit"] = _limit_text(bound_by, row, target)
             rows.append(row)
@@ -216,6 +220,13 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
     base = {"name": m.name, "status": m.status, "error": m.error, "static_profile": m.static_profile,
             "artifacts": m.artifacts_dir}
     if m.status != "ok" or m.hlo is None:
+        oom = _OOM.search(m.error or "")
+        if oom:  # the TPU compiler's own verdict: the program does not fit this chip's HBM
+            need, have = float(oom.group(1)) * 2**30, float(oom.group(2)) * 2**30
+            memory = {"peak_hbm_bytes": int(need), "hbm_capacity_bytes": int(have), "fits": False}
+            finding = (f"needs {need / 2**30:.1f} GiB of HBM per device, a {target.chip.name} device has "
+                       f"{have / 2**30:.2f} GiB usable (the TPU compiler's own figures)")
+            return {**base, "ops": [], "totals": {"memory": memory}, "findings": [finding, *m.notes]}
         return {**base, "ops": [], "totals": None, "findings": list(m.notes)}
     ops = _op_rows(m, target)
     mem = m.result.get("memory", {})
