@@ -11,7 +11,8 @@ from tests.conftest import ARTIFACTS
 from tpudiag.errors import ParseError
 from tpudiag.parse.hlo import find_optimized_modules, parse_hlo_text, read_hlo_file
 
-HLO_FILES = sorted(ARTIFACTS.glob("*/hlo/*optimizations.txt"))
+HLO_FILES = sorted([*ARTIFACTS.glob("*/hlo/*optimizations.txt"), *ARTIFACTS.glob("*/modules/*/hlo/*optimizations.txt"),
+                    *ARTIFACTS.glob("*/modules/*/optimized.hlo.txt")])
 
 
 # Opcodes whose text spelling (HloOpcodeString in XLA) is not the kebab-case of the enum name.
