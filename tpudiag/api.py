@@ -430,7 +430,8 @@ def load_hlo_modules(path: Path, module_name: str | None = None) -> list[LoadedM
             raise InputError(f"{path}: no module named like {module_name!r} (modules: {names})")
         found = keep
     if not found:
-        raise InputError(f"{path}: no successfully compiled module")
+        raise InputError(f"{path}: no optimized HLO module to read (a compile run whose modules all failed, "
+                         "or a run without HLO dumps)")
     return found
 
 

@@ -61,7 +61,7 @@ def _output_options(f, schema: str = "tpudiag.report/1"):
                      help="Terminal report width (default: the terminal's).")(f)
     f = click.option("--no-color", is_flag=True, help="Plain terminal output.")(f)
     f = click.option("--md", "as_md", is_flag=True, help="Print GitHub-flavoured Markdown (for $GITHUB_STEP_SUMMARY).")(f)
-    f = click.option("--json", "as_json", is_flag=True, help=f"Print report.json to stdout (schema {schema}).")(f)
+    f = click.option("--json", "as_json", is_flag=True, help=f"Print JSON to stdout (schema {schema}).")(f)
     return f
 
 

@@ -52,9 +52,7 @@ def _fusion_summaries(timeline: pd.DataFrame, modules: dict, top: int) -> list[d
         return []
     by_pid = timeline.groupby("program_id")["self_ns"].sum().sort_values(ascending=False)
     out = []
-    for pid in by_pid.index[:top]:
-        if int(pid) not in modules:
-            continue
+    for pid in [p for p in by_pid.index if int(p) in modules][:top]:
         sel = timeline[timeline["program_id"] == pid]
         times = {op: ns * 1e-9 for op, ns in sel.groupby("op")["self_ns"].sum().items()}
         out.append(fusion_summary(build_fusion_report(modules[int(pid)], times, "measured")))

@@ -11,8 +11,8 @@ section of the profile report:
 - per source line: CPU op time against estimated TPU time (op names differ between the CPU and
   TPU compiles, the Python line they came from does not).
 
-No I/O. Modules with several compiles under one name (e.g. `jit__normal` at three shapes) are
-summed under that name.
+No I/O. A function compiled several times (e.g. `jit__normal` at three shapes) gives one row per
+compile, each paired with its CPU program id by compile order (`_pair_compiles`).
 """
 
 from __future__ import annotations

@@ -53,14 +53,18 @@ def render_fusions_terminal(doc: dict, console: Console, top: int = 15, title: b
     cols = [("fusion", "left"), ("kind", "left"), (_time_header(doc), "right"), ("in", "right"), ("out", "right"),
             ("FLOP/B", "right"), ("ops", "left"), ("source", "left")]
     for col, just in cols:
-        # Names fold; the op list is cut (the JSON has it whole) so each fusion stays one or two lines.
-        table.add_column(col, justify=just, overflow="fold" if col == "fusion" else "ellipsis",
-                         no_wrap=col not in ("fusion",), max_width=28 if col == "ops" else None,
-                         min_width=14 if col == "fusion" else None)
+        # One line per fusion: names and the op list are cut with an ellipsis (the JSON has them
+        # whole); rich shrinks only wrappable columns, so those two wrap-enable but never fold.
+        shrink = col in ("fusion", "ops", "source")
+        table.add_column(col, justify=just, overflow="ellipsis", no_wrap=not shrink,
+                         max_width={"ops": 28, "fusion": 32}.get(col), min_width=12 if col == "fusion" else None)
+    def cut(text: str) -> Text:
+        return Text(text, no_wrap=True, overflow="ellipsis")
+
     for f in doc["fusions"][:top]:
-        table.add_row(f["name"], f["kind"] or "-", fmt_s(f["time_s"]), fmt_bytes(f["bytes_in"]),
-                      fmt_bytes(f["bytes_out"]), _intensity(f["arithmetic_intensity"]), _ops(f["ops"]),
-                      short_source(f["sources"][0] if f["sources"] else None, keep=1))
+        table.add_row(cut(f["name"]), f["kind"] or "-", fmt_s(f["time_s"]), fmt_bytes(f["bytes_in"]),
+                      fmt_bytes(f["bytes_out"]), _intensity(f["arithmetic_intensity"]), cut(_ops(f["ops"])),
+                      cut(short_source(f["sources"][0] if f["sources"] else None, keep=1)))
     console.print(table)
     if len(doc["fusions"]) > top:
         console.print(Text(f"{len(doc['fusions']) - top} more fusions in the JSON", style="bright_black"))
