@@ -67,7 +67,7 @@ class Instruction:
         if i < 0:
             return {}
         body = _balanced(self.attrs, i + len("metadata="), "{", "}")[1:-1]
-        return {k: v[1:-1] if v.startswith('"') else v for k, v in _KV.findall(body)}
+        return {k: _unescape(v[1:-1]) if v.startswith('"') else v for k, v in _KV.findall(body)}
 
     @cached_property
     def custom_call_target(self) -> str | None:
@@ -121,6 +121,11 @@ class HloModule:
             parent = frame.get("parent_frame_id")
             fid = parent if parent != fid else None
         return out
+
+
+def _unescape(text: str) -> str:
+    """XLA escapes quotes and backslashes inside metadata strings (`params[\\'b1\\']`)."""
+    return re.sub(r"\\(.)", r"\1", text) if "\\" in text else text
 
 
 def _num(text, default: int | None = 0) -> int | None:
