@@ -188,10 +188,10 @@ def finish_capture(cap: CaptureResult) -> ProfileResult:
 @dataclass(frozen=True)
 class CompileResult:
     run_dir: Path
-    report: "CompileReport"  # noqa: F821 - imported lazily (pandas)
+    report: object  # analyze.compile_report.CompileReport (imported lazily: pandas)
 
 
-def _module_artifacts(mc) -> "ModuleArtifacts":  # noqa: F821
+def _module_artifacts(mc):
     """Parse what one worker left in its module directory."""
     from tpudiag.analyze.compile_report import ModuleArtifacts
     from tpudiag.parse import llo
@@ -455,3 +455,34 @@ def hlo_diff(path_a: Path, path_b: Path, module_name: str | None = None) -> dict
             raise InputError(f"{path}: {len(mods)} modules; pick one with --module (modules: {names})")
         sides.append(mods[0])
     return diff_modules(sides[0].module, sides[1].module, sides[0].times, sides[1].times)
+
+
+# ---------------------------------------------------------------- compare two runs
+
+
+def load_for_compare(path: Path) -> dict:
+    """`tpudiag compare`'s input: a run directory (re-analyzed, as `tpudiag report` does; profile or
+    compile) or a report JSON file (`tpudiag.report/1` or `tpudiag.compile/1`, read as written)."""
+    import json
+
+    from tpudiag.analyze.compare import COMPILE_SCHEMA, PROFILE_SCHEMA
+    from tpudiag.errors import ParseError
+
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    if path.is_dir():
+        return load_report(path).to_dict()
+    try:
+        doc = json.loads(path.read_bytes())
+    except json.JSONDecodeError as e:
+        raise ParseError(path, f"not a JSON report: {e.msg}", line=e.lineno) from None
+    except UnicodeDecodeError:
+        raise ParseError(path, "not a JSON report: not UTF-8 text") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror}") from None
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema not in (PROFILE_SCHEMA, COMPILE_SCHEMA):
+        raise InputError(f"{path}: not a tpudiag profile or compile report (schema {schema!r}; expected "
+                         f"{PROFILE_SCHEMA} or {COMPILE_SCHEMA})")
+    return doc

@@ -307,6 +307,46 @@ def hlo_diff(module_name, html_path, fail_on_change, show_all, as_json, as_md, n
                             f"{s['moved']} moved", 1)
 
 
+
+
+@cli.command()
+@click.option("--metric", type=click.Choice(["device_time", "tpu_time", "peak_memory"]), default=None,
+              help="What to compare (default: device_time for profile runs, tpu_time for compile runs).")
+@click.option("--max-regression", default="5%", show_default=True,
+              help="Largest allowed increase of the headline figure: 5% (or the fraction 0.05).")
+@click.option("--force", is_flag=True, help="Compare runs of different programs, backends, targets or kinds anyway.")
+@click.option("--top", type=click.IntRange(1, 10000), default=15, show_default=True, help="Rows per table.")
+@lambda f: _output_options(f, "tpudiag.compare/1")
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("cur", type=click.Path(path_type=Path))
+def compare(metric, max_regression, force, top, as_json, as_md, no_color, width, base, cur):
+    """Did CUR regress against BASE? Each is a run directory or a report JSON file (profile or compile).
+
+    With 3 or more steps in each run the median step times are compared, and an increase counts only
+    beyond --max-regression and the runs' measured spread. Per-module and per-op changes are shown;
+    only the headline figure decides the exit code: 1 on a regression, 0 otherwise.
+    """
+    from tpudiag import api
+    from tpudiag.analyze.compare import compare_reports, parse_max_regression
+    from tpudiag.report import compare_render
+
+    if as_json and as_md:
+        raise UsageError("choose one of --json and --md")
+    threshold = parse_max_regression(max_regression)
+    doc = compare_reports(api.load_for_compare(base), api.load_for_compare(cur), metric, threshold, force,
+                          base_path=str(base), cur_path=str(cur))
+    if as_json:
+        from tpudiag.report.json_report import render_json
+
+        click.echo(render_json(doc), nl=False)
+    elif as_md:
+        click.echo(compare_render.render_compare_markdown(doc, top), nl=False)
+    else:
+        compare_render.render_compare_terminal(doc, _console(no_color, width), top)
+    if doc["regression"]:
+        raise ProgramFailed(compare_render.render_compare_verdict(doc), 1)
+
+
 def _progress():
     """A progress line on stderr while modules compile (counts modules as they finish)."""
     from rich.console import Console

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from tpudiag.analyze.breakdown import ns_to_s
 from tpudiag.analyze.categorize import index_module
 from tpudiag.analyze.executed import RUNS_CALLEES, executed_computations
 from tpudiag.analyze.fusions import build_fusion_report, fusion_summary

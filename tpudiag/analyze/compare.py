@@ -1,0 +1,405 @@
+"""`tpudiag compare BASE CUR`: did CUR get slower (or bigger) than BASE, beyond the noise?
+
+Input: two report documents, each a `tpudiag.report/1` (profile run) or a `tpudiag.compile/1`
+(compile run), already loaded (the caller does the I/O), and the metric to compare:
+
+- `device_time` (profile runs): the headline is the median step time when both runs have at
+  least `min_steps` steps, else the total op self time; rows are per-module and per-op self time.
+- `tpu_time`: a compile run's estimated TPU time (headline: the sum over modules; rows: each
+  module's `totals.estimated_s` and each op's `estimated_s`), or a profile run's `tpu_estimate`
+  section (`profile --target`; headline: the estimated step time; rows: modules and source lines).
+- `peak_memory` (compile runs): peak HBM bytes (headline: the largest module's; rows: modules).
+
+Output: a `tpudiag.compare/1` document (docs/compare.md) with both sides' identity, the headline
+(base, cur, delta, delta_pct, spread, regression), module and op rows matched by (module, name),
+and the list of regressions. Only the headline decides `regression` (and so the exit code): per-op
+times on a noisy host move by tens of percent between two runs of the same program, and the
+headline is the one figure with a measured noise band. Rows of the static metrics that grew past
+the threshold are `flagged` and listed in `regressions`, marked as not deciding the exit code.
+
+Noise: with enough steps on both sides, each run's spread is its robust standard deviation of one
+step (1.4826 x the median absolute deviation of its step times), and the headline regresses only
+when the relative increase exceeds `max_regression` AND the absolute increase exceeds the two
+spreads summed. Static TPU estimates and memory figures are deterministic: their spread is 0.
+
+Runs of different programs (basename of `program`, or of a compile's `source.input`), backends,
+device counts, TPU targets or kinds (profile vs compile) are refused with a `UsageError` naming
+both sides and the difference, unless `force=True` (then the difference is a warning).
+
+No I/O: reading run directories or JSON files is the caller's job (api.py).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from tpudiag.errors import ParseError, UsageError
+
+SCHEMA = "tpudiag.compare/1"
+PROFILE_SCHEMA = "tpudiag.report/1"
+COMPILE_SCHEMA = "tpudiag.compile/1"
+METRICS = ("device_time", "tpu_time", "peak_memory")
+UNITS = {"device_time": "s", "tpu_time": "s", "peak_memory": "bytes"}
+NOTE = ("only the headline decides the exit code; module and op rows are reported for reading, and a "
+        "flagged row does not fail the comparison")
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    # Fewer steps than this on either side: no median and no spread; the headline is total op time.
+    # Three is the least that gives a median robust to one outlier: the first step, which on a
+    # cold process includes the XLA compile (mlp_steps8_a: step 0 took 366 ms, the median 4.2 ms).
+    min_steps: int = 3
+    # MAD x 1.4826 estimates the standard deviation of normally distributed step times. The MAD,
+    # unlike p10/p90, ignores that compile step: with 8 steps p90 lands inside it.
+    mad_to_sigma: float = 1.4826
+    # Each run's spread is this many (robust) standard deviations of one step; the two are summed.
+    # One sigma each, summed, keeps two runs of the same program apart from a regression on a
+    # shared 2-core CI host (mlp_steps8_a vs _b: +9.2% median, spreads 0.06 + 1.49 ms).
+    spread_sigmas: float = 1.0
+    # A module or op row of a static metric (tpu_time, peak_memory) is flagged when its increase
+    # exceeds max_regression and this share of the base headline figure: a 20 ps op estimated at
+    # 30 ps is +50% of nothing. device_time rows are never flagged: per-op totals have no measured
+    # noise band, and two runs of one program differ by up to +49% on one op (mlp_steps8_a vs _b,
+    # dot.1, where the median step moved +9%).
+    row_min_share: float = 0.01
+
+
+DEFAULT_COMPARE_CONFIG = CompareConfig()
+
+
+# ---------------------------------------------------------------- options
+
+
+def parse_max_regression(text) -> float:
+    """`5%` -> 0.05; a bare number is a fraction (`0.05`). Refuses a bare number above 1 (`5`
+    would be 500%), negatives and non-numbers."""
+    s = str(text).strip()
+    pct = s.endswith("%")
+    try:
+        value = float(s[:-1] if pct else s)
+    except ValueError:
+        raise UsageError(f"--max-regression {text!r}: expected a percentage such as 5% (or a fraction such as "
+                         "0.05)") from None
+    if pct:
+        value /= 100
+    elif value > 1:
+        raise UsageError(f"--max-regression {text}: a bare number is a fraction (0.05 means 5%); write {s}% "
+                         f"for {s} percent")
+    if not (math.isfinite(value) and value >= 0):
+        raise UsageError(f"--max-regression {text!r}: must be a finite, non-negative amount")
+    return value
+
+
+def default_metric(base: dict) -> str:
+    """`device_time` for a profile run, `tpu_time` for a compile run."""
+    return "tpu_time" if isinstance(base, dict) and base.get("schema") == COMPILE_SCHEMA else "device_time"
+
+
+# ---------------------------------------------------------------- reading the documents
+
+
+def _need(doc: dict, label: str, *keys):
+    """doc[k1][k2]..., or a ParseError naming the document and the missing field."""
+    value = doc
+    for i, k in enumerate(keys):
+        if not isinstance(value, dict) or k not in value:
+            raise ParseError(label, f"not a complete {doc.get('schema')} document: no `{'.'.join(keys[:i + 1])}`")
+        value = value[k]
+    return value
+
+
+def _number(value, label: str, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ParseError(label, f"{what} is {value!r}, expected a number")
+    return value
+
+
+def _basename(program) -> str | None:
+    return PurePath(str(program).replace("\\", "/")).name if program else None
+
+
+def _identity(doc, label: str) -> dict:
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema == PROFILE_SCHEMA:
+        est = doc.get("tpu_estimate") or {}
+        return {"path": label, "schema": schema, "kind": "profile", "program": doc.get("program"),
+                "argv": doc.get("argv"), "status": doc.get("status"), "reason": doc.get("reason"),
+                "backend": _need(doc, label, "backend"), "devices": len(doc.get("devices") or []),
+                "target": (est.get("target") or {}).get("topology"),
+                "steps": int(_need(doc, label, "steps", "count"))}
+    if schema == COMPILE_SCHEMA:
+        return {"path": label, "schema": schema, "kind": "compile", "program": (doc.get("source") or {}).get("input"),
+                "argv": None, "status": doc.get("status"), "reason": None, "backend": "tpu", "devices": None,
+                "target": _need(doc, label, "target", "topology"), "steps": None}
+    raise ParseError(label, f"schema {schema!r} is not {PROFILE_SCHEMA} or {COMPILE_SCHEMA}")
+
+
+def _differences(b: dict, c: dict, metric: str) -> list[str]:
+    out = []
+    if b["kind"] != c["kind"]:
+        out.append(f"a {b['kind']} run vs a {c['kind']} run")
+    pb, pc = _basename(b["program"]), _basename(c["program"])
+    if pb and pc and pb != pc:
+        out.append(f"program {pb} vs {pc}")
+    if b["kind"] == c["kind"] == "profile":
+        if b["backend"] != c["backend"]:
+            out.append(f"backend {b['backend']} vs {c['backend']}")
+        if b["devices"] != c["devices"]:
+            out.append(f"{b['devices']} vs {c['devices']} devices")
+    # A profile run's TPU target matters only when its TPU estimate is what is compared.
+    tb = b["target"] if b["kind"] == "compile" or metric == "tpu_time" else None
+    tc = c["target"] if c["kind"] == "compile" or metric == "tpu_time" else None
+    if tb and tc and tb != tc:
+        out.append(f"target {tb} vs {tc}")
+    return out
+
+
+# ---------------------------------------------------------------- one side's figures
+
+
+@dataclass(frozen=True)
+class _Side:
+    total: float  # the headline figure when no step median applies
+    basis: str  # what `total` is
+    steps: tuple[float, ...]  # step durations (device_time only)
+    modules: dict  # module name -> value
+    ops: dict  # (module, name) -> value
+    occurrences: dict  # (module, name) -> executions (device_time only)
+    notes: tuple[str, ...]
+    total_estimate: float | None = None  # a profile's total TPU estimate, when `total` is its step estimate
+
+
+def _device_time(doc: dict, ident: dict) -> _Side:
+    label = ident["path"]
+    if ident["kind"] != "profile":
+        raise UsageError(f"{label}: device_time needs a profile run; this is a compile run "
+                         "(compare compile runs with --metric tpu_time or peak_memory)")
+    modules, ops, occ = {}, {}, {}
+    for i, o in enumerate(_need(doc, label, "ops")):
+        if not isinstance(o, dict) or not {"module", "name", "self_s"} <= o.keys():
+            raise ParseError(label, f"ops[{i}] lacks module, name or self_s")
+        self_s = _number(o["self_s"], label, f"ops[{i}].self_s")
+        key = (o["module"], o["name"])  # program ids differ between runs; (module, name) does not
+        ops[key] = ops.get(key, 0.0) + self_s
+        occ[key] = occ.get(key, 0) + int(o.get("occurrences") or 0)
+        modules[o["module"]] = modules.get(o["module"], 0.0) + self_s
+    steps = tuple(_number(r.get("duration_s") if isinstance(r, dict) else None, label, f"steps.rows[{i}].duration_s")
+                  for i, r in enumerate(_need(doc, label, "steps", "rows")))
+    total = _number(_need(doc, label, "totals", "op_self_s"), label, "totals.op_self_s")
+    return _Side(total, "total_op_time", steps, modules, ops, occ, ())
+
+
+def _tpu_time(doc: dict, ident: dict) -> _Side:
+    label = ident["path"]
+    if ident["kind"] == "profile":
+        est = doc.get("tpu_estimate")
+        if not est:
+            raise UsageError(f"{label}: no TPU estimate in this profile run (profile it with --target, or compare "
+                             "compile runs)")
+        modules, notes = {}, []
+        for m in est.get("modules", []):
+            if m.get("tpu_estimated_s") is None:
+                notes.append(f"{label}: module {m.get('name')} has no TPU estimate ({m.get('status')}); left out")
+                continue
+            modules[m["name"]] = modules.get(m["name"], 0.0) + m["tpu_estimated_s"]
+        ops = {(None, r["source"]): r["tpu_estimated_s"] for r in est.get("lines", [])}
+        step = (est.get("step") or {}).get("tpu_estimated_s")
+        total = sum(m.get("tpu_estimated_total_s") or 0.0 for m in est.get("modules", []))
+        if step is not None:
+            return _Side(step, "tpu_step_estimate", (), modules, ops, {}, tuple(notes), total)
+        return _Side(total, "tpu_total_estimate", (), modules, ops, {}, tuple(notes))
+    modules, ops, notes = {}, {}, []
+    for i, m in enumerate(_need(doc, label, "modules")):
+        name = m.get("name", f"modules[{i}]")
+        if m.get("status") != "ok" or not m.get("totals"):
+            notes.append(f"{label}: module {name} failed to compile ({m.get('error')}); left out")
+            continue
+        value = _number((m["totals"] or {}).get("estimated_s"), label, f"modules[{i}].totals.estimated_s")
+        modules[name] = modules.get(name, 0.0) + value  # a function compiled at two shapes: summed
+        for j, o in enumerate(m.get("ops") or []):
+            key = (name, o.get("name"))
+            ops[key] = ops.get(key, 0.0) + _number(o.get("estimated_s"), label, f"modules[{i}].ops[{j}].estimated_s")
+    return _Side(sum(modules.values()), "tpu_total_estimate", (), modules, ops, {}, tuple(notes))
+
+
+def _peak_memory(doc: dict, ident: dict) -> _Side:
+    label = ident["path"]
+    if ident["kind"] != "compile":
+        raise UsageError(f"{label}: peak_memory needs a compile run (tpudiag compile); a profile run has no HBM "
+                         "figures")
+    modules, notes = {}, []
+    for i, m in enumerate(_need(doc, label, "modules")):
+        name = m.get("name", f"modules[{i}]")
+        peak = ((m.get("totals") or {}).get("memory") or {}).get("peak_hbm_bytes")
+        if m.get("status") != "ok" or peak is None:
+            notes.append(f"{label}: module {name} has no peak HBM figure ({m.get('error') or m.get('status')}); "
+                         "left out")
+            continue
+        modules[name] = max(modules.get(name, 0), int(_number(peak, label, f"modules[{i}].totals.memory.peak_hbm_bytes")))
+    # Modules run one after another: the program needs the largest module's peak, not the sum.
+    return _Side(max(modules.values(), default=0), "peak_hbm_largest_module", (), modules, {}, {}, tuple(notes))
+
+
+_EXTRACT = {"device_time": _device_time, "tpu_time": _tpu_time, "peak_memory": _peak_memory}
+
+
+# ---------------------------------------------------------------- comparing
+
+
+def _round(x, unit: str):
+    if x is None:
+        return None
+    return int(round(x)) if unit == "bytes" else round(float(x), 12)  # 1 ps: keeps static estimates' digits
+
+
+def _pct(delta: float, base: float) -> float | None:
+    return None if not base else round(100 * delta / base, 3)
+
+
+def _spread(steps: tuple[float, ...], cfg: CompareConfig) -> float:
+    med = statistics.median(steps)
+    mad = statistics.median(abs(s - med) for s in steps)
+    return cfg.spread_sigmas * cfg.mad_to_sigma * mad
+
+
+def _verdict(delta: float, base: float, spread: float, max_regression: float) -> str:
+    if delta == 0:
+        return "unchanged"
+    rel = abs(delta) / base if base else math.inf
+    if rel <= max_regression:
+        return "within_threshold"
+    if abs(delta) <= spread:
+        return "within_noise"
+    return "regression" if delta > 0 else "improvement"
+
+
+def _rows(bmap: dict, cmap: dict, unit: str, floor: float | None, limit: float, occ_b=None, occ_c=None) -> list[dict]:
+    """One row per key on either side, largest absolute change first. A row is flagged when it grew by
+    at least `floor` and by more than `limit` (relative); `floor` None: rows are never flagged."""
+    rows = []
+    for key in set(bmap) | set(cmap):
+        b, c = bmap.get(key), cmap.get(key)
+        delta = (c or 0) - (b or 0)
+        status = "added" if b is None else "removed" if c is None else "unchanged" if b == c else "changed"
+        flagged = floor is not None and delta > 0 and delta >= floor and (not b or delta / b > limit)
+        row = {"name": key[1] if isinstance(key, tuple) else key, "base": _round(b, unit), "cur": _round(c, unit),
+               "delta": _round(delta, unit), "delta_pct": _pct(delta, b or 0), "status": status, "flagged": flagged}
+        if isinstance(key, tuple):
+            row["module"] = key[0]
+            if occ_b is not None:
+                row["occurrences_base"], row["occurrences_cur"] = occ_b.get(key), occ_c.get(key)
+        rows.append(row)
+    rows.sort(key=lambda r: (-abs(r["delta"]), r.get("module") or "", r["name"] or ""))
+    return rows
+
+
+def _regression_entry(kind: str, row: dict, decides_exit: bool) -> dict:
+    entry = {"kind": kind, "name": row["name"], "base": row["base"], "cur": row["cur"], "delta": row["delta"],
+             "delta_pct": row["delta_pct"], "decides_exit": decides_exit}
+    if kind == "op":
+        entry["module"] = row["module"]
+    return entry
+
+
+def compare_reports(base: dict, cur: dict, metric: str | None, max_regression: float, force: bool = False, *,
+                    base_path: str | None = None, cur_path: str | None = None,
+                    config: CompareConfig = DEFAULT_COMPARE_CONFIG) -> dict:
+    """The `tpudiag.compare/1` document of CUR against BASE.
+
+    `metric`: one of METRICS, or None for `default_metric(base)`. `max_regression`: a fraction
+    (0.05 = 5%). `base_path`/`cur_path` name the sides in the document and in errors (default:
+    each document's `artifacts.run_dir`). Raises UsageError for runs that are not comparable
+    (unless `force`) or a metric a side lacks; ParseError for a document missing a field.
+    """
+    metric = metric or default_metric(base)
+    if metric not in METRICS:
+        raise UsageError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
+    if not (isinstance(max_regression, (int, float)) and math.isfinite(max_regression) and max_regression >= 0):
+        raise UsageError(f"max_regression {max_regression!r}: must be a finite fraction >= 0 (0.05 = 5%)")
+    labels = []
+    for doc, given, side in ((base, base_path, "base"), (cur, cur_path, "cur")):
+        run_dir = (doc.get("artifacts") or {}).get("run_dir") if isinstance(doc, dict) else None
+        labels.append(str(given or run_dir or side))
+    bid, cid = _identity(base, labels[0]), _identity(cur, labels[1])
+    warnings = []
+    diffs = _differences(bid, cid, metric)
+    if diffs and not force:
+        raise UsageError(f"refusing to compare {bid['path']} with {cid['path']}: {'; '.join(diffs)} "
+                         "(--force compares them anyway)")
+    if diffs:
+        warnings.append(f"compared despite: {'; '.join(diffs)}")
+    for ident in (bid, cid):
+        if not ident["program"]:
+            warnings.append(f"{ident['path']}: program unknown, so it was not checked")
+        if ident["status"] not in ("ok", None):
+            why = f" ({ident['reason']})" if ident["reason"] else ""
+            warnings.append(f"{ident['path']}: run status {ident['status']}{why}; its figures cover only what was "
+                            "captured")
+
+    bs, cs = _EXTRACT[metric](base, bid), _EXTRACT[metric](cur, cid)
+    warnings += [*bs.notes, *cs.notes]
+    unit = UNITS[metric]
+    basis, spread, spreads = bs.basis, 0.0, (0.0, 0.0)
+    b_value, c_value = bs.total, cs.total
+    if metric == "device_time":
+        nb, nc = len(bs.steps), len(cs.steps)
+        if nb >= config.min_steps and nc >= config.min_steps:
+            basis = "median_step"
+            b_value, c_value = statistics.median(bs.steps), statistics.median(cs.steps)
+            spreads = (_spread(bs.steps, config), _spread(cs.steps, config))
+            spread = spreads[0] + spreads[1]
+        else:
+            spread, spreads = None, (None, None)
+            warnings.append(f"steps: {nb} in base, {nc} in cur (fewer than {config.min_steps} on a side): the "
+                            "headline is total op time, with no noise estimate")
+        if nb != nc and nb and nc:
+            warnings.append(f"base traced {nb} steps and cur {nc}: module and op rows are totals over each run, "
+                            "not per step")
+    elif bs.basis != cs.basis:  # profile TPU estimates with a step time on one side only
+        basis = "tpu_total_estimate"
+        b_value = bs.total if bs.total_estimate is None else bs.total_estimate
+        c_value = cs.total if cs.total_estimate is None else cs.total_estimate
+        warnings.append("only one side has an estimated TPU step time: the headline is the total estimate")
+    if metric == "tpu_time" and bid["kind"] == cid["kind"] == "compile":
+        # "ok", "off" or "dropped: why": static cycles on one side, roofline floors on the other.
+        how = {m.get("name"): str(m.get("static_profile", "")).split(":")[0] for m in base.get("modules", [])}
+        for m in cur.get("modules", []):
+            was, now = how.get(m.get("name")), str(m.get("static_profile", "")).split(":")[0]
+            if was is not None and was != now:
+                warnings.append(f"module {m.get('name')}: static cycle profile {was} in base, {now} in cur; the "
+                                "estimates were made differently")
+
+    delta = c_value - b_value
+    verdict = _verdict(delta, b_value, spread or 0.0, max_regression)
+    headline = {"basis": basis, "base": _round(b_value, unit), "cur": _round(c_value, unit),
+                "delta": _round(delta, unit), "delta_pct": _pct(delta, b_value),
+                "spread": _round(spread, unit), "base_spread": _round(spreads[0], unit),
+                "cur_spread": _round(spreads[1], unit), "verdict": verdict, "regression": verdict == "regression"}
+    floor = None if metric == "device_time" else config.row_min_share * abs(b_value)
+    modules = _rows(bs.modules, cs.modules, unit, floor, max_regression)
+    ops = _rows(bs.ops, cs.ops, unit, floor, max_regression,
+                *((bs.occurrences, cs.occurrences) if metric == "device_time" else ()))
+    regressions = [_regression_entry("headline", {**headline, "name": basis}, True)] if headline["regression"] else []
+    regressions += [_regression_entry("module", r, False) for r in modules if r["flagged"]]
+    regressions += [_regression_entry("op", r, False) for r in ops if r["flagged"]]
+    return {
+        "schema": SCHEMA,
+        "metric": metric,
+        "unit": unit,
+        "max_regression_pct": round(100 * max_regression, 6),
+        "base": bid,
+        "cur": cid,
+        "forced": bool(diffs),
+        "differences": diffs,
+        "headline": headline,
+        "modules": modules,
+        "ops": ops,
+        "regressions": regressions,
+        "regression": headline["regression"],
+        "note": NOTE,
+        "warnings": warnings,
+    }

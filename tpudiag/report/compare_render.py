@@ -1,0 +1,149 @@
+"""Renders a `tpudiag.compare/1` document (analyze/compare.py): a one-line verdict, the terminal
+report (rich) and GitHub Markdown (for `$GITHUB_STEP_SUMMARY`).
+
+Each shows both sides, the headline with its verdict and spread, then the modules and the top
+`top` ops by absolute change. Values are seconds or bytes, as the document's `unit` says. They
+format what the document holds and compute nothing.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from tpudiag.report.markdown import _esc
+from tpudiag.report.units import fmt_bytes, fmt_s
+
+BASIS = {
+    "median_step": "median step time",
+    "total_op_time": "total op time",
+    "tpu_step_estimate": "estimated TPU step time",
+    "tpu_total_estimate": "estimated TPU time (all modules)",
+    "peak_hbm_largest_module": "peak HBM (largest module)",
+}
+VERDICT = {
+    "regression": "REGRESSION",
+    "within_noise": "no regression (within the measured spread)",
+    "within_threshold": "no regression (within the threshold)",
+    "improvement": "improvement",
+    "unchanged": "unchanged",
+}
+_STYLE = {"regression": "bold red", "improvement": "green", "unchanged": "", "within_noise": "",
+          "within_threshold": ""}
+
+
+def _fmt(value, unit: str) -> str:
+    if value is None:
+        return "-"
+    return fmt_bytes(value) if unit == "bytes" else fmt_s(value)
+
+
+def _signed(value, unit: str) -> str:
+    if value is None:
+        return "-"
+    text = _fmt(value, unit)
+    return f"+{text}" if value > 0 else text
+
+
+def _pct(p) -> str:
+    return "-" if p is None else f"{p:+.1f}%"
+
+
+def _side(ident: dict) -> str:
+    """`fixtures/artifacts/x  mlp.py --steps 8  (cpu, 1 device, 8 steps)` or a compile run's target."""
+    argv = ident.get("argv") or ([ident["program"]] if ident.get("program") else [])
+    what = " ".join(str(a) for a in argv) or "?"
+    if ident["kind"] == "compile":
+        extra = f"compile run, target {ident['target']}"
+    else:
+        extra = f"{ident['backend']}, {ident['devices']} device(s), {ident['steps']} steps"
+        if ident.get("target"):
+            extra += f", TPU estimate for {ident['target']}"
+    status = "" if ident.get("status") in ("ok", None) else f", status {ident['status']}"
+    return f"{ident['path']}  {what}  ({extra}{status})"
+
+
+def render_compare_verdict(doc: dict) -> str:
+    """One line: `regression: median step time 3.09 ms -> 10.28 ms (+7.19 ms, +232.7%); max 5%, spread 1.72 ms`."""
+    h, unit = doc["headline"], doc["unit"]
+    spread = "no noise estimate" if h["spread"] is None else f"spread {_fmt(h['spread'], unit)}"
+    return (f"{VERDICT[h['verdict']]}: {BASIS.get(h['basis'], h['basis'])} {_fmt(h['base'], unit)} -> "
+            f"{_fmt(h['cur'], unit)} ({_signed(h['delta'], unit)}, {_pct(h['delta_pct'])}); max regression "
+            f"{doc['max_regression_pct']:g}%, {spread}")
+
+
+def _row_cells(r: dict, unit: str) -> list[str]:
+    return [_fmt(r["base"], unit), _fmt(r["cur"], unit), _signed(r["delta"], unit), _pct(r["delta_pct"]),
+            r["status"] + (" (flagged)" if r["flagged"] else "")]
+
+
+def render_compare_terminal(doc: dict, console: Console, top: int = 15) -> None:
+    h, unit = doc["headline"], doc["unit"]
+    head = Text()
+    head.append("base  ", style="bold")
+    head.append(_side(doc["base"]) + "\n")
+    head.append("cur   ", style="bold")
+    head.append(_side(doc["cur"]) + "\n")
+    head.append(f"metric {doc['metric']}: {BASIS.get(h['basis'], h['basis'])}   max regression "
+                f"{doc['max_regression_pct']:g}%")
+    if doc["forced"]:
+        head.append("   forced", style="bold yellow")
+    console.print(Panel(head, title="tpudiag compare", title_align="left"))
+
+    line = Text()
+    line.append(f"{BASIS.get(h['basis'], h['basis'])}  {_fmt(h['base'], unit)} -> {_fmt(h['cur'], unit)}  "
+                f"{_signed(h['delta'], unit)} ({_pct(h['delta_pct'])})  ")
+    line.append("spread -" if h["spread"] is None else
+                f"spread {_fmt(h['spread'], unit)} (base {_fmt(h['base_spread'], unit)}, "
+                f"cur {_fmt(h['cur_spread'], unit)})")
+    console.print(line)
+    console.print(Text(VERDICT[h["verdict"]], style=_STYLE[h["verdict"]]))
+
+    for title, rows, with_module in (("Modules", doc["modules"], False), ("Ops", doc["ops"], True)):
+        if not rows:
+            continue
+        console.print()
+        table = Table(title=f"{title} by change ({min(top, len(rows))} of {len(rows)})", title_justify="left",
+                      show_edge=False)
+        cols = (["op", "module"] if with_module else ["module"]) + ["base", "cur", "delta", "delta %", "status"]
+        for col in cols:
+            table.add_column(col, justify="left" if col in ("op", "module", "status") else "right",
+                             overflow="ellipsis", no_wrap=True)
+        for r in rows[:top]:
+            names = [r["name"] or "-", r["module"] or "-"] if with_module else [r["name"]]
+            cells = names + _row_cells(r, unit)
+            table.add_row(*cells, style="red" if r["flagged"] else "")
+        console.print(table)
+    console.print()
+    console.print(Text(f"note: {doc['note']}", style="bright_black"))
+    for w in doc["warnings"]:
+        console.print(Text(f"warning: {w}", style="yellow"))
+
+
+def render_compare_markdown(doc: dict, top: int = 15) -> str:
+    h, unit = doc["headline"], doc["unit"]
+    verdict = VERDICT[h["verdict"]]
+    out = [f"## tpudiag compare: {'**' + verdict + '**' if h['regression'] else verdict}", "",
+           f"**Base:** `{_esc(_side(doc['base']))}`  ", f"**Cur:** `{_esc(_side(doc['cur']))}`", "",
+           f"Metric `{doc['metric']}`, max regression {doc['max_regression_pct']:g}%"
+           + (" (**forced** across: " + _esc("; ".join(doc["differences"])) + ")" if doc["forced"] else ""), "",
+           "| | base | cur | delta | delta % | spread |", "|---|---:|---:|---:|---:|---:|",
+           f"| {BASIS.get(h['basis'], h['basis'])} | {_fmt(h['base'], unit)} | {_fmt(h['cur'], unit)} | "
+           f"{_signed(h['delta'], unit)} | {_pct(h['delta_pct'])} | {_fmt(h['spread'], unit)} |"]
+    for title, rows, with_module in (("Modules", doc["modules"], False), ("Ops", doc["ops"], True)):
+        if not rows:
+            continue
+        out += ["", f"### {title} by change ({min(top, len(rows))} of {len(rows)})", "",
+                ("| op | module " if with_module else "| module ") + "| base | cur | delta | delta % | status |",
+                ("|---|---" if with_module else "|---") + "|---:|---:|---:|---:|---|"]
+        for r in rows[:top]:
+            names = f"`{_esc(r['name'])}` | {_esc(r['module'] or '-')}" if with_module else f"`{_esc(r['name'])}`"
+            out.append(f"| {names} | " + " | ".join(_row_cells(r, unit)) + " |")
+        if len(rows) > top:
+            out += ["", f"{len(rows) - top} more in the JSON document (`--json`)."]
+    out += ["", f"_{_esc(doc['note'])}_"]
+    for w in doc["warnings"]:
+        out += ["", f"> **Warning:** {_esc(w)}"]
+    return "\n".join(out) + "\n"
