@@ -157,6 +157,23 @@ def write_report(report: ProfileReport, run: Path) -> Path:
     return path
 
 
+def html_report(report) -> str:
+    """The self-contained HTML page (docs/html-report.md) of a profile or compile report; a profile
+    page gets one step's timeline (the median step). For `--html FILE` and the CI bundle."""
+    from tpudiag.analyze.timeline import step_op_rows
+    from tpudiag.report.html import render_html
+
+    doc = report.to_dict()
+    rows = step_op_rows(report.timeline, doc["steps"]["rows"]) if isinstance(report, ProfileReport) else None
+    return render_html(doc, rows)
+
+
+def write_html(report, path: Path) -> Path:
+    """`html_report(report)` written to `path` (whole, or not at all)."""
+    rundir.write_text_atomic(Path(path), html_report(report))
+    return Path(path)
+
+
 def profile(script, args=(), out=None, *, steps=None, skip=0, python_trace=False,
             program_stdout=None, program_stderr=None) -> ProfileResult:
     """Run `script` under the profiler, analyze it and write `report.json` into the run directory."""

@@ -87,11 +87,13 @@ def cli(debug: bool) -> None:
               help="Also compile the program's computations for this TPU (v5e, v6e:2x2, ...) and show "
                    "the estimated TPU time beside the measured one.")
 @click.option("--no-static-profile", is_flag=True, help="With --target: skip the static cycle profile.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also write a self-contained HTML report here (no script; opens offline).")
 @_output_options
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def profile(out, steps, skip, python_trace, target_text, no_static_profile, as_json, as_md, no_color, width,
-            script, args):
+def profile(out, steps, skip, python_trace, target_text, no_static_profile, html_path, as_json, as_md, no_color,
+            width, script, args):
     """Run SCRIPT [ARGS...] under the profiler and report where its time went.
 
     Everything after SCRIPT (or after `--`) is passed to the program. The run directory holds the
@@ -132,6 +134,8 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, as_j
         api.write_report(report, cap.run_dir)
         result = api.ProfileResult(capture=cap, report=report)
     doc = result.report.to_dict()
+    if html_path:
+        api.write_html(result.report, html_path)
     _emit(doc, as_json, as_md, no_color, width)
     cap = result.capture
     if cap.exit_code != 0:
@@ -141,9 +145,11 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, as_j
 
 
 @cli.command()
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also write a self-contained HTML report here (no script; opens offline).")
 @lambda f: _output_options(f, "tpudiag.report/1, or tpudiag.compile/1 for a compile run")
 @click.argument("target", type=click.Path(path_type=Path))
-def report(as_json, as_md, no_color, width, target):
+def report(html_path, as_json, as_md, no_color, width, target):
     """Re-render a run without re-running it.
 
     TARGET is a run directory, an xprof log directory, or a bare .xplane.pb captured elsewhere.
@@ -152,7 +158,10 @@ def report(as_json, as_md, no_color, width, target):
 
     if as_json and as_md:
         raise UsageError("choose one of --json and --md")
-    doc = api.load_report(target).to_dict()
+    loaded = api.load_report(target)
+    doc = loaded.to_dict()
+    if html_path:
+        api.write_html(loaded, html_path)
     if doc["schema"].startswith("tpudiag.compile/"):
         _emit_compile(doc, as_json, as_md, no_color, width, 10)
     else:
@@ -188,10 +197,12 @@ def targets(as_json, no_color):
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=60, show_default=True,
               help="Seconds a module may spend in the static-profile compile before falling back.")
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True, help="Ops shown per module.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also write a self-contained HTML report here (no script; opens offline).")
 @lambda f: _output_options(f, "tpudiag.compile/1")
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, as_json, as_md, no_color, width,
+def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, html_path, as_json, as_md, no_color, width,
              input_path, args):
     """Compile INPUT for a TPU generation on this machine and report the TPU compiler's own estimates.
 
@@ -220,6 +231,8 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, as_json,
     finally:
         stop()
     doc = result.report.to_dict()
+    if html_path:
+        api.write_html(result.report, html_path)
     _emit_compile(doc, as_json, as_md, no_color, width, top)
     shadow = doc["source"].get("shadow_run") or {}
     if shadow.get("exit_code"):  # the script failed: what it ran before failing was still compiled

@@ -83,3 +83,17 @@ def step_table(timeline: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     st = steps.groupby("step_num", sort=True)["duration_ns"].sum().reset_index()
     st["op_ns"] = st["step_num"].map(per).fillna(0).astype("int64")
     return st
+
+
+def step_op_rows(timeline: pd.DataFrame, step_rows: list[dict], step: int | None = None) -> list[dict] | None:
+    """The op instances of one step, as `report.html.render_html` draws them: by default the median
+    step by duration (the shorter of the two middle ones), so a first step that includes compiling
+    is not the one shown. `step_rows` is the report's `steps.rows`; None when there are no steps."""
+    if not step_rows:
+        return None
+    if step is None:
+        by_duration = sorted(step_rows, key=lambda r: (r["duration_s"], r["step_num"]))
+        step = by_duration[(len(step_rows) - 1) // 2]["step_num"]
+    sel = timeline[timeline["step"] == step].sort_values(["start_ns", "line", "op"], kind="stable")
+    return [{"op": r.op, "module": r.module, "category": r.category, "line": r.line, "step": int(r.step),
+             "start_s": r.start_ns * 1e-9, "duration_s": r.duration_ns * 1e-9} for r in sel.itertuples()]
