@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tarfile
 
 import pytest
 from click.testing import CliRunner
@@ -100,3 +101,35 @@ def test_profile_never_overwrites_a_run(tmp_path, capsys):
 def test_skip_needs_steps(tmp_path, capsys):
     rc, _, err = run_main(["profile", "--skip", "1", str(ARTIFACTS.parent / "programs" / "mlp.py")], capsys)
     assert rc == 2 and "--skip needs --steps" in err
+
+def test_profile_ci_writes_the_bundle_and_prints_its_path(tmp_path, capsys):
+    run = tmp_path / "ci"
+    rc, out, err = run_main(["profile", "--ci", "--json", "--out", str(run),
+                             str(ARTIFACTS.parent / "programs" / "mlp.py"), "--", "--steps", "3"], capsys)
+    assert rc == 0 and json.loads(out)["schema"] == "tpudiag.report/1"  # stdout is still only the report
+    bundle = run / "tpudiag-artifacts.tar.gz"
+    assert f"tpudiag: CI artifacts {bundle} (" in err
+    with tarfile.open(bundle) as tar:
+        names = tar.getnames()
+    assert names[:4] == ["ci/manifest.json", "ci/report.json", "ci/report.md", "ci/report.html"]
+    assert names[-1] == "ci/BUNDLE.txt"
+    assert any(n.endswith(".xplane.pb") for n in names)
+
+
+def test_profile_ci_of_a_failing_program_bundles_and_keeps_its_exit_code(tmp_path, capsys):
+    run = tmp_path / "ci"
+    rc, _, err = run_main(["profile", "--ci", "--md", "--out", str(run),
+                           str(ARTIFACTS.parent / "programs" / "failing" / "raises.py")], capsys)
+    assert rc == 1 and (run / "tpudiag-artifacts.tar.gz").is_file() and "tpudiag: CI artifacts" in err
+
+
+def test_max_artifact_mb_needs_ci_and_room_for_the_reports(tmp_path, capsys):
+    mlp = str(ARTIFACTS.parent / "programs" / "mlp.py")
+    rc, _, err = run_main(["profile", "--max-artifact-mb", "5", mlp], capsys)
+    assert rc == 2 and err.strip() == "tpudiag: error: --max-artifact-mb needs --ci"
+    rc, _, err = run_main(["compile", "--target", "v5e", "--max-artifact-mb", "5", mlp], capsys)
+    assert rc == 2 and err.strip() == "tpudiag: error: --max-artifact-mb needs --ci"
+    run = tmp_path / "r"
+    rc, _, err = run_main(["profile", "--ci", "--max-artifact-mb", "0.001", "--out", str(run), mlp], capsys)
+    assert rc == 2 and "too small for the reports alone" in err.splitlines()[-1]
+    assert (run / "report.json").is_file() and not list(run.glob("tpudiag-artifacts.tar.gz*"))

@@ -65,6 +65,44 @@ def _output_options(f, schema: str = "tpudiag.report/1"):
     return f
 
 
+def _ci_options(f):
+    f = click.option("--max-artifact-mb", type=click.FloatRange(0, min_open=True), default=None,
+                     help="With --ci: the most tpudiag-artifacts.tar.gz may weigh, compressed, in MB "
+                          "(default 50); what does not fit is left out and listed in its BUNDLE.txt.")(f)
+    f = click.option("--ci", is_flag=True,
+                     help="Also write RUN/tpudiag-artifacts.tar.gz (reports, trace, HLO, LLO summaries) "
+                          "for a CI artifact upload, and print its path (docs/ci.md).")(f)
+    return f
+
+
+def _ci_budget(ci: bool, max_artifact_mb: float | None) -> float | None:
+    """The bundle budget in MB, or None without --ci; checked before anything runs."""
+    if max_artifact_mb is not None and not ci:
+        raise UsageError("--max-artifact-mb needs --ci")
+    if not ci:
+        return None
+    from tpudiag.capture.bundle import DEFAULT_MAX_ARTIFACT_MB
+
+    return DEFAULT_MAX_ARTIFACT_MB if max_artifact_mb is None else max_artifact_mb
+
+
+def _write_ci_bundle(run_dir: Path, max_mb: float, report, program_failed: bool) -> None:
+    """`--ci`: RUN/tpudiag-artifacts.tar.gz with the HTML report, its path on stderr (stdout stays the report)."""
+    from tpudiag import api
+    from tpudiag.capture.bundle import MB, write_bundle
+
+    try:
+        res = write_bundle(run_dir, int(max_mb * MB), html=api.html_report(report))
+    except UsageError as e:
+        if not program_failed:
+            raise
+        click.echo(f"tpudiag: error: {e}", err=True)  # the program's own exit code still wins
+        return
+    left = (f"; {len(res.left_out)} file(s) left out to fit --max-artifact-mb {max_mb:g}, listed in BUNDLE.txt"
+            if res.left_out else "")
+    click.echo(f"tpudiag: CI artifacts {res.path} ({res.bytes / MB:.2f} MB{left})", err=True)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tpudiag")
 @click.option("--debug", is_flag=True, help="Show tracebacks and libtpu/XLA log noise.")
@@ -89,11 +127,12 @@ def cli(debug: bool) -> None:
 @click.option("--no-static-profile", is_flag=True, help="With --target: skip the static cycle profile.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Also write a self-contained HTML report here (no script; opens offline).")
+@_ci_options
 @_output_options
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def profile(out, steps, skip, python_trace, target_text, no_static_profile, html_path, as_json, as_md, no_color,
-            width, script, args):
+def profile(out, steps, skip, python_trace, target_text, no_static_profile, html_path, ci, max_artifact_mb,
+            as_json, as_md, no_color, width, script, args):
     """Run SCRIPT [ARGS...] under the profiler and report where its time went.
 
     Everything after SCRIPT (or after `--`) is passed to the program. The run directory holds the
@@ -109,6 +148,7 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, html
         raise UsageError("choose one of --json and --md")
     if skip and steps is None:
         raise UsageError("--skip needs --steps")
+    ci_mb = _ci_budget(ci, max_artifact_mb)
     if target_text:
         from tpudiag.targets import resolve_target
 
@@ -138,6 +178,8 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, html
         api.write_html(result.report, html_path)
     _emit(doc, as_json, as_md, no_color, width)
     cap = result.capture
+    if ci_mb is not None:  # also for a failed program: that is when the artifacts matter most
+        _write_ci_bundle(cap.run_dir, ci_mb, result.report, program_failed=cap.exit_code != 0)
     if cap.exit_code != 0:
         raise ProgramFailed(f"the program failed ({cap.reason}); what was captured is in {cap.run_dir}", cap.exit_code)
     if not doc["artifacts"].get("xplane"):
@@ -199,11 +241,12 @@ def targets(as_json, no_color):
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True, help="Ops shown per module.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Also write a self-contained HTML report here (no script; opens offline).")
+@_ci_options
 @lambda f: _output_options(f, "tpudiag.compile/1")
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, html_path, as_json, as_md, no_color, width,
-             input_path, args):
+def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, html_path, ci, max_artifact_mb, as_json,
+             as_md, no_color, width, input_path, args):
     """Compile INPUT for a TPU generation on this machine and report the TPU compiler's own estimates.
 
     INPUT is a Python script (run on CPU; every jitted computation it ran is compiled; ARGS go to
@@ -211,6 +254,7 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, html_pat
     """
     if as_json and as_md:
         raise UsageError("choose one of --json and --md")
+    ci_mb = _ci_budget(ci, max_artifact_mb)
     from tpudiag.targets import require_libtpu, resolve_target
 
     resolve_target(target_text)  # a bad target or a missing libtpu fails before anything runs
@@ -235,6 +279,9 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, html_pat
         api.write_html(result.report, html_path)
     _emit_compile(doc, as_json, as_md, no_color, width, top)
     shadow = doc["source"].get("shadow_run") or {}
+    if ci_mb is not None:
+        _write_ci_bundle(result.run_dir, ci_mb, result.report,
+                         program_failed=bool(shadow.get("exit_code")) or doc["status"] != "ok")
     if shadow.get("exit_code"):  # the script failed: what it ran before failing was still compiled
         raise ProgramFailed(f"the program failed ({shadow['reason']}); the {len(doc['modules'])} computation(s) "
                             f"it ran before that were compiled; run directory {result.run_dir}",
