@@ -407,6 +407,18 @@ def compare(metric, max_regression, force, top, as_json, as_md, no_color, width,
         raise ProgramFailed(compare_render.render_compare_verdict(doc), 1)
 
 
+@cli.command()
+@click.option("--perfetto", "perfetto_path", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="Write the op timeline here as a Chrome JSON trace (.json, or .json.gz) for ui.perfetto.dev.")
+@click.argument("target", type=click.Path(path_type=Path))
+def export(perfetto_path, target):
+    """Export a profile run's op timeline (HLO names, categories, source lines, steps) for Perfetto."""
+    from tpudiag import api
+
+    res = api.perfetto_export(target, perfetto_path)
+    click.echo(f"wrote {res['path']}: {res['events']} events, {res['bytes'] / 2**20:.2f} MB")
+
+
 def _progress():
     """A progress line on stderr while modules compile (counts modules as they finish)."""
     from rich.console import Console

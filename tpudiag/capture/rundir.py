@@ -72,6 +72,12 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def write_json_atomic(path: Path, doc: dict) -> None:
     write_text_atomic(path, json.dumps(doc, sort_keys=True, indent=2) + "\n")
 
