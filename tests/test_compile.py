@@ -196,3 +196,12 @@ print(json.dumps(r.report.to_dict()))
     assert m["status"] == "failed" and mem["fits"] is False and mem["peak_hbm_bytes"] >= 24 * 2**30
     assert any(f.startswith("needs 24.0 GiB of HBM per device, a v5e device has 15.75 GiB usable")
                for f in m["findings"]), m["findings"]
+
+
+def test_options_after_the_input_as_the_issue_writes_them(tmp_path):
+    """`tpudiag compile model.mlir --target v6e:2x2 --json`: tpudiag's options may follow INPUT."""
+    mlir = next((ARTIFACTS / "mlp" / "ir").glob("*jit_stage*.mlir"))
+    p = tpudiag("compile", str(mlir), "--target", "v6e:2x2", "--json", "--out", str(tmp_path / "run"))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["target"]["topology"] == "v6e:2x2" and doc["modules"][0]["status"] == "ok"

@@ -114,7 +114,7 @@ def cli(debug: bool) -> None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True})
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run directory (default tpudiag-runs/<timestamp>-<script>). Never overwritten.")
 @click.option("--steps", type=int, default=None,
@@ -135,7 +135,9 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, html
             as_json, as_md, no_color, width, script, args):
     """Run SCRIPT [ARGS...] under the profiler and report where its time went.
 
-    Everything after SCRIPT (or after `--`) is passed to the program. The run directory holds the
+    tpudiag's options may come before or after SCRIPT; the program's own arguments go after `--`
+    (`tpudiag profile train.py --target v5e -- --steps 5`). Options tpudiag does not know are
+    passed to the program too. The run directory holds the
     trace (open it with `xprof --logdir RUN/trace`), the HLO and IR dumps, the program's log,
     manifest.json, report.json and report.md.
     """
@@ -229,7 +231,7 @@ def targets(as_json, no_color):
     click.echo("Also accepted: v5e:2x4, v5p:2x2x1, v6e-4, v5litepod-8, ... (see docs/targets.md)")
 
 
-@cli.command(name="compile", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@cli.command(name="compile", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True})
 @click.option("--target", "target_text", required=True, help="TPU target: v4, v5e, v5p, v6e, or a topology (v5e:2x4).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run directory (default tpudiag-runs/<timestamp>-<input>). Never overwritten.")
