@@ -396,7 +396,7 @@ def test_document_and_renderers(parsed):
     text = console.export_text()
     assert "tpudiag fusions: jit_step" in text
     assert "fusion#2 → abs_reduce_fusion" in text and "reason not inferable" in text
-    assert f"{len(breaks) - 3} more breaks in the JSON" in text and "S(1) is VMEM on TPU" in text
+    assert f"{len(breaks) - 3} more breaks in the JSON" in text and "S(1) is on-chip VMEM" in text
 
     md = render_fusions_markdown(doc, top=3, level=3)
     assert md.startswith("### Fusions: `jit_step`")

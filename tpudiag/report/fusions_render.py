@@ -14,8 +14,9 @@ from tpudiag.report.markdown import _esc
 from tpudiag.report.units import fmt_bytes, fmt_s, short_source
 
 _OPS_SHOWN = 5  # opcodes listed per fusion; the JSON has the full count
-_MEMORY_NOTE = ("S(n): the tensor was assigned to memory space n (S(1) is VMEM on TPU), so it did not "
-                "go through HBM")
+_MEMORY_NOTE = ("S(n): the tensor was assigned to memory space n instead of default memory (HBM on TPU): "
+                "S(1) is on-chip VMEM, S(5) pinned host memory (slower than HBM); others are "
+                "compiler-internal")
 
 
 def _ops(ops: dict[str, int]) -> str:
