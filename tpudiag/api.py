@@ -216,7 +216,10 @@ def _module_artifacts(mc):
     hlo = static = lframe = None
     notes = []
     if mc.status == "ok":
-        hlo = read_hlo_file(mc.dir / "optimized.hlo.txt")
+        # XLA's own dump keeps each custom call's backend config (a Pallas kernel's CostEstimate
+        # lives there); the executable's to_string() drops it. Older runs have only the latter.
+        dumped = list(find_optimized_modules(mc.dir / "hlo").values()) if (mc.dir / "hlo").is_dir() else []
+        hlo = read_hlo_file(dumped[0] if len(dumped) == 1 else mc.dir / "optimized.hlo.txt")
         # The compiler's side dumps enrich the report; one it wrote in a shape we do not read
         # costs that module its cycles or utilization, not the whole report.
         if (mc.dir / "static_profile").is_dir():

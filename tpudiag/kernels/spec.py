@@ -1,0 +1,96 @@
+"""What every bundled kernel module declares: its `SPEC`, the verify cases and the bench setup.
+
+Each kernel family lives in its own module under `tpudiag/kernels/` and exports one `SPEC`
+(a `KernelSpec`, or a tuple of them when one module holds forward kernels for several ops).
+`tpudiag/kernels/registry.py` lists the modules; `verify.py` and `bench.py` only read these
+dataclasses, so a kernel module never imports them.
+
+This module imports nothing heavy: it is read by the CLI before jax loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Allowed |got - want| <= atol + rtol * |want|, elementwise, with the reason for the figure."""
+
+    atol: float
+    rtol: float
+    reason: str
+
+    def __post_init__(self):
+        if self.atol < 0 or self.rtol < 0:
+            raise ValueError("tolerances are non-negative")
+
+    def to_dict(self) -> dict:
+        return {"atol": self.atol, "rtol": self.rtol, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One verify case: fresh random inputs at one shape, one dtype, one set of static parameters.
+
+    `make_args(key)` returns the positional arguments (jax arrays; floats random and never all zero;
+    integer arguments such as page tables, lengths or group sizes as the case needs them).
+    `params` are static keyword arguments passed alike to the kernel and the reference.
+    `dtype` picks the tolerance ("float32" or "bfloat16"). `grad` also checks gradients of
+    sum(out * random cotangent) with respect to `grad_argnums` against `jax.grad` of the reference.
+    `exact`: integer outputs (sampled token ids) must match exactly.
+    """
+
+    label: str
+    make_args: Callable[[Any], tuple]
+    params: dict = field(default_factory=dict)
+    dtype: str = "float32"
+    grad: bool = False
+    grad_argnums: tuple[int, ...] = (0,)
+    exact: bool = False
+
+
+@dataclass(frozen=True)
+class BenchSetup:
+    """What `tpudiag kernels bench` compiles for a TPU target at a production shape.
+
+    `args` are `jax.ShapeDtypeStruct`s. `kernel`, `xla` and `jax_kernel` take them positionally;
+    each is lowered for TPU and compiled in its own worker process. `kernel` is the Pallas kernel at
+    the chosen block sizes with interpret=False; `xla` is the plain-JAX computation (what XLA does
+    without a custom kernel); `jax_kernel` is JAX's own Pallas kernel for the same op, where JAX ships one.
+    """
+
+    shape: str
+    args: tuple
+    kernel: Callable
+    xla: Callable
+    jax_kernel: Callable | None = None
+    jax_name: str | None = None
+    blocks: str | None = None  # the block sizes used, as text ("block_q=512, block_k=512")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One bundled kernel. `kernel(*args, interpret=False, **params)` is the public jitted wrapper;
+    `reference(*args, **params)` is pure JAX and also runs in float64 under `jax.enable_x64()`."""
+
+    name: str  # CLI name, e.g. "flash_attention"
+    title: str  # one line
+    replaces: str  # what XLA does without it and why that is slow
+    signature: str  # the wrapper's Python signature as text
+    tuned_for: str  # the production shapes its blocks were chosen at
+    usage: str  # a short usage snippet
+    kernel: Callable
+    reference: Callable
+    cases: Callable[[], list[Case]]
+    tolerances: dict[str, Tolerance]  # keyed by Case.dtype
+    bench: Callable[..., BenchSetup]  # bench(blocks=None) -> BenchSetup; blocks from block_candidates
+    block_candidates: tuple = ()  # block-size objects the bench/ sweep tries
+    differentiable: bool = False  # has a custom_vjp backward kernel
+
+    def describe(self) -> dict:
+        return {"name": self.name, "title": self.title, "replaces": self.replaces,
+                "signature": self.signature, "tuned_for": self.tuned_for, "usage": self.usage,
+                "differentiable": self.differentiable,
+                "tolerances": {k: v.to_dict() for k, v in sorted(self.tolerances.items())}}
