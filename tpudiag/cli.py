@@ -421,6 +421,148 @@ def export(perfetto_path, target):
     click.echo(f"wrote {res['path']}: {res['events']} events, {res['bytes'] / 2**20:.2f} MB")
 
 
+@cli.group()
+def kernels():
+    """The bundled Pallas TPU kernels: list, show, verify (CPU, interpret mode), bench (TPU compiler)."""
+
+
+def _kernel_specs(names):
+    from tpudiag.kernels.registry import all_specs, get_spec
+
+    return [get_spec(n) for n in names] if names else all_specs()
+
+
+def _cpu_jax():
+    # Verification runs Pallas in interpret mode on the CPU, and bench lowers here and compiles in
+    # workers: neither needs a TPU backend, and probing for one prints libtpu's start-up noise.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+@kernels.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels/1).")
+@click.option("--no-color", is_flag=True)
+@click.option("--width", type=click.IntRange(60, 400), default=None)
+def kernels_list(as_json, no_color, width):
+    """The bundled kernels: what each replaces and the shapes it was tuned for."""
+    from tpudiag.report.kernels_render import LIST_SCHEMA, render_list
+
+    _cpu_jax()
+    doc = {"schema": LIST_SCHEMA, "kernels": [s.describe() for s in _kernel_specs(())]}
+    if as_json:
+        from tpudiag.report.json_report import render_json
+
+        click.echo(render_json(doc), nl=False)
+    else:
+        render_list(doc, _console(no_color, width))
+
+
+@kernels.command(name="show")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON (one tpudiag.kernels/1 entry).")
+@click.option("--no-color", is_flag=True)
+@click.option("--width", type=click.IntRange(60, 400), default=None)
+@click.argument("name")
+def kernels_show(as_json, no_color, width, name):
+    """One kernel: what it replaces, its signature, the shapes it was tuned for, a usage snippet."""
+    from tpudiag.report.kernels_render import LIST_SCHEMA, render_show
+
+    _cpu_jax()
+    (spec,) = _kernel_specs((name,))
+    if as_json:
+        from tpudiag.report.json_report import render_json
+
+        click.echo(render_json({"schema": LIST_SCHEMA, **spec.describe()}), nl=False)
+    else:
+        render_show(spec.describe(), _console(no_color, width))
+
+
+@kernels.command(name="verify")
+@click.option("--seed", type=int, default=None, help="Random seed for the inputs (default: a fresh one, printed).")
+@click.option("--junit", "junit_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also write the results as JUnit XML.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels-verify/1).")
+@click.option("--no-color", is_flag=True)
+@click.option("--width", type=click.IntRange(60, 400), default=None)
+@click.argument("names", nargs=-1)
+def kernels_verify(seed, junit_path, as_json, no_color, width, names):
+    """Check kernels (interpret mode, CPU) against their reference and float64, values and gradients.
+
+    Exit 1 if any case fails."""
+    from rich.console import Console
+
+    from tpudiag.report.kernels_render import render_junit, render_verify
+
+    _cpu_jax()
+    specs = _kernel_specs(names)
+    from tpudiag.kernels.verify import verify_specs
+
+    err = Console(stderr=True, highlight=False)
+
+    def progress(r):
+        if err.is_terminal:
+            err.print(f"{'ok  ' if r.ok else 'FAIL'} {r.kernel} [{r.label}] {r.seconds:.1f} s")
+
+    result = verify_specs(specs, seed, progress)
+    doc = result.to_dict()
+    if junit_path is not None:
+        from tpudiag.capture.rundir import write_text_atomic
+
+        write_text_atomic(junit_path, render_junit(doc))
+    if as_json:
+        from tpudiag.report.json_report import render_json
+
+        click.echo(render_json(doc), nl=False)
+    else:
+        render_verify(doc, _console(no_color, width))
+    if not result.ok:
+        raise ProgramFailed(f"kernels verify: {len(result.failures)} of {len(result.cases)} case(s) failed "
+                            f"(seed {result.seed})", 1)
+
+
+@kernels.command(name="bench")
+@click.option("--target", "target_text", required=True, help="TPU target: v5e, v6e, v5p, v4.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default: tpudiag-runs/<timestamp>-kernels-bench).")
+@click.option("--no-static-profile", is_flag=True, help="Skip the static cycle profile (roofline floors only).")
+@click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Compiles at once.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=120, show_default=True,
+              help="Seconds allowed for one static-profile compile before falling back to a plain compile.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels-bench/1).")
+@click.option("--md", "as_md", is_flag=True, help="Print GitHub Markdown.")
+@click.option("--no-color", is_flag=True)
+@click.option("--width", type=click.IntRange(60, 400), default=None)
+@click.argument("names", nargs=-1)
+def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, as_json, as_md, no_color, width, names):
+    """Compile kernels, their plain-JAX versions and JAX's own kernels for TPU; compare estimated cycles.
+
+    Exit 1 if a variant failed to lower or compile (the others are still reported)."""
+    from rich.console import Console
+
+    from tpudiag.capture.tpu_compile import Limits
+    from tpudiag.kernels.bench import run_bench
+    from tpudiag.report.kernels_render import render_bench, render_bench_markdown
+    from tpudiag.targets import resolve_target
+
+    _cpu_jax()
+    resolve_target(target_text)  # a bad target fails before any work
+    specs = _kernel_specs(names)
+    err = Console(stderr=True, highlight=False)
+    doc, _ = run_bench(specs, target_text, out, static_profile=not no_static_profile, jobs=jobs,
+                       limits=Limits(static_timeout_s=timeout_s),
+                       progress=(lambda line: err.print(line)) if err.is_terminal else None)
+    if as_json:
+        from tpudiag.report.json_report import render_json
+
+        click.echo(render_json(doc), nl=False)
+    elif as_md:
+        click.echo(render_bench_markdown(doc), nl=False)
+    else:
+        render_bench(doc, _console(no_color, width))
+    if doc["failed"]:
+        raise ProgramFailed(f"kernels bench: {', '.join(doc['failed'])} failed to lower or compile "
+                            f"(run directory {doc['artifacts']['run_dir']})", 1)
+
+
 def _progress():
     """A progress line on stderr while modules compile (counts modules as they finish)."""
     from rich.console import Console

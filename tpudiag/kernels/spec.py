@@ -36,7 +36,8 @@ class Case:
 
     `make_args(key)` returns the positional arguments (jax arrays; floats random and never all zero;
     integer arguments such as page tables, lengths or group sizes as the case needs them).
-    `params` are static keyword arguments passed alike to the kernel and the reference.
+    `params` are static keyword arguments passed alike to the kernel and the reference, except
+    `block_sizes` (and anything in `kernel_params`), which only the kernel gets.
     `dtype` picks the tolerance ("float32" or "bfloat16"). `grad` also checks gradients of
     sum(out * random cotangent) with respect to `grad_argnums` against `jax.grad` of the reference.
     `exact`: integer outputs (sampled token ids) must match exactly.
@@ -49,6 +50,16 @@ class Case:
     grad: bool = False
     grad_argnums: tuple[int, ...] = (0,)
     exact: bool = False
+    kernel_params: dict = field(default_factory=dict)
+
+    def reference_params(self) -> dict:
+        return {k: v for k, v in self.params.items() if k not in KERNEL_ONLY_PARAMS}
+
+    def all_kernel_params(self) -> dict:
+        return {**self.params, **self.kernel_params}
+
+
+KERNEL_ONLY_PARAMS = ("block_sizes",)  # block sizes tune the kernel; the reference has none
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,9 @@ class KernelSpec:
     kernel: Callable
     reference: Callable
     cases: Callable[[], list[Case]]
-    tolerances: dict[str, Tolerance]  # keyed by Case.dtype
+    # keyed by Case.dtype ("float32", "bfloat16"); gradients use "<dtype>.grad" where given
+    # (a bf16 gradient summed over rows drifts more than the forward value), else "<dtype>"
+    tolerances: dict[str, Tolerance]
     bench: Callable[..., BenchSetup]  # bench(blocks=None) -> BenchSetup; blocks from block_candidates
     block_candidates: tuple = ()  # block-size objects the bench/ sweep tries
     differentiable: bool = False  # has a custom_vjp backward kernel

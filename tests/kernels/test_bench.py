@@ -1,0 +1,93 @@
+"""`tpudiag kernels bench` machinery on a real compile: RMSNorm at a small shape for v5e with the
+static profile, its plain-JAX version, and a third variant that fails to lower (reported, not fatal)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from tpudiag.analyze.kernel_bench import BENCH_SCHEMA, op_corrected_cycles
+from tpudiag.kernels import rmsnorm
+from tpudiag.kernels.bench import COMPILE_REPORT, run_bench
+from tpudiag.kernels.spec import BenchSetup
+
+
+def _broken(*args):
+    raise ValueError("this variant cannot be traced")
+
+
+def _small_setup(blocks=None):
+    args = (jax.ShapeDtypeStruct((512, 1024), jnp.bfloat16), jax.ShapeDtypeStruct((512, 1024), jnp.bfloat16),
+            jax.ShapeDtypeStruct((1024,), jnp.bfloat16))
+    real = rmsnorm.SPEC.bench()
+    return BenchSetup(shape="N512 D1024 bf16", args=args, kernel=real.kernel, xla=real.xla,
+                      jax_kernel=_broken, jax_name="broken on purpose")
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    spec = dataclasses.replace(rmsnorm.SPEC, bench=_small_setup)
+    return run_bench([spec], "v5e", tmp_path_factory.mktemp("b") / "run", static_profile=True, jobs=2)
+
+
+def test_rows_carry_the_issues_fields(bench):
+    doc, run = bench
+    assert doc["schema"] == BENCH_SCHEMA and (run / "report.json").is_file() and (run / COMPILE_REPORT).is_file()
+    (row,) = doc["kernels"]
+    for key in ("name", "shape", "kernel_cycles", "xla_cycles", "ratio_vs_xla", "jax_cycles", "ratio_vs_jax"):
+        assert key in row
+    assert row["kernel_cycles"] > 0 and row["xla_cycles"] > 0
+    assert row["ratio_vs_xla"] == round(row["kernel_cycles"] / row["xla_cycles"], 4)
+    assert json.loads((run / "report.json").read_text()) == doc
+    assert json.loads((run / "manifest.json").read_text())["status"] == "failed"  # the broken variant
+
+
+def test_a_variant_that_fails_is_reported_and_the_others_are_still_measured(bench):
+    doc, _ = bench
+    (row,) = doc["kernels"]
+    jax_v = row["variants"]["jax"]
+    assert jax_v["status"] == "failed" and "this variant cannot be traced" in jax_v["error"]
+    assert row["jax_cycles"] is None and row["ratio_vs_jax"] is None
+    assert row["variants"]["kernel"]["status"] == "ok" and row["variants"]["xla"]["status"] == "ok"
+    assert doc["status"] == "failed" and doc["failed"] == ["rmsnorm"]
+
+
+def test_static_cycles_are_the_compilers_own_and_corrections_only_raise_them(bench):
+    doc, run = bench
+    report = json.loads((run / COMPILE_REPORT).read_text())
+    t = report["target"]
+    for module in report["modules"]:
+        variant = module["name"].split(".")[-1]
+        fig = doc["kernels"][0]["variants"][variant]
+        # oracle: the static profile files, read by regex
+        files = sorted((run / "modules").glob(f"*{module['name']}/static_profile/*.textproto"))
+        if fig["static_profile"] == "ok":
+            assert files
+            total = sum(int(re.search(r"estimated_cycles:\s*(\d+)", f.read_text()).group(1)) for f in files)
+            assert fig["static_cycles"] <= total  # the report counts executed ops only
+        corrected = 0.0
+        for op in module["ops"]:
+            cycles, how = op_corrected_cycles(op, t["clock_hz"], t["hbm_bytes_per_s"], t["peak_bf16_flops_per_s"])
+            floor = op["bytes_accessed"] / t["hbm_bytes_per_s"] * t["clock_hz"]
+            assert cycles >= floor - 1e-6
+            if op["estimated_cycles"] is not None:
+                assert cycles == max(op["estimated_cycles"], floor)
+                assert how == ("static" if op["estimated_cycles"] >= floor else "hbm_floor")
+            corrected += cycles
+        assert fig["corrected_cycles"] == round(corrected)
+
+
+def test_the_pallas_kernels_hbm_floor_is_its_own_cost_estimate(bench):
+    _, run = bench
+    report = json.loads((run / COMPILE_REPORT).read_text())
+    kernel = next(m for m in report["modules"] if m["name"] == "rmsnorm.kernel")
+    calls = [o for o in kernel["ops"] if o["opcode"] == "custom-call"]
+    assert calls
+    hlo = next((run / "modules").glob("*rmsnorm.kernel/hlo/*after_optimizations.txt")).read_text()
+    declared = [int(b) for b in re.findall(r'"bytes_accessed":"(\d+)"', hlo)]
+    assert sorted(o["bytes_accessed"] for o in calls) == sorted(declared)

@@ -1,0 +1,106 @@
+"""The figures `tpudiag kernels bench` reports, from compile reports of each kernel's variants.
+
+Per op of a compiled module, corrected cycles = max(the TPU compiler's static estimate,
+HBM floor), where the HBM floor is bytes_accessed / HBM bandwidth x clock (a Pallas kernel's bytes
+are its own `pl.CostEstimate`; XLA ops' bytes come from hlo_cost). TPU-NOTES: the static model is
+2-4x optimistic about HBM, and kernels that issue their own DMAs are estimated below their HBM
+floor, hence the correction. An op the static profile did not estimate (it aborted, timed out, or
+gave 0 for a collective) gets the larger of its HBM and compute floors, and is counted in
+`ops_floor_only` so the reader knows how much of the figure is a floor.
+
+Pure functions over dicts: no I/O, no jax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpudiag.config import KERNEL_GOALS, KernelGoals
+
+BENCH_SCHEMA = "tpudiag.kernels-bench/1"
+VARIANTS = ("kernel", "xla", "jax")
+
+
+@dataclass(frozen=True)
+class VariantFigures:
+    variant: str  # "kernel" (ours), "xla" (plain JAX through XLA), "jax" (JAX's own Pallas kernel)
+    status: str  # "ok" | "failed"
+    error: str | None
+    static_cycles: int | None  # sum of the static estimates the compiler gave (None: it gave none)
+    corrected_cycles: int | None  # sum over ops of max(static, HBM floor); floors where no estimate
+    ops: int
+    ops_floor_only: int  # ops with no static estimate, counted at their roofline floor
+    hbm_bound_ops: int  # ops whose HBM floor exceeded the static estimate
+    bytes_accessed: int
+    flops: int
+    static_profile: str | None  # the module's static-profile outcome ("ok", or why not)
+    module: str | None  # the module's directory in the bench run
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def op_corrected_cycles(op: dict, clock_hz: float, hbm_bytes_per_s: float, peak_flops_per_s: float) -> tuple[float, str]:
+    """(cycles, how) for one compile-report op row: how is "static", "hbm_floor" or "roofline"."""
+    hbm = op["bytes_accessed"] / hbm_bytes_per_s * clock_hz
+    if op.get("estimated_cycles") is not None:
+        static = float(op["estimated_cycles"])
+        return (static, "static") if static >= hbm else (hbm, "hbm_floor")
+    compute = op["flops"] / peak_flops_per_s * clock_hz
+    return max(hbm, compute), "roofline"
+
+
+def variant_figures(variant: str, module_doc: dict | None, target_doc: dict, error: str | None = None) -> VariantFigures:
+    """Figures for one compiled variant from its compile-report module document."""
+    if module_doc is None or module_doc.get("status") != "ok":
+        err = error or (module_doc or {}).get("error") or "not compiled"
+        return VariantFigures(variant, "failed", err, None, None, 0, 0, 0, 0, 0,
+                              (module_doc or {}).get("static_profile"), (module_doc or {}).get("artifacts"))
+    clock, hbm, peak = target_doc["clock_hz"], target_doc["hbm_bytes_per_s"], target_doc["peak_bf16_flops_per_s"]
+    static_sum, corrected, floor_only, hbm_bound, any_static = 0, 0.0, 0, 0, False
+    for op in module_doc["ops"]:
+        cycles, how = op_corrected_cycles(op, clock, hbm, peak)
+        corrected += cycles
+        if op.get("estimated_cycles") is not None:
+            any_static = True
+            static_sum += int(op["estimated_cycles"])
+        floor_only += how == "roofline"
+        hbm_bound += how == "hbm_floor"
+    return VariantFigures(
+        variant, "ok", None, static_sum if any_static else None, round(corrected), len(module_doc["ops"]),
+        floor_only, hbm_bound, sum(int(o["bytes_accessed"]) for o in module_doc["ops"]),
+        sum(int(o["flops"]) for o in module_doc["ops"]), module_doc.get("static_profile"),
+        module_doc.get("artifacts"))
+
+
+def _ratio(a: int | None, b: int | None) -> float | None:
+    return None if not a or not b else round(a / b, 4)
+
+
+def kernel_row(name: str, shape: str, blocks: str | None, jax_name: str | None, figures: dict[str, VariantFigures],
+               goals: KernelGoals = KERNEL_GOALS) -> dict:
+    """One `kernels` row of the bench document."""
+    k, x, j = (figures.get(v) for v in VARIANTS)
+    kc = k.corrected_cycles if k else None
+    xc = x.corrected_cycles if x else None
+    jc = j.corrected_cycles if j else None
+    row = {"name": name, "shape": shape, "blocks": blocks, "kernel_cycles": kc, "xla_cycles": xc,
+           "ratio_vs_xla": _ratio(kc, xc),
+           "goal_vs_xla": goals.vs_xla,
+           "variants": {v: f.to_dict() for v, f in figures.items()}}
+    ratio = row["ratio_vs_xla"]
+    row["meets_xla_goal"] = None if ratio is None else ratio <= goals.vs_xla
+    if j is not None:
+        row.update(jax_name=jax_name, jax_cycles=jc, ratio_vs_jax=_ratio(kc, jc), goal_vs_jax=goals.vs_jax)
+        row["meets_jax_goal"] = None if row["ratio_vs_jax"] is None else row["ratio_vs_jax"] <= goals.vs_jax
+    row["status"] = "ok" if all(f.status == "ok" for f in figures.values()) else "failed"
+    return row
+
+
+def bench_document(target_doc: dict, rows: list[dict], static_profile: bool) -> dict:
+    failed = [r["name"] for r in rows if r["status"] != "ok"]
+    missed = [r["name"] for r in rows if r.get("meets_xla_goal") is False or r.get("meets_jax_goal") is False]
+    return {"schema": BENCH_SCHEMA, "target": target_doc, "static_profile": static_profile,
+            "metric": "corrected_cycles: per op max(static estimated cycles, HBM floor), summed",
+            "status": "ok" if rows and not failed else ("partial" if len(failed) < len(rows) else "failed"),
+            "failed": failed, "goals_missed": missed, "kernels": rows}

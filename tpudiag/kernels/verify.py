@@ -1,0 +1,216 @@
+"""`tpudiag kernels verify`: run each kernel in Pallas interpret mode on CPU against its pure-JAX
+reference and against that reference in float64, on fresh random inputs, and gradients against
+`jax.grad` of the reference.
+
+Reads the kernels' `SPEC`s; returns `VerifyResult` (JSON-safe via `to_dict`); prints nothing.
+A kernel that raises is a failed case with the error text, not a crash of the verifier.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from tpudiag.kernels.spec import Case, KernelSpec, Tolerance
+
+VERIFY_SCHEMA = "tpudiag.kernels-verify/1"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One comparison of `got` against `want`, elementwise: |got - want| <= atol + rtol * |want|."""
+
+    what: str  # "kernel vs reference", "kernel vs float64", "reference vs float64", "grad[0] kernel vs reference"...
+    ok: bool
+    max_abs_err: float
+    worst_ratio: float  # max over elements of |got - want| / (atol + rtol * |want|); <= 1 passes
+    detail: str | None = None  # the worst element, or what did not match
+
+    def to_dict(self) -> dict:
+        return {"what": self.what, "ok": self.ok, "max_abs_err": self.max_abs_err,
+                "worst_ratio": self.worst_ratio, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    kernel: str
+    label: str
+    dtype: str
+    shapes: str  # the argument shapes and dtypes
+    checks: tuple[Check, ...]
+    error: str | None  # the kernel or reference raised
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.checks) and all(c.ok for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {"kernel": self.kernel, "case": self.label, "dtype": self.dtype, "shapes": self.shapes,
+                "ok": self.ok, "error": self.error, "seconds": round(self.seconds, 3),
+                "checks": [c.to_dict() for c in self.checks]}
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    seed: int
+    cases: tuple[CaseResult, ...]
+    tolerances: dict  # kernel name -> {dtype: Tolerance.to_dict()}
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.cases) and all(c.ok for c in self.cases)
+
+    @property
+    def failures(self) -> list[CaseResult]:
+        return [c for c in self.cases if not c.ok]
+
+    def summary(self) -> str:
+        lines = [f"{sum(c.ok for c in self.cases)}/{len(self.cases)} cases passed (seed {self.seed})"]
+        for c in self.failures:
+            why = c.error or "; ".join(f"{k.what}: {k.detail}" for k in c.checks if not k.ok)
+            lines.append(f"FAIL {c.kernel} [{c.label}]: {why}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"schema": VERIFY_SCHEMA, "ok": self.ok, "seed": self.seed,
+                "passed": sum(c.ok for c in self.cases), "failed": len(self.failures),
+                "cases": [c.to_dict() for c in self.cases], "tolerances": self.tolerances}
+
+
+def tolerance_for(spec: KernelSpec, dtype: str, grad: bool = False) -> Tolerance:
+    """The tolerance for `dtype`; gradients use `"<dtype>.grad"` where the spec gives one."""
+    if grad and f"{dtype}.grad" in spec.tolerances:
+        return spec.tolerances[f"{dtype}.grad"]
+    if dtype not in spec.tolerances:
+        raise KeyError(f"kernel {spec.name} gives no tolerance for {dtype}")
+    return spec.tolerances[dtype]
+
+
+def _leaves(x) -> list:
+    import jax
+    return jax.tree_util.tree_leaves(x)
+
+
+def compare(what: str, got, want, tol: Tolerance, exact: bool = False) -> Check:
+    """Compare two pytrees of arrays leaf by leaf, in float64 on the host."""
+    g_leaves, w_leaves = _leaves(got), _leaves(want)
+    if len(g_leaves) != len(w_leaves):
+        return Check(what, False, float("inf"), float("inf"), f"{len(g_leaves)} outputs, expected {len(w_leaves)}")
+    max_abs, worst, detail = 0.0, 0.0, None
+    for n, (g, w) in enumerate(zip(g_leaves, w_leaves)):
+        g, w = np.asarray(g), np.asarray(w)
+        where = f"output {n} " if len(g_leaves) > 1 else ""
+        if g.shape != w.shape:
+            return Check(what, False, float("inf"), float("inf"), f"{where}shape {g.shape}, expected {w.shape}")
+        if exact:
+            bad = np.argwhere(g != w)
+            if bad.size:
+                i = tuple(bad[0])
+                return Check(what, False, float("inf"), float("inf"),
+                             f"{where}{len(bad)} of {g.size} differ; at {i}: {g[i]} vs {w[i]}")
+            continue
+        g64, w64 = g.astype(np.float64), w.astype(np.float64)
+        if not np.all(np.isfinite(g64) == np.isfinite(w64)):
+            i = tuple(np.argwhere(np.isfinite(g64) != np.isfinite(w64))[0])
+            return Check(what, False, float("inf"), float("inf"), f"{where}non-finite mismatch at {i}: {g64[i]} vs {w64[i]}")
+        fin = np.isfinite(w64)
+        err = np.where(fin, np.abs(g64 - w64), 0.0)
+        ratio = err / (tol.atol + tol.rtol * np.abs(w64))
+        if err.size and float(ratio.max()) > worst:
+            i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+            worst = float(ratio.max())
+            detail = f"{where}worst at {tuple(int(j) for j in i)}: {g64[i]:.6g} vs {w64[i]:.6g}"
+        max_abs = max(max_abs, float(err.max()) if err.size else 0.0)
+    ok = worst <= 1.0
+    return Check(what, ok, max_abs, worst, None if ok and not exact else detail)
+
+
+def _to_f64(args):
+    import jax.numpy as jnp
+    return tuple(a.astype(jnp.float64) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args)
+
+
+def _shapes(args) -> str:
+    return ", ".join(f"{a.dtype}[{','.join(map(str, a.shape))}]" for a in args)
+
+
+def _grads(fn, args, argnums, cts):
+    """d/d args[argnums] of sum(out * ct) over every floating output of fn(*args)."""
+    import jax
+    import jax.numpy as jnp
+
+    def loss(*diff):
+        full = list(args)
+        for i, a in zip(argnums, diff):
+            full[i] = a
+        outs = _leaves(fn(*full))
+        return sum(jnp.sum(o.astype(ct.dtype) * ct) for o, ct in zip(outs, cts) if ct is not None)
+
+    return jax.grad(loss, argnums=tuple(range(len(argnums))))(*(args[i] for i in argnums))
+
+
+def run_case(spec: KernelSpec, case: Case, key) -> CaseResult:
+    import jax
+    import jax.numpy as jnp
+
+    t0 = time.perf_counter()
+    args, checks = (), []
+    try:
+        args = tuple(case.make_args(key))
+        tol = tolerance_for(spec, case.dtype)
+        kp, rp = case.all_kernel_params(), case.reference_params()
+        out = spec.kernel(*args, interpret=True, **kp)
+        ref = spec.reference(*args, **rp)
+        checks.append(compare("kernel vs reference", out, ref, tol, case.exact))
+        with jax.enable_x64():
+            ref64 = spec.reference(*_to_f64(args), **rp)
+            checks.append(compare("kernel vs float64", out, ref64, tol, case.exact))
+            checks.append(compare("reference vs float64", ref, ref64, tol, case.exact))
+        if case.grad:
+            gtol = tolerance_for(spec, case.dtype, grad=True)
+            ckey = jax.random.fold_in(key, 7919)
+            cts = [jax.random.normal(jax.random.fold_in(ckey, n), o.shape, jnp.float32)
+                   if jnp.issubdtype(o.dtype, jnp.floating) else None for n, o in enumerate(_leaves(out))]
+            g_k = _grads(lambda *a: spec.kernel(*a, interpret=True, **kp), args, case.grad_argnums, cts)
+            g_r = _grads(lambda *a: spec.reference(*a, **rp), args, case.grad_argnums, cts)
+            with jax.enable_x64():
+                cts64 = [None if c is None else c.astype(jnp.float64) for c in cts]
+                g_64 = _grads(lambda *a: spec.reference(*a, **rp), _to_f64(args), case.grad_argnums, cts64)
+            for n, argnum in enumerate(case.grad_argnums):
+                checks.append(compare(f"grad[{argnum}] kernel vs reference", g_k[n], g_r[n], gtol))
+                checks.append(compare(f"grad[{argnum}] kernel vs float64", g_k[n], g_64[n], gtol))
+        error = None
+    except Exception as e:  # a kernel that fails is a failed case, reported with its cause
+        error = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500] or type(e).__name__
+        error += f" ({traceback.extract_tb(e.__traceback__)[-1].filename.rsplit('/', 1)[-1]}:" \
+                 f"{traceback.extract_tb(e.__traceback__)[-1].lineno})" if e.__traceback__ else ""
+    return CaseResult(spec.name, case.label, case.dtype, _shapes(args), tuple(checks), error,
+                      time.perf_counter() - t0)
+
+
+def verify_specs(specs: list[KernelSpec], seed: int | None = None,
+                 progress: Callable[[CaseResult], None] | None = None) -> VerifyResult:
+    """Verify every case of every spec. `seed` None draws a fresh one (recorded in the result)."""
+    import jax
+
+    seed = secrets.randbelow(2**31) if seed is None else seed
+    base = jax.random.key(seed)
+    results = []
+    for s_index, spec in enumerate(specs):
+        for c_index, case in enumerate(spec.cases()):
+            r = run_case(spec, case, jax.random.fold_in(jax.random.fold_in(base, s_index), c_index))
+            results.append(r)
+            if progress:
+                progress(r)
+    tols = {s.name: {k: v.to_dict() for k, v in sorted(s.tolerances.items())} for s in specs}
+    return VerifyResult(seed, tuple(results), tols)
+
+
+def verify_spec(spec: KernelSpec, seed: int | None = None) -> VerifyResult:
+    return verify_specs([spec], seed)
