@@ -5,7 +5,7 @@ HBM floor), where the HBM floor is bytes_accessed / HBM bandwidth x clock (a Pal
 are its own `pl.CostEstimate`; XLA ops' bytes come from hlo_cost). TPU-NOTES: the static model is
 2-4x optimistic about HBM, and kernels that issue their own DMAs are estimated below their HBM
 floor, hence the correction. An op the static profile did not estimate (it aborted, timed out, or
-gave 0 for a collective) gets the larger of its HBM and compute floors, and is counted in
+gave 0) gets the larger of its HBM and compute floors, and is counted in
 `ops_floor_only` so the reader knows how much of the figure is a floor.
 
 Pure functions over dicts: no I/O, no jax.
@@ -43,7 +43,9 @@ class VariantFigures:
 def op_corrected_cycles(op: dict, clock_hz: float, hbm_bytes_per_s: float, peak_flops_per_s: float) -> tuple[float, str]:
     """(cycles, how) for one compile-report op row: how is "static", "hbm_floor" or "roofline"."""
     hbm = op["bytes_accessed"] / hbm_bytes_per_s * clock_hz
-    if op.get("estimated_cycles") is not None:
+    # 0 from the static profile on an op that moves bytes or does work means "not estimated"
+    # (seen on XLA's dequantize+matmul fusions with libtpu 0.0.42), so it gets the full roofline.
+    if op.get("estimated_cycles"):
         static = float(op["estimated_cycles"])
         return (static, "static") if static >= hbm else (hbm, "hbm_floor")
     compute = op["flops"] / peak_flops_per_s * clock_hz
@@ -61,7 +63,7 @@ def variant_figures(variant: str, module_doc: dict | None, target_doc: dict, err
     for op in module_doc["ops"]:
         cycles, how = op_corrected_cycles(op, clock, hbm, peak)
         corrected += cycles
-        if op.get("estimated_cycles") is not None:
+        if op.get("estimated_cycles"):
             any_static = True
             static_sum += int(op["estimated_cycles"])
         floor_only += how == "roofline"
