@@ -74,10 +74,13 @@ def test_static_cycles_are_the_compilers_own_and_corrections_only_raise_them(ben
         for op in module["ops"]:
             cycles, how = op_corrected_cycles(op, t["clock_hz"], t["hbm_bytes_per_s"], t["peak_bf16_flops_per_s"])
             floor = op["bytes_accessed"] / t["hbm_bytes_per_s"] * t["clock_hz"]
-            assert cycles >= floor - 1e-6
+            compute = op["flops"] / t["peak_bf16_flops_per_s"] * t["clock_hz"]
+            assert cycles >= max(floor, compute) - 1e-6
             if op["estimated_cycles"]:
-                assert cycles == max(op["estimated_cycles"], floor)
-                assert how == ("static" if op["estimated_cycles"] >= floor else "hbm_floor")
+                assert cycles == max(op["estimated_cycles"], floor, compute)
+                assert how in ("static", "hbm_floor", "compute_floor")
+            else:
+                assert how == "roofline"
             corrected += cycles
         assert fig["corrected_cycles"] == round(corrected)
 

@@ -96,3 +96,14 @@ def test_binary_file(tmp_path):
     bad.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(ParseError, match="not text"):
         read_hlo_file(bad)
+
+
+def test_sparsecore_computations_are_read_and_marked():
+    """v6e offloads megablox's group metadata to SparseCore: those computations close with
+    `}, execution_thread="sparsecore"` (fixtures/programs/tpu_megablox.py)."""
+    (path,) = (ARTIFACTS / "tpu_v6e_megablox" / "hlo").glob("*after_optimizations.txt")
+    module = read_hlo_file(path)
+    threads = [c.execution_thread for c in module.computations.values()]
+    closing = re.findall(r'^\}, execution_thread="sparsecore"$', path.read_text(), re.M)
+    assert threads.count("sparsecore") == len(closing) > 0
+    assert module.entry is not None and module.entry.execution_thread is None

@@ -20,8 +20,9 @@ from pathlib import Path
 from tpudiag.errors import ParseError
 
 _HEADER = re.compile(r"^HloModule\s+([^\s,]+)")
+_COMP_END = re.compile(r'^\},\s*execution_thread="([^"]*)"\s*$')
 _COMP = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*(\(.*\))?\s*->.*\{\s*$")
-_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$", re.S)  # re.S: multi-line backend configs
 _COMMENT = re.compile(r"/\*.*?\*/")
 _TABLE_ROW = re.compile(r"^([0-9]+)\s+(.*)$")
 _KV = re.compile(r"(\w+)=(\"(?:[^\"\\]|\\.)*\"|[^\s}]+)")
@@ -80,6 +81,7 @@ class Computation:
     name: str
     is_entry: bool
     instructions: list[Instruction] = field(default_factory=list)
+    execution_thread: str | None = None  # "sparsecore" for v6e SparseCore offload; None: the main thread
 
 
 @dataclass
@@ -212,6 +214,21 @@ def _parse_instruction(rest: str) -> tuple[str, str, list[str], str, str]:
     return shape, opcode, operands, attrs, literal
 
 
+def _open_braces(line: str) -> int:
+    """`{` minus `}` outside double-quoted strings (JSON strings never span lines)."""
+    depth, quoted, escaped = 0, False, False
+    for ch in line:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = quoted
+        elif ch == '"':
+            quoted = not quoted
+        elif not quoted:
+            depth += (ch == "{") - (ch == "}")
+    return depth
+
+
 def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
     # XLA ends a line only at "\n" (its printer escapes other line breaks inside strings).
     lines = [ln.removesuffix("\r") for ln in text.split("\n")]
@@ -230,8 +247,20 @@ def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
     tables: dict[str, dict[int, str]] = {t: {} for t in _TABLES}
     comps: dict[str, Computation] = {}
     table, comp = None, None
+    resume = start  # the next line not yet consumed by a multi-line instruction
     for n in range(start, len(lines)):
+        if n < resume:
+            continue
         raw = lines[n]
+        if comp is not None and _open_braces(raw) > 0:
+            # A custom call's backend config printed as a JSON object keeps its own line breaks
+            # (megablox's cost estimate, before optimizations): the instruction ends where its
+            # braces close.
+            depth, j = _open_braces(raw), n
+            while depth > 0 and j + 1 < len(lines):
+                j += 1
+                depth += _open_braces(lines[j])
+            raw, resume = "\n".join(lines[n:j + 1]), j + 1
         ln = raw.strip()
         if not ln or ln.startswith("//"):
             table = None if not ln else table
@@ -252,7 +281,9 @@ def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
             comp = Computation(name=m.group(2), is_entry=bool(m.group(1)))
             comps[comp.name] = comp
             continue
-        if ln == "}":
+        if ln == "}" or _COMP_END.match(ln):
+            if ln != "}":  # `}, execution_thread="sparsecore"`: v6e SparseCore offload (libtpu 0.0.42)
+                comp.execution_thread = _COMP_END.match(ln).group(1)
             comp = None
             continue
         m = _INSTR.match(raw)
