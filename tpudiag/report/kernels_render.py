@@ -108,7 +108,7 @@ def _bench_rows(doc: dict):
 def render_bench(doc: dict, console: Console) -> None:
     t = doc["target"]
     console.print(Text(f"kernels bench on {t['chip']} ({t['topology']}): corrected estimated cycles per call "
-                       f"(static estimate or HBM floor, whichever is larger; clock {t['clock_hz'] / 1e9:.2f} GHz)"))
+                       f"(largest of static estimate, HBM floor, compute floor; clock {t['clock_hz'] / 1e9:.2f} GHz)"))
     table = Table(show_edge=False)
     for col in ("kernel", "shape", "ours", "XLA", "vs XLA", "JAX kernel", "vs JAX"):
         table.add_column(col, overflow="fold", justify="left" if col in ("kernel", "shape") else "right")
@@ -119,7 +119,8 @@ def render_bench(doc: dict, console: Console) -> None:
     console.print(table)
     for r, floors, errors in _bench_rows(doc):
         if floors:
-            console.print(Text(f"{r['name']}: {floors} (no static estimate)", style="yellow"))
+            console.print(Text(f"{r['name']}: {floors} (no static estimate: counted at the roofline floor)",
+                               style="yellow"))
         if errors:
             console.print(Text(f"{r['name']}: {errors}", style="red"))
     goals = f"goals: <= {doc['kernels'][0]['goal_vs_xla']:.2f}x XLA, <= 1.00x JAX's kernel" if doc["kernels"] else ""
@@ -131,8 +132,8 @@ def render_bench(doc: dict, console: Console) -> None:
 def render_bench_markdown(doc: dict) -> str:
     t = doc["target"]
     lines = [f"### tpudiag kernels bench: {t['chip']} ({t['topology']})", "",
-             "Corrected estimated cycles per call: per op, the larger of the TPU compiler's static estimate "
-             "and the HBM floor, summed.", "",
+             "Corrected estimated cycles per call: per op, the largest of the TPU compiler's static estimate, "
+             "the HBM floor and the compute floor, summed. Estimates, not TPU measurements.", "",
              "| kernel | shape | blocks | ours | XLA | vs XLA | JAX kernel | vs JAX |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for r, _, _ in _bench_rows(doc):
@@ -144,4 +145,7 @@ def render_bench_markdown(doc: dict) -> str:
     if notes:
         lines.append("")
         lines += [f"- {_esc(n)}: {_esc('; '.join(x for x in (f, e) if x))}" for n, f, e in notes]
+        lines.append("")
+        lines.append("An op at floor had no static estimate (the profile aborted, timed out or gave 0) and counts "
+                     "at the larger of its HBM and compute floors.")
     return "\n".join(lines) + "\n"
