@@ -28,6 +28,10 @@ def executed_computations(module: HloModule) -> list[str]:
         name = todo.pop(0)
         if name in order or name not in module.computations:
             continue
+        if module.computations[name].execution_thread not in (None, "main"):
+            # v6e SparseCore offload runs beside the TensorCore, asynchronously; XLA's own
+            # non-fusion computation list (main thread) leaves it out too.
+            continue
         order.append(name)
         for instr in module.computations[name].instructions:
             if instr.opcode in RUNS_CALLEES:
