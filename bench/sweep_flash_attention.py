@@ -3,12 +3,13 @@
 For each of `SPEC.block_candidates` it AOT-compiles the forward kernel for the first target on this CPU
 machine with the TPU compiler's static cycle profile, then the plain-JAX attention (f32 scores and softmax,
 as users write it) and JAX's own Pallas flash attention at several of its block sizes (its 128 default
-among them), and prints per compiled module the corrected cycles: the sum over ops of
-max(static estimated_cycles, bytes_accessed / HBM bytes per second * clock), where a Pallas call's bytes
-come from its pl.CostEstimate. The chosen blocks (the module's DEFAULT_BLOCKS) are then compiled for the
-other targets with XLA and JAX's best; `--noncausal` adds the non-causal forward at the chosen blocks, and
-`--mode bwd|both` the training step: jax.grad of sum(out * ct) with a random bf16 cotangent passed in.
-JAX's kernel wants K/V at all H heads; at the MHA production shape nothing is repeated. Never asserts.
+among them), and prints per compiled module the corrected cycles as `tpudiag kernels bench` computes them
+(sweep_common.measure: the sum over ops of max(static estimated_cycles, HBM floor, compute floor)), where a
+Pallas call's bytes come from its pl.CostEstimate. The chosen blocks (the module's DEFAULT_BLOCKS) are then
+compiled for the other targets with XLA and JAX's best; `--noncausal` adds the non-causal forward at the
+chosen blocks, and `--mode bwd|both` the training step: jax.grad of sum(out * ct) with a random bf16
+cotangent passed in. JAX's kernel wants K/V at all H heads; at the MHA production shape nothing is
+repeated. Never asserts.
 
     python bench/sweep_flash_attention.py [--targets v5e v6e] [--mode fwd|bwd|both] [--noncausal]
                                           [--static-timeout 600] [--out /tmp/sweep_flash_attention]
@@ -17,11 +18,9 @@ JAX's kernel wants K/V at all H heads; at the MHA production shape nothing is re
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+from sweep_common import Sweep, add_sweep_args
 
 # JAX's kernel: (block_q, block_k_major, block_k). 2048 blocks do not compile: its kernel keeps the
 # default 16 MiB scoped VMEM ("CompileTimeScopedVmemOom: 20.47M > 16.00M" on v5e).
@@ -29,42 +28,16 @@ JAX_CANDIDATES = ((128, 128, 128), (512, 512, 512), (1024, 512, 512), (512, 1024
                   (1024, 1024, 1024))
 
 
-def corrected_cycles(fn, args, target, out, static_timeout_s, static_memory_gib):
-    """(corrected cycles, HBM bytes, per-op sources, the custom calls and fusions with their cycles)."""
-    import tpudiag
-    from tpudiag.capture.tpu_compile import Limits
-    from tpudiag.targets import resolve_target
-
-    # The backward module's static profile takes minutes on a shared 2-core machine (the CLI's 60 s
-    # limit would drop it and leave only the HBM floor).
-    r = tpudiag.compile(fn, *args, target=target, out=out, static_profile=True, jobs=1,
-                        limits=Limits(static_timeout_s=static_timeout_s, memory_bytes=int(static_memory_gib * 2**30)))
-    chip = resolve_target(target).chip
-    total, nbytes, sources, big = 0.0, 0, set(), []
-    for m in r.report.to_dict()["modules"]:
-        if m["status"] != "ok":
-            return float("nan"), 0, f"module {m['status']}", []
-        for o in m["ops"]:
-            floor = o["bytes_accessed"] / chip.hbm_bytes_per_s * chip.clock_hz
-            cyc = max(o["estimated_cycles"] or 0, floor)
-            total += cyc
-            nbytes += o["bytes_accessed"]
-            sources.add(o["cycles_source"])
-            if o["opcode"] in ("custom-call", "fusion") and cyc >= 1000:  # the kernels and big fusions
-                big.append(f"{o['name']}={cyc / 1e3:.0f}k")
-    return total, nbytes, "+".join(sorted(s for s in sources if s)), big
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--targets", nargs="+", default=["v5e", "v6e"])
+    # The backward module's static profile takes minutes on a shared 2-core machine (the CLI's 60 s
+    # limit would drop it and leave only the HBM floor).
+    add_sweep_args(ap, static_timeout=600.0, out="/tmp/sweep_flash_attention", out_help=None)
     ap.add_argument("--mode", choices=("fwd", "bwd", "both"), default="fwd")
     ap.add_argument("--noncausal", action="store_true", help="also the non-causal forward at the chosen blocks")
     ap.add_argument("--skip-sweep", action="store_true", help="only the chosen blocks, XLA and JAX's best")
-    ap.add_argument("--static-timeout", type=float, default=600.0)
     ap.add_argument("--static-memory-gib", type=float, default=8.0,
                     help="JAX's backward needs more than 8 GiB to profile; without it only its HBM floor counts")
-    ap.add_argument("--out", default="/tmp/sweep_flash_attention")
     a = ap.parse_args(argv)
 
     import jax
@@ -107,16 +80,22 @@ def main(argv=None):
             return jax.grad(lambda q, k, v: jnp.sum((f(q, k, v) * ct).astype(jnp.float32)), argnums=(0, 1, 2))(q, k, v)
         return g
 
-    rows = []
+    def line(r):
+        return (f"  {r['target']:4s} {r['variant']:6s} {r['label']:58s} {r['cycles'] / 1e3:9.1f}k cyc  "
+                f"{r['mb']:7.1f} MB  [{r['src']}] {' '.join(r['big'][:4])}  ({r['wall_s']:.0f} s)")
+
+    sw = Sweep(a.out, timeout_s=a.static_timeout, memory_gib=a.static_memory_gib)
+    rows = sw.rows
 
     def measure(label, variant, fn, args, target, tag):
-        t0 = time.perf_counter()
-        cyc, nbytes, src, big = corrected_cycles(fn, args, target, f"{a.out}/{tag}-{target}", a.static_timeout,
-                                                 a.static_memory_gib)
-        rows.append(dict(label=label, variant=variant, target=target, cycles=cyc, bytes=nbytes, src=src, big=big))
-        print(f"  {target:4s} {variant:6s} {label:58s} {cyc / 1e3:9.1f}k cyc  {nbytes / 1e6:7.1f} MB  "
-              f"[{src}] {' '.join(big[:4])}  ({time.perf_counter() - t0:.0f} s)", flush=True)
-        return cyc
+        r = sw(fn, args, target, f"{tag}-{target}", label=label, variant=variant)
+        ok = r["status"] == "ok"
+        r.update(cycles=r["corrected"] if ok else float("nan"),
+                 src=r["sources"] if ok else f"module {r['status']}: {(r['error'] or '')[:120]}",
+                 big=[f"{o['name']}={o['cycles'] / 1e3:.0f}k" for o in r["op_rows"]  # the kernels and big fusions
+                      if o["opcode"] in ("custom-call", "fusion") and o["cycles"] >= 1000])
+        print(line(r), flush=True)
+        return r["cycles"]
 
     first, others = a.targets[0], a.targets[1:]
     modes = {"fwd": ("fwd",), "bwd": ("bwd",), "both": ("fwd", "bwd")}[a.mode]

@@ -23,21 +23,15 @@ A Pallas custom call's bytes and FLOPs are its `pl.CostEstimate`. Prints one tab
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu's lock
+from sweep_common import add_sweep_args, measure, run_root
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax  # after sweep_common, which sets ALLOW_MULTIPLE_LIBTPU_LOAD
+import jax.numpy as jnp
 
-import tpudiag  # noqa: E402
-from tpudiag.analyze.kernel_bench import op_corrected_cycles  # noqa: E402
-from tpudiag.capture.tpu_compile import Limits  # noqa: E402
-from tpudiag.kernels import grouped_matmul as G  # noqa: E402
+from tpudiag.kernels import grouped_matmul as G
 
 # JAX's megablox gmm tilings (tm, tk, tn) to try. It keeps its f32 accumulator and output tile in
 # VMEM under the default scoped limit (16 MiB on v5e) and sets no vmem_limit_bytes, so larger tiles
@@ -53,33 +47,18 @@ def megablox(tiling):
     return megablox_gmm
 
 
-def measure(fn, args, target: str, out: Path, limits: Limits) -> dict:
-    t0 = time.perf_counter()
-    try:
-        res = tpudiag.compile(fn, *args, target=target, out=out, static_profile=True, jobs=1, limits=limits)
-    except Exception as e:  # a lowering error (e.g. block sizes the kernel refuses): report, go on
-        text = (str(e).splitlines() or [""])[0]
-        why = f"{type(e).__name__}: {text if len(text) <= 110 else '...' + text[-110:]}"
-        return {"status": f"error: {why}", "corrected": None, "roofline": None}
-    doc = res.report.to_dict()
-    t = doc["target"]
-    clock, bw, peak = t["clock_hz"], t["hbm_bytes_per_s"], t["peak_bf16_flops_per_s"]
-    corrected = roofline = 0.0
-    status, profile, kernel_cycles = [], [], None
-    for m in doc["modules"]:
-        status.append(m["status"])
-        profile.append(m["static_profile"].split(":")[0])
-        for o in m["ops"]:
-            hbm, compute = o["bytes_accessed"] / bw * clock, o["flops"] / peak * clock
-            static = o["estimated_cycles"]
-            corrected += op_corrected_cycles(o, clock, bw, peak)[0]
-            roofline += max(static or 0, hbm, compute)
-            if o["opcode"] == "custom-call" and (kernel_cycles is None or compute > kernel_cycles[2]):
-                kernel_cycles = (static, hbm, compute)
-    ok = all(s == "ok" for s in status) and bool(status)
-    return {"status": "ok" if ok else ",".join(status) or "no module", "profile": ",".join(profile),
-            "corrected": corrected if ok else None, "roofline": roofline if ok else None,
-            "custom_call": kernel_cycles, "wall_s": time.perf_counter() - t0}
+def figures(fn, args, target: str, out: Path, static_timeout_s: float) -> dict:
+    """sweep_common.measure's result with this sweep's own figures: roofline cycles (per op max(static,
+    HBM floor, compute floor)), the largest custom call's (static, HBM floor, compute floor) and the
+    modules' static-profile outcomes."""
+    r = measure(fn, args, target, out, timeout_s=static_timeout_s)
+    calls = [o for o in r["op_rows"] if o["opcode"] == "custom-call"]
+    cc = max(calls, key=lambda o: o["compute"], default=None)
+    ok = r["status"] == "ok"
+    return dict(r, status=f"error: {r['error']}" if r["status"] == "error" else r["status"],
+                profile=",".join(p.split(":")[0] for p in r["static_profiles"]),
+                roofline=sum(max(o["static"] or 0, o["hbm"], o["compute"]) for o in r["op_rows"]) if ok else None,
+                custom_call=(cc["static"], cc["hbm"], cc["compute"]) if cc else None)
 
 
 def row(label: str, r: dict, ref: dict | None) -> str:
@@ -100,15 +79,11 @@ def row(label: str, r: dict, ref: dict | None) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=None, help="keep the run directories here")
-    ap.add_argument("--targets", nargs="+", default=["v5e", "v6e"])
-    ap.add_argument("--static-timeout", type=float, default=240.0,
-                    help="seconds for each static-profile attempt (the dense version needs > 60)")
+    add_sweep_args(ap, timeout_help="seconds for each static-profile attempt (the dense version needs > 60)",
+                   out_help="keep the run directories here")
     ap.add_argument("--skip-dense", action="store_true", help="skip the dense masked version (slowest)")
     a = ap.parse_args()
-    out = a.out or Path(tempfile.mkdtemp(prefix="sweep_grouped_matmul-"))
-    out.mkdir(parents=True, exist_ok=True)
-    limits = Limits(static_timeout_s=a.static_timeout)
+    out = run_root(a.out, "sweep_grouped_matmul-")
     setup = G.bench()
     args = setup.args
     n = 0
@@ -116,7 +91,7 @@ def main() -> None:
     def go(fn, target):
         nonlocal n
         n += 1
-        return measure(fn, args, target, out / f"{n:02d}-{target}", limits)
+        return figures(fn, args, target, out / f"{n:02d}-{target}", a.static_timeout)
 
     print(f"grouped_matmul sweep at {setup.shape}; jax {jax.__version__}; runs in {out}", flush=True)
     header = (f"{'':<58} {'corrected':>12} {'ratio':>6} {'roofline':>12} {'ratio':>6}  status/static profile"

@@ -17,37 +17,10 @@ Prints a table; asserts nothing. One compile at a time (shared 2-core machine).
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
-import time
 
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+from sweep_common import Sweep, bound_note, print_table, rounded, run_root
 
 JAX_PPCB = (4, 8, 16, 32)
-
-
-def corrected_cycles(fn, args, target: str, out: str) -> tuple[float | None, str]:
-    """(sum over ops of max(static cycles, HBM floor), a note on where the numbers came from)."""
-    import tpudiag
-    from tpudiag.analyze.kernel_bench import op_corrected_cycles
-
-    r = tpudiag.compile(fn, *args, target=target, out=out, static_profile=True, jobs=1)
-    doc = r.report.to_dict()
-    t = doc["target"]
-    total, hows, notes = 0.0, {}, []
-    for m in doc["modules"]:
-        if m["status"] != "ok":
-            return None, f"module {m['status']}"
-        if m["static_profile"] != "ok":
-            notes.append(f"static profile: {str(m['static_profile'])[:50]}")
-        for o in m["ops"]:
-            cyc, how = op_corrected_cycles(o, t["clock_hz"], t["hbm_bytes_per_s"], t["peak_bf16_flops_per_s"])
-            total += cyc
-            hows[how] = hows.get(how, 0) + 1
-            if o["opcode"] == "custom-call":
-                notes.append(f"{o['name']}: static {o['estimated_cycles']} -> {cyc:.0f} ({how})")
-    notes.append("ops by bound: " + ", ".join(f"{k} {v}" for k, v in sorted(hows.items())))
-    return total, "; ".join(notes)
 
 
 def main():
@@ -62,19 +35,17 @@ def main():
     ap.add_argument("--jax-ppcb", default=",".join(map(str, JAX_PPCB)))
     ap.add_argument("--no-xla", action="store_true")
     a = ap.parse_args()
-    out = a.out or tempfile.mkdtemp(prefix="sweep-paged-")
+    out = run_root(a.out, "sweep-paged-")
     blocks = ([pa.BlockSizes(int(n)) for n in a.blocks.split(",")] if a.blocks
               else list(pa.SPEC.block_candidates))
     setup = pa.bench()
     print(f"paged_attention sweep, target {a.target}, shape {setup.shape}, jax {jax.__version__}")
-    rows = []
+    # tpudiag's default static-profile limit (60 s).
+    sw = Sweep(out, line=lambda r: f"  {r['label']:<44} {rounded(r['corrected']):>10}  ({r['wall_s']:.1f}s) "
+                                   f"{bound_note(r)}")
 
     def measure(label, fn, tag):
-        t0 = time.perf_counter()
-        cyc, note = corrected_cycles(fn, setup.args, a.target, f"{out}/{tag}")
-        rows.append((label, cyc, note))
-        print(f"  {label:<44} {cyc if cyc is None else round(cyc):>10}  ({time.perf_counter() - t0:.1f}s) {note}",
-              flush=True)
+        sw(fn, setup.args, a.target, tag, label=label)
 
     for bs in blocks:
         measure(f"tpudiag {bs}", pa.bench(bs).kernel, f"kernel-{bs.pages_per_block}")
@@ -89,13 +60,17 @@ def main():
 
             measure(f"jax paged_attention ppcb={n}", jk, f"jax-{n}")
 
-    xla = next((c for lbl, c, _ in rows if lbl.startswith("xla")), None)
-    jax_best = min((c for lbl, c, _ in rows if lbl.startswith("jax") and c is not None), default=None)
-    print(f"\n{'variant':<44} {'cycles':>10} {'vs xla':>7} {'vs jax best':>11}")
-    for lbl, c, _ in rows:
-        rx = f"{c / xla:.3f}" if c and xla else "-"
-        rj = f"{c / jax_best:.3f}" if c and jax_best else "-"
-        print(f"{lbl:<44} {c if c is None else round(c):>10} {rx:>7} {rj:>11}")
+    xla = next((r["corrected"] for r in sw.rows if r["label"].startswith("xla")), None)
+    jax_best = min((r["corrected"] for r in sw.rows if r["label"].startswith("jax") and r["corrected"] is not None),
+                   default=None)
+
+    def vs(c, ref):
+        return f"{c / ref:.3f}" if c and ref else "-"
+
+    print()
+    print_table("{label:<44} {corrected:>10.0f} {vs_xla:>7} {vs_jax:>11}",
+                [dict(r, vs_xla=vs(r["corrected"], xla), vs_jax=vs(r["corrected"], jax_best)) for r in sw.rows],
+                {"label": "variant", "corrected": "cycles", "vs_xla": "vs xla", "vs_jax": "vs jax best"})
     print(f"run directories under {out}")
 
 
