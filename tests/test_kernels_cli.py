@@ -90,3 +90,28 @@ def test_bench_end_to_end_in_a_subprocess(tmp_path):
                          "--no-static-profile", "--md", "--out", str(tmp_path / "run2")],
                         capture_output=True, text=True, timeout=600)
     assert md.returncode == 0 and "| rmsnorm |" in md.stdout
+
+
+def test_verify_exits_1_and_names_the_failure_when_a_kernel_is_wrong(monkeypatch, capsys, tmp_path):
+    """A real kernel made 2% wrong (registered under its own name) must fail verify through the CLI."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from tpudiag.kernels import registry, rmsnorm
+
+    def wrong(*args, **kw):
+        normed, resid = rmsnorm.SPEC.kernel(*args, **kw)
+        return normed * jnp.asarray(1.02, normed.dtype), resid
+
+    bad = dataclasses.replace(rmsnorm.SPEC, kernel=wrong, cases=lambda: rmsnorm.SPEC.cases()[:1])
+    monkeypatch.setattr(registry, "get_spec", lambda name: bad)
+    junit = tmp_path / "v.xml"
+    try:
+        main(["kernels", "verify", "rmsnorm", "--seed", "1", "--no-color", "--junit", str(junit)])
+    except SystemExit as e:
+        assert e.code == 1
+    out, err = capsys.readouterr()
+    assert "FAIL rmsnorm" in out and "kernel vs reference" in out
+    assert err.strip().count("\n") == 0 and "1 of 1 case(s) failed (seed 1)" in err
+    assert ET.parse(junit).getroot().get("failures") == "1"
