@@ -8,6 +8,13 @@ Every error a user can cause (a bad path, a corrupt trace, a program that fails)
 from __future__ import annotations
 
 
+def one_line(e: BaseException, limit: int = 400) -> str:
+    """`Type: first line of the message`, cut to `limit` characters: how a caught failure is shown
+    in a report row."""
+    text = f"{type(e).__name__}: {e}".strip()
+    return (text.splitlines() or [type(e).__name__])[0][:limit]
+
+
 class TpudiagError(Exception):
     """Base class: a one-line, user-facing message."""
 

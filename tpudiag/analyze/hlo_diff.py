@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from tpudiag.analyze.executed import executed_computations
 from tpudiag.analyze.hlo_cost import module_costs
 from tpudiag.errors import ParseError
-from tpudiag.parse.hlo import HloModule, Instruction
+from tpudiag.parse.hlo import HloModule, Instruction, split_top_level
 
 SCHEMA = "tpudiag.hlo_diff/1"
 STATUSES = ("added", "removed", "changed", "moved", "unchanged")
@@ -319,25 +319,7 @@ def _metadata(attrs: str) -> dict[str, str]:
 def _split_attrs(text: str) -> list[tuple[str, str]]:
     """`a=1, b={x, y}, c="s, t"` -> [(a, 1), (b, {x, y}), (c, "s, t")]: commas inside brackets or
     quotes do not split."""
-    out, depth, start, quoted, i = [], 0, 0, False, 0
-    while i < len(text):
-        ch = text[i]
-        if quoted:
-            if ch == "\\":
-                i += 1
-            elif ch == '"':
-                quoted = False
-        elif ch == '"':
-            quoted = True
-        elif ch in "{[(":
-            depth += 1
-        elif ch in "}])":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            out.append(text[start:i])
-            start = i + 1
-        i += 1
-    out.append(text[start:])
+    out = split_top_level(text)
     pairs = []
     for item in out:
         key, eq, value = item.strip().partition("=")

@@ -16,14 +16,15 @@ from typing import Callable
 
 from tpudiag.analyze.kernel_bench import VARIANTS, bench_document, kernel_row, variant_figures
 from tpudiag.capture import rundir
+from tpudiag.errors import one_line
 
 MANIFEST_KIND = "kernels-bench"
 COMPILE_REPORT = "compile-report.json"
 
 
-def _first_line(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}".strip()
-    return (text.splitlines() or [type(e).__name__])[0][:400]
+def _variants(setup) -> list[tuple[str, object]]:
+    """(variant, function) for each variant the setup has: kernel, xla, and jax where JAX has one."""
+    return [(v, fn) for v, fn in zip(VARIANTS, (setup.kernel, setup.xla, setup.jax_kernel)) if fn is not None]
 
 
 def _lower(fn, args, path: Path) -> None:
@@ -57,19 +58,17 @@ def run_bench(specs: list, target_text: str, out: Path | None = None, *, static_
             try:
                 setup = spec.bench()
             except Exception as e:  # a kernel whose bench setup fails is a failed row
-                errors[(spec.name, "kernel")] = f"bench setup failed: {_first_line(e)}"
+                errors[(spec.name, "kernel")] = f"bench setup failed: {one_line(e)}"
                 continue
             setups[spec.name] = setup
-            for variant, fn in zip(VARIANTS, (setup.kernel, setup.xla, setup.jax_kernel)):
-                if fn is None:
-                    continue
+            for variant, fn in _variants(setup):
                 path = run / "lowered" / f"{spec.name}.{variant}.mlir"
                 if progress:
                     progress(f"lowering {spec.name}.{variant}")
                 try:
                     _lower(fn, setup.args, path)
                 except Exception as e:
-                    errors[(spec.name, variant)] = f"lowering failed: {_first_line(e)}"
+                    errors[(spec.name, variant)] = f"lowering failed: {one_line(e)}"
                     continue
                 inputs.append(ModuleInput(name=f"{spec.name}.{variant}", path=path, kind="mlir"))
         done = [0]
@@ -89,12 +88,9 @@ def run_bench(specs: list, target_text: str, out: Path | None = None, *, static_
         rows = []
         for spec in specs:
             setup = setups.get(spec.name)
-            wanted = VARIANTS if setup is None else [v for v, fn in zip(
-                VARIANTS, (setup.kernel, setup.xla, setup.jax_kernel)) if fn is not None]
+            wanted = ["kernel"] if setup is None else [v for v, _ in _variants(setup)]  # no setup: one failed row
             figures = {v: variant_figures(v, modules.get(f"{spec.name}.{v}"), report["target"],
                                           errors.get((spec.name, v))) for v in wanted}
-            if setup is None:
-                figures = {"kernel": figures["kernel"]}
             rows.append(kernel_row(spec.name, setup.shape if setup else "", setup.blocks if setup else None,
                                    setup.jax_name if setup else None, figures))
         doc = bench_document(report["target"], rows, static_profile)

@@ -46,18 +46,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.tiling import fit_block, scoped_vmem_limit
 
 # Production shape the default blocks were chosen at: a 2k-token batch of a 128k-vocab LM head.
 PROD = dict(rows=2048, vocab=131072, dtype="bfloat16")
-
-
-
-def _vmem_limit(block_bytes: int) -> int:
-    """Scoped VMEM to ask for: the double-buffered blocks, half as much again for Mosaic's
-    temporaries, and 4 MiB for the scratch. The default forward block (512 x 4096 bf16, 4 MiB)
-    asks for 16 MiB, f32 logits for 28 MiB; v5e and v6e have 128 MiB per core, v4 only 16 MiB
-    (pass smaller blocks there)."""
-    return int(min(100 << 20, max(16 << 20, 3 * block_bytes + (4 << 20))))
 
 
 @dataclass(frozen=True)
@@ -111,11 +103,6 @@ def _check_inputs(logits, labels):
         raise ValueError(f"labels must be integers, got {labels.dtype}")
 
 
-def _clip_block(block: int, dim: int) -> int:
-    # A block equal to the full dimension is always a legal TPU block shape, whatever its size.
-    return dim if dim <= block else block
-
-
 # ----------------------------------------------------------------------------------------------
 # forward
 
@@ -139,7 +126,6 @@ def _row_group(bn: int) -> int:
         if bn % g == 0:
             return g
     return bn
-
 
 
 def cross_entropy_fwd_kernel(labels_ref, x_ref, loss_ref, m_out_ref, logl_out_ref, m_ref, l_ref, t_ref,
@@ -219,7 +205,7 @@ def cross_entropy_fwd_kernel(labels_ref, x_ref, loss_ref, m_out_ref, logl_out_re
 
 def _fwd_call(logits, labels, blocks: BlockSizes, interpret: bool):
     n, v = logits.shape
-    bn, bv = _clip_block(blocks.block_rows, n), _clip_block(blocks.block_vocab, v)
+    bn, bv = fit_block(blocks.block_rows, n), fit_block(blocks.block_vocab, v)
     grid = (pl.cdiv(n, bn), pl.cdiv(v, bv))
     row_spec = pl.BlockSpec((bn, 1), lambda i, j: (i, 0))
     out_shape = [jax.ShapeDtypeStruct((n, 1), jnp.float32)] * 3
@@ -235,7 +221,7 @@ def _fwd_call(logits, labels, blocks: BlockSizes, interpret: bool):
         out_shape=out_shape,
         scratch_shapes=[pltpu.VMEM((bn, lane_chunk), jnp.float32)] * 3,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
-                                             vmem_limit_bytes=_vmem_limit(bn * bv * logits.dtype.itemsize)),
+                                             vmem_limit_bytes=scoped_vmem_limit(bn * bv * logits.dtype.itemsize)),
         # max, subtract, exp-sum, compare, select, add per element; one exp per element
         cost_estimate=pl.CostEstimate(flops=6 * n * v, transcendentals=n * v, bytes_accessed=nbytes),
         interpret=interpret,
@@ -261,7 +247,7 @@ def cross_entropy_bwd_kernel(labels_ref, m_ref, logl_ref, g_ref, x_ref, dx_ref, 
 
 def _bwd_call(logits, labels, m, logl, g, blocks: BlockSizes, interpret: bool):
     n, v = logits.shape
-    bn, bv = _clip_block(blocks.block_rows_bwd, n), _clip_block(blocks.block_vocab_bwd, v)
+    bn, bv = fit_block(blocks.block_rows_bwd, n), fit_block(blocks.block_vocab_bwd, v)
     row_spec = pl.BlockSpec((bn, 1), lambda i, j: (i, 0))
     blk_spec = pl.BlockSpec((bn, bv), lambda i, j: (i, j))
     nbytes = 2 * n * v * logits.dtype.itemsize + 4 * n * 4  # logits in, dlogits out; 4 row vectors in
@@ -273,7 +259,7 @@ def _bwd_call(logits, labels, m, logl, g, blocks: BlockSizes, interpret: bool):
         out_shape=jax.ShapeDtypeStruct((n, v), logits.dtype),
         # Every block is independent: both axes parallel (split across v5p/v4 megacore TensorCores).
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"),
-                                             vmem_limit_bytes=_vmem_limit(2 * bn * bv * logits.dtype.itemsize)),
+                                             vmem_limit_bytes=scoped_vmem_limit(2 * bn * bv * logits.dtype.itemsize)),
         cost_estimate=pl.CostEstimate(flops=6 * n * v, transcendentals=n * v, bytes_accessed=nbytes),
         interpret=interpret,
         name="cross_entropy_bwd",

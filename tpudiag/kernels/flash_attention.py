@@ -28,6 +28,7 @@ from tpudiag.kernels.flash_attention_bwd import (
     LANES, MASK_VALUE, NN, NT, compiler_params, dispatch_tile, flash_attention_bwd, last_kv_block, lanes,
     pair_count, visible)
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.tiling import round_up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +73,7 @@ class BlockSizes:
     def resolved(self, sq: int, skv: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """((block_q, block_k, compute_q, compute_k), (dkv q, dkv k, dq q, dq k, compute q, compute k)),
         blocks capped at the sequence lengths rounded up to 128."""
-        cap_q, cap_k = _round_up(sq, LANES), _round_up(skv, LANES)
+        cap_q, cap_k = round_up(sq, LANES), round_up(skv, LANES)
         fwd = (min(self.block_q, cap_q), min(self.block_k, cap_k), self.compute_q, self.compute_k)
         bwd = (min(self.block_q_dkv or self.block_q, cap_q), min(self.block_k_dkv or self.block_k, cap_k),
                min(self.block_q_dq or self.block_q, cap_q), min(self.block_k_dq or self.block_k, cap_k),
@@ -82,10 +83,6 @@ class BlockSizes:
     def text(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
                          if getattr(self, f.name) is not None)
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
 
 
 def check_shapes(q, k, v, kv_lengths=None) -> None:
@@ -280,7 +277,7 @@ def flash_attention(q, k, v, kv_lengths=None, *, causal: bool = False, sm_scale:
     blocks = (block_sizes or BlockSizes()).resolved(sq, skv)
     (bq, bk, _, _), (bq_dkv, bk_dkv, bq_dq, bk_dq, _, _) = blocks
     mq, mk = math.lcm(bq, bq_dkv, bq_dq), math.lcm(bk, bk_dkv, bk_dq)
-    sq_pad, skv_pad = _round_up(sq, mq), _round_up(skv, mk)
+    sq_pad, skv_pad = round_up(sq, mq), round_up(skv, mk)
     if kv_lengths is None:
         lens = jnp.zeros((bsz,), jnp.int32)  # unread: the kernels mask with the static skv
     else:

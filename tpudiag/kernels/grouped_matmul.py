@@ -25,6 +25,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.tiling import round_up
 
 # VMEM on v5e and v6e is 128 MiB per TensorCore; the default scoped limit (16 MiB v5e, 32 MiB v6e)
 # is too small for a resident [K, block_n] expert slice, so the kernels ask for what their blocks
@@ -80,10 +81,6 @@ class BlockSizes:
                 f"compute_m={self.compute_m}")
 
 
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
 def fit_block(dim: int, block: int, align: int) -> tuple[int, int]:
     """(block, padded dim) for one dimension: the whole dimension when it fits in one block, the
     block when it divides, else the largest `align` multiple >= block/2 that divides, else the dim
@@ -95,7 +92,7 @@ def fit_block(dim: int, block: int, align: int) -> tuple[int, int]:
     for b in range(block - align, block // 2 - 1, -align):
         if b > 0 and dim % b == 0:
             return b, dim
-    return block, _round_up(dim, block)
+    return block, round_up(dim, block)
 
 
 def num_visits(m_tiles: int, num_groups: int) -> int:

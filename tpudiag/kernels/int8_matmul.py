@@ -22,6 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.tiling import fit_block
 
 # Production shape: a Llama-3-8B MLP up/gate projection (K 4096 -> N 14336). Decode batches are
 # M 16-128 tokens (HBM-bound: the int8 weights are the traffic); prefill is M 2048 (MXU-bound).
@@ -69,12 +70,6 @@ def _check_shapes(x, w, scales):
         raise ValueError(f"scales must be [N={w.shape[1]}], got {scales.shape}")
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"x must be floating point, got {x.dtype}")
-
-
-def _fit(block: int, dim: int) -> int:
-    # A block at least as large as the dimension becomes the whole dimension: a block equal to the
-    # full array dim is always a legal TPU block shape, and nothing is padded or masked.
-    return dim if block >= dim else block
 
 
 def _vmem_limit(bm, bn, bk, xb, ob):
@@ -181,7 +176,7 @@ def int8_matmul_dx_kernel(g_ref, w_ref, s_ref, dx_ref, acc_ref, *, n_dim: int, b
 def _forward(x, w, scales, block_sizes: BlockSizes, interpret):
     m, k = x.shape
     n = w.shape[1]
-    bm, bn, bk = _fit(block_sizes.block_m, m), _fit(block_sizes.block_n, n), _fit(block_sizes.block_k, k)
+    bm, bn, bk = fit_block(block_sizes.block_m, m), fit_block(block_sizes.block_n, n), fit_block(block_sizes.block_k, k)
     gm, gn, gk = pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)
     xb = jnp.dtype(x.dtype).itemsize
     # Bytes this blocking really moves (the minimum, every operand once, when gm == 1 or gk == 1).
@@ -215,7 +210,7 @@ def _backward_dx(g, w, scales, block_sizes: BlockSizes, interpret):
     m, n = g.shape
     k = w.shape[0]
     # Same tiles with N and K swapped: the output is [bm, bk], the contraction runs over N.
-    bm, bk, bn = _fit(block_sizes.block_m, m), _fit(block_sizes.block_n, k), _fit(block_sizes.block_k, n)
+    bm, bk, bn = fit_block(block_sizes.block_m, m), fit_block(block_sizes.block_n, k), fit_block(block_sizes.block_k, n)
     gm, gk, gn = pl.cdiv(m, bm), pl.cdiv(k, bk), pl.cdiv(n, bn)
     gb = jnp.dtype(g.dtype).itemsize
     g_reads = 1 if gn == 1 else gk  # as in the forward: N (the contraction here) is innermost

@@ -64,6 +64,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.tiling import scoped_vmem_limit
 
 # Production shape and parameters the default blocks were chosen at: a decode step of a 128k-vocab LM.
 PROD = dict(batch=64, vocab=131072, dtype="float32", k=64, p=0.9, temperature=0.8)
@@ -73,13 +74,6 @@ _LANES = 128
 # steps. Searches over the whole row are VPU-bound: bisection, 32 passes of 3 ops per element.
 _FAST_WAYS, _SLOW_WAYS = 8, 2
 _F32_MIN_KEY = -2139095041  # key of -inf (see _key)
-
-
-def _vmem_limit(block_bytes: int) -> int:
-    """Scoped VMEM to ask for: the double-buffered row block, half as much again for Mosaic's
-    temporaries, 4 MiB for the scratch. [8, 128k] f32 (4 MiB) asks for 16 MiB, v5e's default;
-    v5e and v6e have 128 MiB per core, v4 16 MiB (pass fewer rows there)."""
-    return int(min(100 << 20, max(16 << 20, 3 * block_bytes + (4 << 20))))
 
 
 @dataclass(frozen=True)
@@ -403,7 +397,7 @@ def sample(logits, u, *, k: int | None = None, p: float = 1.0, temperature: floa
         scratch_shapes=[pltpu.VMEM((vb // (per_iter * _LANES), rows, _LANES), jnp.float32),
                         pltpu.VMEM((rows, 1), jnp.float32)],
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",),
-                                             vmem_limit_bytes=_vmem_limit(rows * vb * logits.dtype.itemsize)),
+                                             vmem_limit_bytes=scoped_vmem_limit(rows * vb * logits.dtype.itemsize)),
         # The logits are read from HBM once: pass A (2m - 1 ops) and pass B (~6 ops, one exp) per element.
         cost_estimate=pl.CostEstimate(flops=(2 * m + 5) * n, transcendentals=n,
                                       bytes_accessed=n * logits.dtype.itemsize + batch * 8),

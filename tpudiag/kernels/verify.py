@@ -12,10 +12,12 @@ import secrets
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from tpudiag.errors import one_line
 from tpudiag.kernels.spec import Case, KernelSpec, Tolerance
 
 VERIFY_SCHEMA = "tpudiag.kernels-verify/1"
@@ -187,9 +189,10 @@ def run_case(spec: KernelSpec, case: Case, key) -> CaseResult:
                 checks.append(compare(f"grad[{argnum}] kernel vs float64", g_k[n], g_64[n], gtol))
         error = None
     except Exception as e:  # a kernel that fails is a failed case, reported with its cause
-        error = f"{type(e).__name__}: {e}".strip().splitlines()[0][:500] or type(e).__name__
-        error += f" ({traceback.extract_tb(e.__traceback__)[-1].filename.rsplit('/', 1)[-1]}:" \
-                 f"{traceback.extract_tb(e.__traceback__)[-1].lineno})" if e.__traceback__ else ""
+        error = one_line(e, 500)
+        if e.__traceback__:  # where it was raised: the kernel module's file and line
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            error += f" ({Path(where.filename).name}:{where.lineno})"
     return CaseResult(spec.name, case.label, case.dtype, _shapes(args), tuple(checks), error,
                       time.perf_counter() - t0)
 

@@ -158,28 +158,28 @@ def _balanced(text: str, start: int, open_: str, close: str) -> str:
     raise ValueError(f"unbalanced {open_}{close}")
 
 
-def _split_top(text: str) -> list[str]:
-    """Split on commas that are not inside brackets or quotes."""
-    parts, depth, cur, in_str = [], 0, [], False
-    for ch in text:
-        if in_str:
-            cur.append(ch)
-            if ch == '"':
-                in_str = False
-            continue
-        if ch == '"':
-            in_str = True
+def split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside brackets or double quotes (escapes respected)."""
+    parts, depth, start, quoted, i = [], 0, 0, False, 0
+    while i < len(text):
+        ch = text[i]
+        if quoted:
+            if ch == "\\":
+                i += 1
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted = True
         elif ch in "([{":
             depth += 1
         elif ch in ")]}":
             depth -= 1
         elif ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-            continue
-        cur.append(ch)
-    if "".join(cur).strip():
-        parts.append("".join(cur))
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    if text[start:].strip():
+        parts.append(text[start:])
     return parts
 
 
@@ -204,7 +204,7 @@ def _parse_instruction(rest: str) -> tuple[str, str, list[str], str, str]:
     attrs = rest[m.end() - 1 + len(args):].lstrip(", ")
     operands = []
     # parameter(0), constant({1,2}), iota(): the parenthesised text is a literal, not operands.
-    for a in ([] if opcode in _LITERAL_OPCODES else _split_top(args[1:-1])):
+    for a in ([] if opcode in _LITERAL_OPCODES else split_top_level(args[1:-1])):
         a = a.strip()
         if not a:
             continue
