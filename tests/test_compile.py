@@ -12,7 +12,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import ARTIFACTS, GOLDENS, ROOT, check_golden
+from tests.conftest import ARTIFACT_SETS, ARTIFACTS, GOLDENS, ROOT, check_golden
 from tpudiag.cli import cli
 
 RUN = "fixtures/artifacts/compile_v5e_collective"
@@ -24,12 +24,14 @@ def _doc(in_root_dir=None) -> dict:
     return json.loads(result.output)
 
 
+@pytest.mark.parametrize("artifact_set", ARTIFACT_SETS)
 @pytest.mark.parametrize("flags,suffix", [(["--json"], "report.json"), (["--md"], "report.md"),
                                           (["--no-color", "--width", "120"], "report.txt")])
-def test_compile_report_golden(flags, suffix, in_root, update_goldens):
-    result = CliRunner().invoke(cli, ["report", *flags, RUN])
+def test_compile_report_golden(artifact_set, flags, suffix, in_root, update_goldens):
+    run = (ARTIFACT_SETS[artifact_set] / "compile_v5e_collective").relative_to(in_root)
+    result = CliRunner().invoke(cli, ["report", *flags, str(run)])
     assert result.exit_code == 0, result.output
-    check_golden(GOLDENS / "compile_v5e_collective" / suffix, result.output, update_goldens)
+    check_golden(GOLDENS / artifact_set / "compile_v5e_collective" / suffix, result.output, update_goldens)
 
 
 def test_static_cycles_are_the_compilers_own(in_root):

@@ -103,8 +103,41 @@ def _write_ci_bundle(run_dir: Path, max_mb: float, report, program_failed: bool)
     click.echo(f"tpudiag: CI artifacts {res.path} ({res.bytes / MB:.2f} MB{left})", err=True)
 
 
+def _print_versions(ctx, _param, value) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    import platform
+
+    from tpudiag.compat import check_installed, installed_versions
+
+    click.echo(f"tpudiag {__version__}")
+    click.echo(f"python {platform.python_version()}")
+    for name, version in installed_versions().items():
+        click.echo(f"{name} {version or 'not installed'}")
+    check = check_installed()
+    for line in check.refusals:
+        click.echo(f"unsupported: {line}")
+    for line in check.warnings:
+        click.echo(f"untested: {line}")
+    ctx.exit(0)
+
+
+def _check_versions() -> None:
+    """Refuse a jax/jaxlib/libtpu combination known to crash, before anything runs; warn on an
+    untested one."""
+    from tpudiag.compat import check_installed
+    from tpudiag.errors import IncompatibleVersions
+
+    check = check_installed()
+    for line in check.warnings:
+        click.echo(f"tpudiag: warning: {line}", err=True)
+    if check.refusals:
+        raise IncompatibleVersions(check.refusals[0])
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="tpudiag")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_versions,
+              help="Print the versions of tpudiag, Python, jax, jaxlib, libtpu and xprof, and exit.")
 @click.option("--debug", is_flag=True, help="Show tracebacks and libtpu/XLA log noise.")
 def cli(debug: bool) -> None:
     """Why is my JAX program slow on a TPU? Profile it, report it, and say what to do."""
@@ -151,6 +184,7 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, html
     if skip and steps is None:
         raise UsageError("--skip needs --steps")
     ci_mb = _ci_budget(ci, max_artifact_mb)
+    _check_versions()
     if target_text:
         from tpudiag.targets import resolve_target
 
@@ -257,6 +291,7 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, html_pat
     if as_json and as_md:
         raise UsageError("choose one of --json and --md")
     ci_mb = _ci_budget(ci, max_artifact_mb)
+    _check_versions()
     from tpudiag.targets import require_libtpu, resolve_target
 
     resolve_target(target_text)  # a bad target or a missing libtpu fails before anything runs
@@ -424,6 +459,7 @@ def export(perfetto_path, target):
 @cli.group()
 def kernels():
     """The bundled Pallas TPU kernels: list, show, verify (CPU, interpret mode), bench (TPU compiler)."""
+    _check_versions()
 
 
 def _kernel_specs(names):

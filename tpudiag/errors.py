@@ -27,6 +27,12 @@ class UsageError(TpudiagError):
     exit_code = 2
 
 
+class IncompatibleVersions(TpudiagError):
+    """The installed jax, jaxlib and libtpu are a combination known to crash or not to import."""
+
+    exit_code = 2
+
+
 class InputError(TpudiagError):
     """An input path is missing, empty or of the wrong kind."""
 

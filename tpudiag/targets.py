@@ -312,7 +312,9 @@ def _smallest(chip: Chip) -> tuple[str, int]:
 
 
 def _single_chip_note(chip: Chip, topology: str) -> str:
-    return (f"a single {chip.name} chip is not a topology the TPU compiler accepts "
+    # libtpu 0.0.42 (jax 0.10.2) refuses a one-chip topology; 0.0.50 (jax 0.12) takes it. The same
+    # slice is used with both, so one target compiles the same way on every supported jax.
+    return (f"a single {chip.name} chip is not a topology every supported TPU compiler accepts "
             f"(chips_per_host_bounds 2x2x1); using {topology} (4 chips): compile for one of its "
             f"devices to model one chip")
 

@@ -9,36 +9,44 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import ARTIFACTS
+from tests.conftest import ARTIFACT_SETS, ARTIFACTS
 from tpudiag.errors import InputError, ParseError
 from tpudiag.parse.frames import check_frame
 from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
 from tpudiag.parse.llo import (LLO_PROGRAMS, SLOTS, STATIC_PROFILES, read_llo_dump, read_static_profiles,
                                read_vmem_report)
 
+# The bad-input tests cut files of the jax 0.10.2 set; the oracle tests run on both sets (libtpu
+# 0.0.50 adds the device kind to static-profile file names: `fusion.4_TPU v5 lite_static_llo_...`).
 DUMP = ARTIFACTS / "llo_v5e"
 PROFILES = DUMP / "static_profile"
 LLO = DUMP / "llo"
 
 
-@pytest.fixture(scope="module")
-def profiles():
-    return read_static_profiles(PROFILES)
+@pytest.fixture(scope="module", params=list(ARTIFACT_SETS))
+def dump(request) -> Path:
+    return ARTIFACT_SETS[request.param] / "llo_v5e"
 
 
 @pytest.fixture(scope="module")
-def programs():
-    return read_llo_dump(LLO)
+def profiles(dump):
+    return read_static_profiles(dump / "static_profile")
 
 
-def _oracle_cycles() -> dict[str, int]:
+@pytest.fixture(scope="module")
+def programs(dump):
+    return read_llo_dump(dump / "llo")
+
+
+def _oracle_cycles(profiles_dir: Path) -> dict[str, int]:
     """op -> estimated_cycles, read with a regex from the top level (two-space indent) of each file."""
     out = {}
-    for path in PROFILES.glob("*_static_llo_profile.textproto"):
+    for path in profiles_dir.glob("*_static_llo_profile.textproto"):
         text = path.read_text()
         names = re.findall(r'^  hlo_op_name: "([^"]*)"$', text, re.M)
         cycles = re.findall(r"^  estimated_cycles: (\d+)$", text, re.M)
@@ -64,27 +72,27 @@ def _scheduled_instructions(module):
 
 
 @pytest.fixture(scope="module")
-def modules():
-    return {m.name: m for m in map(read_hlo_file, find_optimized_modules(DUMP / "hlo").values())}
+def modules(dump):
+    return {m.name: m for m in map(read_hlo_file, find_optimized_modules(dump / "hlo").values())}
 
 
 # --- static profiles ---------------------------------------------------------------------------
 
-def test_static_cycles_equal_the_textproto_values(profiles):
-    oracle = _oracle_cycles()
+def test_static_cycles_equal_the_textproto_values(profiles, dump):
+    oracle = _oracle_cycles(dump / "static_profile")
     assert len(oracle) >= 8
     assert dict(zip(profiles.op, profiles.estimated_cycles)) == oracle
     assert profiles.estimated_cycles.sum() == sum(oracle.values())
     check_frame(profiles, STATIC_PROFILES, "static LLO profile")
 
 
-def test_zero_cycles_with_remote_dma_is_marked_missing(profiles):
+def test_zero_cycles_with_remote_dma_is_marked_missing(profiles, dump):
     # The all-reduce is the only op with a remote DMA; its file nests a whole hlo_instruction
     # whose own `name:`/`metadata {...}` fields must not leak into the row.
     remote = profiles[profiles.dma_instruction_type.str.contains("REMOTE")]
     assert list(remote.op) == ["all-reduce"]
     assert remote.estimate_missing.all() and (remote.estimated_cycles == 0).all()
-    assert "hlo_instruction {" in (PROFILES / remote.file.iloc[0]).read_text()
+    assert "hlo_instruction {" in (dump / "static_profile" / remote.file.iloc[0]).read_text()
     assert not profiles[profiles.op != "all-reduce"].estimate_missing.any()
     assert (profiles.num_equivalent_hlos == 1).all()
 
@@ -99,8 +107,8 @@ def test_every_scheduled_fusion_has_a_profile_row(profiles, modules):
     assert set(profiles.op) <= scheduled
 
 
-def test_several_estimates_in_one_file(tmp_path):
-    a, b = (PROFILES / "fusion.4_static_llo_profile.textproto"), (PROFILES / "all-reduce_static_llo_profile.textproto")
+def test_several_estimates_in_one_file(tmp_path, dump):
+    a, b = (next((dump / "static_profile").glob(f"{op}_*static_llo_profile.textproto")) for op in ("fusion.4", "all-reduce"))
     (tmp_path / "both_static_llo_profile.textproto").write_text(a.read_text() + b.read_text())
     df = read_static_profiles(tmp_path)
     assert list(df.op) == ["fusion.4", "all-reduce"]
@@ -110,24 +118,24 @@ def test_several_estimates_in_one_file(tmp_path):
 
 # --- LLO programs ------------------------------------------------------------------------------
 
-def _schedule_oracle() -> dict[tuple[int, str], int]:
+def _schedule_oracle(llo: Path) -> dict[tuple[int, str], int]:
     out = {}
-    for path in LLO.glob("*-schedule-analysis_final_bundles.txt"):
+    for path in llo.glob("*-schedule-analysis_final_bundles.txt"):
         m = re.match(r"^(\d+)-(.+)-\d+-schedule-analysis_final_bundles\.txt$", path.name)
         out[(int(m.group(1)), m.group(2))] = int(re.search(r"total scheduled bundles:\s*(\d+)", path.read_text())[1])
     return out
 
 
-def test_one_row_per_program_with_schedule_analysis_bundle_counts(programs):
-    oracle = _schedule_oracle()
+def test_one_row_per_program_with_schedule_analysis_bundle_counts(programs, dump):
+    oracle = _schedule_oracle(dump / "llo")
     assert dict(zip(zip(programs.dump_id, programs.program), programs.bundles)) == oracle
     assert {"all-reduce", "<late-finalization>", "TLP", "fusion.4"} <= set(programs.program)
     check_frame(programs, LLO_PROGRAMS, "LLO program")
 
 
-def test_bundle_lines_in_final_bundles_match_the_count(programs):
+def test_bundle_lines_in_final_bundles_match_the_count(programs, dump):
     for row in programs.itertuples():
-        text = (LLO / row.file).read_text()
+        text = (dump / "llo" / row.file).read_text()
         assert len(re.findall(r"^\s*(?:0x[0-9a-f]+|0) +(?:[A-Z]{2})?:", text, re.M)) == row.bundles, row.file
 
 
@@ -151,9 +159,9 @@ def test_utilization_is_a_fraction_of_capacity(programs):
     assert mlp.util_mxu["fusion.4"] > 0.5 and mlp.util_mxu["fusion.1"] == 0
 
 
-def test_utilization_equals_a_naive_sum(programs):
+def test_utilization_equals_a_naive_sum(programs, dump):
     row = programs[programs.program == "fusion.4"].iloc[0]
-    path = next(LLO.glob(f"{row.dump_id}-fusion.4-*-final_hlo-static-per-bundle-utilization.txt"))
+    path = next((dump / "llo").glob(f"{row.dump_id}-fusion.4-*-final_hlo-static-per-bundle-utilization.txt"))
     lines = path.read_text().splitlines()
     names = [n.strip().lower().replace(":", "_") for n in lines[1].split(",")]
     counts = np.array([list(map(int, ln.split())) for ln in lines[4:] if ln.strip()])
@@ -162,22 +170,22 @@ def test_utilization_equals_a_naive_sum(programs):
         assert row[f"util_{name}"] == pytest.approx(total / (len(counts) * cap))
 
 
-def test_spills_match_spill_slot_accesses_in_the_bundles(programs):
+def test_spills_match_spill_slot_accesses_in_the_bundles(programs, dump):
     assert programs.spill_stores.sum() > 0
     for row in programs.itertuples():
-        text = (LLO / row.file).read_text()
+        text = (dump / "llo" / row.file).read_text()
         assert row.spill_stores == len(re.findall(r"= vst \[vmem:\[#allocation\d+_spill\]", text)), row.file
         assert row.spill_loads == len(re.findall(r"= vld \[vmem:\[#allocation\d+_spill\]", text)), row.file
 
 
-def test_loops_and_instruction_counts(programs):
+def test_loops_and_instruction_counts(programs, dump):
     tlp = programs[programs.kind == "tlp"].set_index("module")
     assert tlp.loops["jit_loop"] >= 1 and tlp.max_loop_depth["jit_loop"] == 1
     assert tlp.loops["jit_mlp"] == 0
     # The all-reduce's top-level program waits on cross-chip barriers in nested loops.
     assert tlp.max_loop_depth["jit_allreduce"] == 2
     mm = programs[programs.program == "fusion.4"].iloc[0]
-    text = (LLO / mm.file).read_text()
+    text = (dump / "llo" / mm.file).read_text()
     assert mm.n_vmatmul == len(re.findall(r"= vmatmul\.", text)) > 0
     assert mm.n_vmatpush == len(re.findall(r"= vmatpush\.", text)) > 0
     assert mm.n_mxu_pop == len(re.findall(r"= vpop\.f32\.mrf\.mxu\d", text)) > 0
@@ -185,11 +193,11 @@ def test_loops_and_instruction_counts(programs):
     assert programs.n_dma_start.sum() > 0
 
 
-def test_vmem_report():
-    reports = {r["module"]: r for r in map(read_vmem_report, LLO.glob("*-vmem_report.html"))}
+def test_vmem_report(dump):
+    reports = {r["module"]: r for r in map(read_vmem_report, (dump / "llo").glob("*-vmem_report.html"))}
     assert set(reports) == {"jit_mlp", "jit_loop", "jit_allreduce"}
     mlp = reports["jit_mlp"]
-    text = next(p for p in LLO.glob("*-vmem_report.html") if '"jit_mlp"' in p.read_text()).read_text()
+    text = next(p for p in (dump / "llo").glob("*-vmem_report.html") if '"jit_mlp"' in p.read_text()).read_text()
     assert mlp["peak_bytes"] == max(map(int, re.findall(r'"total_size": (\d+)', text)))
     assert mlp["vmem_capacity_bytes"] == int(re.search(r'"vmem_capacity": (\d+)', text)[1])
     assert mlp["ops"]["fusion.4"]["scoped_bytes"] > 0

@@ -7,7 +7,7 @@ import shutil
 import pytest
 from jax.profiler import ProfileData
 
-from tests.conftest import RUNS, xplane_of
+from tests.conftest import SET_RUNS, xplane_of
 from tpudiag.errors import InputError, ParseError
 from tpudiag.parse.xplane import locate_xplane, read_xplane
 
@@ -24,9 +24,9 @@ def _naive_ops(path):
     return sorted(out)
 
 
-@pytest.mark.parametrize("run", RUNS)
-def test_ops_match_naive_walk(run):
-    path = xplane_of(run)
+@pytest.mark.parametrize("artifact_set,run", SET_RUNS)
+def test_ops_match_naive_walk(artifact_set, run):
+    path = xplane_of(run, artifact_set)
     trace = read_xplane(path)
     mine = sorted(zip(trace.ops["op"], trace.ops["start_ns"], trace.ops["duration_ns"]))
     assert mine == _naive_ops(path)

@@ -11,20 +11,38 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import GOLDENS, RUNS, check_golden
+from tests.conftest import ARTIFACT_SETS, GOLDENS, SET_RUNS, check_golden
 from tpudiag.cli import cli
 
 
-@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("artifact_set,run", SET_RUNS)
 @pytest.mark.parametrize("fmt,flags,suffix", [("json", ["--json"], "report.json"), ("md", ["--md"], "report.md"),
                                               ("text", ["--no-color", "--width", "120"], "report.txt")])
-def test_report_golden(run, fmt, flags, suffix, in_root, update_goldens):
-    result = CliRunner().invoke(cli, ["report", *flags, f"fixtures/artifacts/{run}"])
+def test_report_golden(artifact_set, run, fmt, flags, suffix, in_root, update_goldens):
+    """Each artifact set has its own goldens (the compilers' outputs differ); the fields are the same."""
+    result = CliRunner().invoke(cli, ["report", *flags, str((ARTIFACT_SETS[artifact_set] / run).relative_to(in_root))])
     assert result.exit_code == 0, result.output
     if fmt == "json":
         doc = json.loads(result.output)
         assert doc["schema"] == "tpudiag.report/1"
-    check_golden(GOLDENS / run / suffix, result.output, update_goldens)
+    check_golden(GOLDENS / artifact_set / run / suffix, result.output, update_goldens)
+
+
+@pytest.mark.parametrize("run", ["mlp", "decoder", "collective", "raises", "compile_v5e_collective"])
+def test_both_jax_versions_give_the_same_report_fields(run, in_root):
+    """One model for both ends of the jax range: every key path of one set's report exists in the
+    other's, for profile and compile runs alike."""
+    def paths(doc, prefix=""):
+        if isinstance(doc, dict):
+            return {p for k, v in doc.items() for p in {f"{prefix}/{k}"} | paths(v, f"{prefix}/{k}")}
+        if isinstance(doc, list):
+            return {p for item in doc for p in paths(item, prefix + "[]")}
+        return set()
+
+    docs = [json.loads(CliRunner().invoke(cli, ["report", "--json", str(root / run)]).output)
+            for root in ARTIFACT_SETS.values()]
+    assert paths(docs[0]) == paths(docs[1])
+    assert docs[0]["schema"] == docs[1]["schema"]
 
 
 def test_failed_run_report_says_so(in_root):

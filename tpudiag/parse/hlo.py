@@ -6,6 +6,12 @@ operand names, called computations, fusion kind, metadata) and the source-locati
 top of the module, so an instruction's `stack_frame_id` resolves to a Python `file:line`. Older
 dumps write `source_file`/`source_line` inline in the metadata; both are handled.
 
+The printers of the supported jax versions differ in one way the model must hide: from jax 0.12,
+XLA prints an element of a tuple as an operand (`copy(%arg_tuple.6#7)`) where older versions print
+a `get-tuple-element` instruction and use it. The parser turns the new spelling back into the
+`get-tuple-element` XLA's own parser builds for it (named `arg_tuple.6_7`, `index=7`, the element's
+shape), so both dumps give the same model.
+
 It does not compute costs or classify ops (that is `analyze/`). XLA's own parser
 (`jaxlib._hlo.hlo_module_from_text`) is the oracle the tests hold this one to.
 """
@@ -229,6 +235,52 @@ def _open_braces(line: str) -> int:
     return depth
 
 
+_TUPLE_OPERAND = re.compile(r"^(.+?)((?:#[0-9]+)+)$")
+
+
+def tuple_element_shape(shape: str, index: int) -> str | None:
+    """The text of element `index` of a tuple shape `(a, b, /*index=5*/c)`; None if not a tuple
+    or out of range."""
+    shape = _COMMENT.sub("", shape).strip()
+    if not shape.startswith("("):
+        return None
+    elements = [e.strip() for e in split_top_level(shape[1:-1])]
+    return elements[index] if 0 <= index < len(elements) else None
+
+
+def _expand_tuple_element_operands(comp: Computation, path: str) -> None:
+    """Replace each `%t#N` operand by a `get-tuple-element` of `t` (chained for `%t#N#M`), named and
+    shaped as XLA's parser names and shapes it, inserted before its first user; one per element."""
+    if not any("#" in o for i in comp.instructions for o in i.operands):
+        return
+    shapes = {i.name: i.shape for i in comp.instructions}
+    out: list[Instruction] = []
+    for instr in comp.instructions:
+        for k, operand in enumerate(instr.operands):
+            m = _TUPLE_OPERAND.match(operand)
+            if not m:
+                continue
+            base = m.group(1)
+            for index in (int(n) for n in m.group(2).lstrip("#").split("#")):
+                name = f"{base}_{index}"
+                if name not in shapes:
+                    if base not in shapes:  # left as written: the readers name the undefined operand
+                        break
+                    element = tuple_element_shape(shapes[base], index)
+                    if element is None:
+                        raise ParseError(path, f"instruction {instr.name}: operand {operand} takes element {index} "
+                                               f"of {base}, whose shape {shapes[base][:40]} has no such element",
+                                         line=instr.line)
+                    shapes[name] = element
+                    out.append(Instruction(name=name, opcode="get-tuple-element", shape=element, operands=[base],
+                                           computation=comp.name, attrs=f"index={index}", line=instr.line))
+                base = name
+            else:
+                instr.operands[k] = base
+        out.append(instr)
+    comp.instructions[:] = out
+
+
 def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
     # XLA ends a line only at "\n" (its printer escapes other line breaks inside strings).
     lines = [ln.removesuffix("\r") for ln in text.split("\n")]
@@ -284,6 +336,7 @@ def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
         if ln == "}" or _COMP_END.match(ln):
             if ln != "}":  # `}, execution_thread="sparsecore"`: v6e SparseCore offload (libtpu 0.0.42)
                 comp.execution_thread = _COMP_END.match(ln).group(1)
+            _expand_tuple_element_operands(comp, path)
             comp = None
             continue
         m = _INSTR.match(raw)

@@ -26,6 +26,7 @@ ELEMENT_BITS: dict[str, int] = {
     "s1": 1, "s2": 2, "s4": 4, "s8": 8, "s16": 16, "s32": 32, "s64": 64,
     "u1": 1, "u2": 2, "u4": 4, "u8": 8, "u16": 16, "u32": 32, "u64": 64,
     "f4e2m1fn": 4,
+    "f6e2m3fn": 6, "f6e3m2fn": 6,  # XLA in jax 0.12 (MX formats)
     "f8e3m4": 8, "f8e4m3": 8, "f8e4m3fn": 8, "f8e4m3b11fnuz": 8, "f8e4m3fnuz": 8, "f8e5m2": 8,
     "f8e5m2fnuz": 8, "f8e8m0fnu": 8,
     "bf16": 16, "f16": 16, "f32": 32, "f64": 64,
