@@ -107,3 +107,54 @@ def test_sparsecore_computations_are_read_and_marked():
     closing = re.findall(r'^\}, execution_thread="sparsecore"$', path.read_text(), re.M)
     assert threads.count("sparsecore") == len(closing) > 0
     assert module.entry is not None and module.entry.execution_thread is None
+
+
+# jax 0.12's XLA prints a tuple element as an operand (`%t#1`); older XLA prints a get-tuple-element.
+_GTE_OLD = """HloModule m
+
+ENTRY %main (p: (f32[4], s32[], /*index=2*/bf16[2,8])) -> bf16[2,8] {
+  %p = (f32[4]{0}, s32[], /*index=2*/bf16[2,8]{1,0}) parameter(0)
+  %p_2 = bf16[2,8]{1,0} get-tuple-element(%p), index=2
+  %n = bf16[2,8]{1,0} negate(%p_2)
+  ROOT %a = bf16[2,8]{1,0} add(%n, %p_2)
+}
+"""
+_GTE_NEW = """HloModule m
+
+ENTRY %main (p: (f32[4], s32[], /*index=2*/bf16[2,8])) -> bf16[2,8] {
+  %p = (f32[4]{0}, s32[], /*index=2*/bf16[2,8]{1,0}) parameter(0)
+  %n = bf16[2,8]{1,0} negate(%p#2)
+  ROOT %a = bf16[2,8]{1,0} add(%n, %p#2)
+}
+"""
+
+
+def _model(module):
+    return [(i.name, i.opcode, i.shape, i.operands, i.attrs) for i in module.instructions()]
+
+
+def test_tuple_element_operands_give_the_model_of_a_get_tuple_element():
+    old, new = parse_hlo_text(_GTE_OLD, "old.txt"), parse_hlo_text(_GTE_NEW, "new.txt")
+    assert _model(new) == _model(old)
+    gte = next(i for i in new.instructions() if i.opcode == "get-tuple-element")
+    assert (gte.name, gte.operands, gte.attrs, gte.shape, gte.line) == ("p_2", ["p"], "index=2", "bf16[2,8]{1,0}", 5)
+    # XLA's parser builds the same instruction, under the same name, from the new spelling.
+    oracle = {i.name: (_opcode(i.opcode), [o.name for o in i.operands()])
+              for c in _hlo.hlo_module_from_text(_GTE_OLD).computations() for i in c.instructions()}
+    assert {i.name: (i.opcode, i.operands) for i in new.instructions()} == oracle
+
+
+def test_tuple_element_operand_past_the_tuple_names_file_and_line():
+    with pytest.raises(ParseError, match=r"^bad\.txt:5: instruction n: operand p#3 takes element 3 of p"):
+        parse_hlo_text(_GTE_NEW.replace("negate(%p#2)", "negate(%p#3)"), "bad.txt")
+
+
+def test_jax_0_12_dumps_have_tuple_element_operands_and_read_like_jax_0_10s():
+    from tests.conftest import ARTIFACT_SETS
+
+    new = next(ARTIFACT_SETS["jax-0.12"].glob("decoder/hlo/*jit_make_inputs.cpu_after_optimizations.txt"))
+    assert re.search(r"\(%[\w.]+#\d+\)", new.read_text()), "the fixture shows the new spelling"
+    module = read_hlo_file(new)
+    assert all("#" not in o for i in module.instructions() for o in i.operands)
+    defined = {i.name for i in module.instructions()}
+    assert all(o in defined for i in module.instructions() for o in i.operands)
