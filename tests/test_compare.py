@@ -348,3 +348,15 @@ def test_cli_md_for_the_step_summary():
     result = CliRunner().invoke(cli, ["compare", "--md", str(ARTIFACTS / "mlp_steps8_a"),
                                       str(ARTIFACTS / "mlp_steps8_b")])
     assert result.exit_code == 0 and result.output.startswith("## tpudiag compare: no regression")
+
+
+def test_runs_made_by_different_jax_versions_compare_with_a_warning(in_root):
+    """Profiling before and after a jax upgrade is a comparison users make: it runs, and says so."""
+    from tests.conftest import ARTIFACT_SETS
+
+    base, cur = (str((ARTIFACT_SETS[s] / "mlp_steps8_a").relative_to(in_root)) for s in ("jax-0.10", "jax-0.12"))
+    doc = compare_reports(load_for_compare(base), load_for_compare(cur), None, 0.05, base_path=base, cur_path=cur)
+    assert ("different tool versions (jax 0.10.2 vs 0.12.0.1; jaxlib 0.10.2 vs 0.12.0.1; libtpu 0.0.42.1 vs "
+            "0.0.50.1): compiler changes are part of the difference") in doc["warnings"]
+    same = compare_reports(load_for_compare(base), load_for_compare(base), None, 0.05)
+    assert not any("tool versions" in w for w in same["warnings"])

@@ -138,6 +138,11 @@ def _identity(doc, label: str) -> dict:
     raise ParseError(label, f"schema {schema!r} is not {PROFILE_SCHEMA} or {COMPILE_SCHEMA}")
 
 
+def _versions(doc) -> dict:
+    versions = doc.get("versions") if isinstance(doc, dict) else None
+    return versions if isinstance(versions, dict) else {}
+
+
 def _differences(b: dict, c: dict, metric: str) -> list[str]:
     out = []
     if b["kind"] != c["kind"]:
@@ -332,6 +337,10 @@ def compare_reports(base: dict, cur: dict, metric: str | None, max_regression: f
                          "(--force compares them anyway)")
     if diffs:
         warnings.append(f"compared despite: {'; '.join(diffs)}")
+    changed = [f"{name} {bv} vs {cv}" for name in ("jax", "jaxlib", "libtpu")
+               if (bv := _versions(base).get(name)) and (cv := _versions(cur).get(name)) and bv != cv]
+    if changed:
+        warnings.append(f"different tool versions ({'; '.join(changed)}): compiler changes are part of the difference")
     for ident in (bid, cid):
         if not ident["program"]:
             warnings.append(f"{ident['path']}: program unknown, so it was not checked")
