@@ -115,14 +115,14 @@ def analyze_in_process(run_dir: Path, repeat: int) -> dict:
         api.analyze_compile_run(run_dir)
         return time.perf_counter() - t0
 
-    # The same steps as analyze_compile_run, timed apart (`_module_artifacts` is its parse step).
+    # The same steps as analyze_compile_run, timed apart (`module_artifacts` is its parse step).
     manifest = json.loads((run_dir / "manifest.json").read_text())
     target = resolve_target(manifest["target"]["topology"])
     mdirs = sorted(p for p in (run_dir / "modules").iterdir() if (p / "module.json").is_file())
     parse_t, build_t = [], []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        arts = [api._module_artifacts(load_module(d)) for d in mdirs]
+        arts = [api.module_artifacts(load_module(d)) for d in mdirs]
         t1 = time.perf_counter()
         build_compile_report(target, arts, manifest.get("source", {}))
         parse_t.append(t1 - t0)

@@ -65,10 +65,20 @@ class SchemaError(TpudiagError):
     exit_code = 4
 
 
-class CaptureError(TpudiagError):
-    """tpudiag itself could not start or record the program (not the program failing)."""
+class Terminated(TpudiagError):
+    """tpudiag itself was stopped by SIGTERM while writing a run (the run is marked failed)."""
 
-    exit_code = 5
+    exit_code = 143
+
+
+class GateFailed(TpudiagError):
+    """A check the user asked for did not pass (a regression past --max-regression, an HLO change
+    with --fail-on-change, a kernel that failed verify or bench, modules that failed to compile).
+    Not an error in tpudiag or the input: the message is the verdict, the exit code 1 unless set."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class NothingTraced(TpudiagError):

@@ -13,7 +13,7 @@ import pytest
 
 from tpudiag.analyze.kernel_bench import BENCH_SCHEMA, op_corrected_cycles
 from tpudiag.kernels import rmsnorm
-from tpudiag.kernels.bench import COMPILE_REPORT, run_bench
+from tpudiag.api.kernels import COMPILE_REPORT, kernels_bench as run_bench
 from tpudiag.kernels.spec import BenchSetup
 
 

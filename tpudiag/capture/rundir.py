@@ -1,7 +1,10 @@
 """The run directory: its layout, its manifest, and how to find what a capture left in it.
 
 Reads and writes `manifest.json`; knows where the trace, the HLO and IR dumps and the
-program's log live. It does not parse traces or HLO (that is `parse/`).
+program's log live. `RunDir` is the one lifecycle every command that writes a run directory goes
+through: created fresh (never over a non-empty directory), manifest `running` at once, then `ok` or
+`failed` with the reason, also when an exception or SIGTERM escapes. It does not parse traces or
+HLO (that is `parse/`).
 
 Layout (documented in docs/run-directory.md):
 
@@ -23,9 +26,12 @@ import datetime as _dt
 import json
 import os
 import re
+import signal
+import threading
+import time
 from pathlib import Path
 
-from tpudiag.errors import InputError, ParseError
+from tpudiag.errors import InputError, ParseError, Terminated, TpudiagError
 
 MANIFEST = "manifest.json"
 REPORT = "report.json"
@@ -102,3 +108,85 @@ def find_xplanes(trace_root: Path) -> list[Path]:
 
 def is_run_dir(path: Path) -> bool:
     return path.is_dir() and (path / MANIFEST).is_file()
+
+
+class RunDir:
+    """A run directory from creation to its final status, as a context manager:
+
+        with RunDir(path, "compile", COMPILE_SUBDIRS, program=..., target=...) as rd:
+            ...                       # manifest.json says "running" from the first moment
+            rd.update(source=...)     # more manifest fields, written at once
+            rd.finish(ok, exit_code=..., reason=...)
+
+    On leaving, the manifest gets `wall_s` and a final `status`: what `finish` said; `failed` with
+    the exception's one-line reason (and its `exit_code`, 130 for Ctrl-C, 143 for SIGTERM) when one
+    escapes (unless `finish` already recorded that tpudiag error); `ok` when the block ended without
+    calling `finish`. SIGTERM is turned into the
+    `Terminated` error while the block runs (main thread only), so a killed tpudiag still leaves a
+    `failed` manifest instead of a `running` one. The exception is never swallowed.
+    """
+
+    def __init__(self, path: Path, kind: str, subdirs: tuple[str, ...] = PROFILE_SUBDIRS, **fields):
+        self.path = Path(path)
+        self.kind = kind
+        self.subdirs = subdirs
+        from tpudiag.capture.versions import tool_versions
+
+        self.manifest: dict = {"schema": MANIFEST_SCHEMA, "kind": kind, "status": "running", **fields}
+        self.manifest.setdefault("versions", tool_versions())
+        self.manifest.setdefault("exit_code", None)
+        self.manifest.setdefault("reason", None)
+        self._t0 = 0.0
+        self._finished = False
+        self._previous_sigterm = None
+
+    def __enter__(self) -> RunDir:
+        create_run_dir(self.path, self.subdirs)
+        self._t0 = time.perf_counter()
+        self._write()
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
+        return self
+
+    def update(self, **fields) -> None:
+        self.manifest.update(fields)
+        self._write()
+
+    def finish(self, ok: bool, *, exit_code: int | None = None, reason: str | None = None, **fields) -> None:
+        self.manifest.update(fields, status="ok" if ok else "failed",
+                             exit_code=(0 if ok else 1) if exit_code is None else exit_code,
+                             reason=None if ok else reason)
+        self._finished = True
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+        if exc is not None and not (self._finished and isinstance(exc, TpudiagError)):
+            # An error the block already recorded with `finish` keeps that status and reason.
+            if isinstance(exc, KeyboardInterrupt):
+                code, reason = 130, "interrupted (Ctrl-C)"
+            else:
+                code = getattr(exc, "exit_code", 1)
+                reason = f"tpudiag failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"[:300]
+            self.manifest.update(status="failed", exit_code=code, reason=reason)
+        elif not self._finished:
+            self.manifest.update(status="ok", exit_code=0, reason=None)
+        if self.manifest.get("wall_s") is None:  # a command may record a narrower wall time itself
+            self.manifest["wall_s"] = round(time.perf_counter() - self._t0, 6)
+        self._write()
+        return False
+
+    def write_json(self, name: str, doc: dict) -> Path:
+        write_json_atomic(self.path / name, doc)
+        return self.path / name
+
+    def write_text(self, name: str, text: str) -> Path:
+        write_text_atomic(self.path / name, text)
+        return self.path / name
+
+    def _write(self) -> None:
+        write_json_atomic(self.path / MANIFEST, self.manifest)
+
+
+def _raise_terminated(signum, _frame):
+    raise Terminated(f"terminated by signal {signal.Signals(signum).name}")

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import IO, Callable
 
 from tpudiag.capture import rundir
-from tpudiag.capture.versions import tool_versions
 from tpudiag.errors import InputError
 
 # Dumps the CPU backend writes that no report reads (LLVM IR and object code, one per kernel):
@@ -123,13 +122,9 @@ def run_program(
         raise InputError(f"--steps must be at least 1 (got {steps})")
     if skip < 0:
         raise InputError(f"--skip must be 0 or more (got {skip})")
-    rundir.create_run_dir(run)
     given, run = run, run.resolve()  # the child gets absolute paths; the user sees the path they gave
     cenv = child_env(run, env)
-    manifest = {
-        "schema": rundir.MANIFEST_SCHEMA,
-        "kind": "profile" if trace else "shadow",
-        "status": "running",
+    fields = {
         "program": str(script),
         "argv": [str(script), *args],
         "command": "tpudiag profile " + shlex.join([
@@ -137,16 +132,23 @@ def run_program(
             *(["--python-trace"] if python_trace else []), str(script), *(["--", *args] if args else [])]),
         "cwd": os.getcwd(),
         "env": {k: cenv[k] for k in _RECORDED_ENV if k in cenv},
-        "versions": tool_versions(),
         "steps": steps,
         "skip": skip,
         "python_trace": python_trace,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "exit_code": None,
-        "reason": None,
-        "wall_s": None,
+        "wall_s": None,  # the program's own wall time, set when it ends
     }
-    rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
+    with rundir.RunDir(run, "profile" if trace else "shadow", rundir.PROFILE_SUBDIRS, **fields) as rd:
+        exit_code, reason = _run_child(rd, script, args, cenv, steps=steps, skip=skip, python_trace=python_trace,
+                                       trace=trace, program_stdout=program_stdout, program_stderr=program_stderr,
+                                       while_waiting=while_waiting)
+    return CaptureResult(run_dir=given, exit_code=exit_code, status=rd.manifest["status"], reason=reason)
+
+
+def _run_child(rd, script: Path, args: list[str], cenv: dict[str, str], *, steps, skip, python_trace, trace,
+               program_stdout, program_stderr, while_waiting) -> tuple[int, str | None]:
+    """Start the child, tee its output, wait for it; record how it ended in the run's manifest."""
+    run = rd.path
     spec_path = run / rundir.CAPTURE_DIR / "spec.json"
     spec_path.write_text(json.dumps({"run_dir": str(run), "script": str(script), "args": args,
                                      "steps": steps, "skip": skip, "python_trace": python_trace,
@@ -199,14 +201,7 @@ def run_program(
     if not child and code == 0:
         exit_code, reason = 1, "the tpudiag child ended without recording the program's status"
     prune_dumps(run / rundir.HLO_DIR)
-    manifest.update(
-        status="ok" if exit_code == 0 else "failed",
-        exit_code=exit_code,
-        reason=reason,
-        wall_s=round(wall_s, 6),
-        trace_started=bool(child.get("trace_started")),
-        steps_entered=child.get("steps_entered"),
-        xplanes=[str(p.relative_to(run)) for p in rundir.find_xplanes(run / rundir.TRACE_DIR)],
-    )
-    rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
-    return CaptureResult(run_dir=given, exit_code=exit_code, status=manifest["status"], reason=reason)
+    rd.finish(exit_code == 0, exit_code=exit_code, reason=reason, wall_s=round(wall_s, 6),
+              trace_started=bool(child.get("trace_started")), steps_entered=child.get("steps_entered"),
+              xplanes=[str(p.relative_to(run)) for p in rundir.find_xplanes(run / rundir.TRACE_DIR)])
+    return exit_code, reason

@@ -1,21 +1,23 @@
 """`tpudiag kernels bench`: compile each kernel, the plain-JAX version and JAX's own kernel for a TPU
 target at the kernel's production shape, and compare the TPU compiler's corrected cycle estimates.
+The kernels, their references and bench setups come from `tpudiag/kernels/` (`KernelSpec.bench()`).
 
 Each variant is lowered here (Pallas -> Mosaic happens at lowering) and compiled in its own worker
 process (capture/tpu_compile.py), so a variant that crashes libtpu is a failed row, not a dead bench.
 Writes a run directory: `modules/` (the compiler's artifacts per variant), `lowered/` (the StableHLO),
 `compile-report.json` (every op's figures) and `report.json` (schema tpudiag.kernels-bench/1).
-The figures themselves are computed in analyze/kernel_bench.py.
+The figures themselves are computed in analyze/kernel_bench.py. The run directory goes through
+`RunDir`.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Callable
 
 from tpudiag.analyze.kernel_bench import VARIANTS, bench_document, kernel_row, variant_figures
 from tpudiag.capture import rundir
+from tpudiag.capture.rundir import RunDir
 from tpudiag.errors import one_line
 
 MANIFEST_KIND = "kernels-bench"
@@ -34,25 +36,56 @@ def _lower(fn, args, path: Path) -> None:
     path.write_text(lowered.as_text(debug_info=True))
 
 
-def run_bench(specs: list, target_text: str, out: Path | None = None, *, static_profile: bool = True,
-              jobs: int = 2, limits=None, progress: Callable[[str], None] | None = None) -> tuple[dict, Path]:
-    """Bench `specs` for `target_text`; returns (the bench document, the run directory)."""
+def specs_named(names) -> list:
+    """KernelSpecs by name (all of them for no names); an unknown name is a one-line InputError."""
+    from tpudiag.kernels.registry import all_specs, get_spec
+
+    return [n if not isinstance(n, str) else get_spec(n) for n in names] if names else all_specs()
+
+
+def kernels_list() -> dict:
+    """`tpudiag kernels list`: the tpudiag.kernels/1 document."""
+    from tpudiag.report.kernels_render import LIST_SCHEMA
+
+    return {"schema": LIST_SCHEMA, "kernels": [s.describe() for s in specs_named(())]}
+
+
+def kernel_card(name: str) -> dict:
+    """`tpudiag kernels show NAME`: one kernel's tpudiag.kernels/1 entry."""
+    from tpudiag.report.kernels_render import LIST_SCHEMA
+
+    (spec,) = specs_named((name,))
+    return {"schema": LIST_SCHEMA, **spec.describe()}
+
+
+def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path: Path | None = None):
+    """`tpudiag kernels verify`: every case of the named kernels (all for none) in interpret mode,
+    against the reference and float64; the JUnit XML too when `junit_path` is given."""
+    from tpudiag.kernels.verify import verify_specs
+
+    result = verify_specs(specs_named(names), seed, progress)
+    if junit_path is not None:
+        from tpudiag.report.kernels_render import render_junit
+
+        rundir.write_text_atomic(Path(junit_path), render_junit(result.to_dict()))
+    return result
+
+
+def kernels_bench(names, target_text: str, out: Path | None = None, *, static_profile: bool = True,
+                  jobs: int = 2, limits=None, progress: Callable[[str], None] | None = None) -> tuple[dict, Path]:
+    """Bench the named kernels (or KernelSpecs; all for none) for `target_text`; returns (the bench
+    document, the run directory)."""
     from tpudiag.analyze.compile_report import build_compile_report
-    from tpudiag.api import _module_artifacts, _versions
+    from tpudiag.api.compile import module_artifacts
     from tpudiag.capture.tpu_compile import Limits, ModuleInput, compile_modules
     from tpudiag.targets import require_libtpu, resolve_target
 
+    specs = specs_named(names)  # an unknown name fails before any work
     target = resolve_target(target_text)
     require_libtpu()
     run = Path(out) if out else rundir.default_run_dir(Path("kernels-bench"))
-    rundir.create_run_dir(run, rundir.COMPILE_SUBDIRS + ("lowered",))
-    t0 = time.perf_counter()
-    manifest = {"schema": rundir.MANIFEST_SCHEMA, "kind": MANIFEST_KIND, "status": "running",
-                "program": "tpudiag kernels bench", "kernels": [s.name for s in specs],
-                "target": target.to_dict(), "static_profile": static_profile, "versions": _versions(),
-                "exit_code": None, "reason": None}
-    rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
-    try:
+    with RunDir(run, MANIFEST_KIND, rundir.COMPILE_SUBDIRS + ("lowered",), program="tpudiag kernels bench",
+                kernels=[s.name for s in specs], target=target.to_dict(), static_profile=static_profile) as rd:
         inputs, setups, errors = [], {}, {}  # errors: (kernel, variant) -> why it has no module
         for spec in specs:
             try:
@@ -81,9 +114,9 @@ def run_bench(specs: list, target_text: str, out: Path | None = None, *, static_
 
         results = compile_modules(inputs, run / "modules", target.topology, static_profile=static_profile,
                                   limits=limits or Limits(), jobs=jobs, progress=on_compiled)
-        report = build_compile_report(target, [_module_artifacts(r) for r in results],
+        report = build_compile_report(target, [module_artifacts(r) for r in results],
                                       {"input": "tpudiag kernels bench", "kind": "kernels"}).to_dict()
-        rundir.write_json_atomic(run / COMPILE_REPORT, report)
+        rd.write_json(COMPILE_REPORT, report)
         modules = {m["name"]: m for m in report["modules"]}
         rows = []
         for spec in specs:
@@ -95,14 +128,6 @@ def run_bench(specs: list, target_text: str, out: Path | None = None, *, static_
                                    setup.jax_name if setup else None, figures))
         doc = bench_document(report["target"], rows, static_profile)
         doc["artifacts"] = {"run_dir": str(run), "report": rundir.REPORT, "compile_report": COMPILE_REPORT}
-        rundir.write_json_atomic(run / rundir.REPORT, doc)
-    except BaseException as e:  # no report: the manifest must not stay "running"
-        manifest.update(status="failed", exit_code=getattr(e, "exit_code", 1), reason=f"tpudiag failed: {e}"[:300])
-        rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
-        raise
-    ok = doc["status"] == "ok"
-    manifest.update(status="ok" if ok else "failed", exit_code=0 if ok else 1,
-                    reason=None if ok else f"{len(doc['failed'])} kernel(s) failed: {', '.join(doc['failed'])}",
-                    wall_s=round(time.perf_counter() - t0, 3))
-    rundir.write_json_atomic(run / rundir.MANIFEST, manifest)
+        rd.write_json(rundir.REPORT, doc)
+        rd.finish(doc["status"] == "ok", reason=f"{len(doc['failed'])} kernel(s) failed: {', '.join(doc['failed'])}")
     return doc, run

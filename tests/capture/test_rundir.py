@@ -1,0 +1,101 @@
+"""The run-directory lifecycle (`capture.rundir.RunDir`): fresh directory, manifest `running` at once,
+then `ok`/`failed` with a reason, also when an exception, Ctrl-C or SIGTERM escapes; and a real
+`tpudiag compile` stopped by SIGTERM in the middle of its work."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ARTIFACTS, ROOT
+from tpudiag.capture import rundir
+from tpudiag.capture.rundir import RunDir
+from tpudiag.errors import InputError, ProgramFailed, Terminated
+
+
+def _manifest(path):
+    return json.loads((path / rundir.MANIFEST).read_text())
+
+
+def test_running_at_once_then_ok_with_the_fields_given(tmp_path):
+    run = tmp_path / "run"
+    with RunDir(run, "compile", rundir.COMPILE_SUBDIRS, program="x.py", target={"topology": "v5e:2x2"}) as rd:
+        m = _manifest(run)
+        assert (m["schema"], m["kind"], m["status"], m["program"]) == (rundir.MANIFEST_SCHEMA, "compile", "running",
+                                                                         "x.py")
+        assert m["versions"]["tpudiag"] and m["exit_code"] is None and (run / "modules").is_dir()
+        rd.update(source={"kind": "script"})
+        assert _manifest(run)["source"] == {"kind": "script"}, "update is written at once"
+    m = _manifest(run)
+    assert (m["status"], m["exit_code"], m["reason"]) == ("ok", 0, None) and m["wall_s"] >= 0
+
+
+def test_finish_records_a_failure_without_an_exception(tmp_path):
+    with RunDir(tmp_path / "run", "compile") as rd:
+        rd.finish(False, exit_code=3, reason="2 module(s) failed to compile", extra=1)
+    m = _manifest(tmp_path / "run")
+    assert (m["status"], m["exit_code"], m["reason"], m["extra"]) == ("failed", 3, "2 module(s) failed to compile", 1)
+
+
+def test_an_escaping_exception_marks_the_run_failed_and_is_not_swallowed(tmp_path):
+    with pytest.raises(ZeroDivisionError):
+        with RunDir(tmp_path / "a", "compile"):
+            1 / 0
+    m = _manifest(tmp_path / "a")
+    assert (m["status"], m["exit_code"], m["reason"]) == ("failed", 1, "tpudiag failed: division by zero")
+    with pytest.raises(KeyboardInterrupt):
+        with RunDir(tmp_path / "b", "compile"):
+            raise KeyboardInterrupt
+    assert (_manifest(tmp_path / "b")["status"], _manifest(tmp_path / "b")["exit_code"]) == ("failed", 130)
+    # A tpudiag error the block already recorded keeps its own status and reason.
+    with pytest.raises(ProgramFailed):
+        with RunDir(tmp_path / "c", "compile") as rd:
+            rd.finish(False, exit_code=4, reason="the program exited with code 4")
+            raise ProgramFailed("the program failed", 4)
+    assert _manifest(tmp_path / "c")["reason"] == "the program exited with code 4"
+
+
+def test_sigterm_inside_the_block_becomes_a_failed_run(tmp_path):
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated):
+        with RunDir(tmp_path / "run", "kernels-bench"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+    m = _manifest(tmp_path / "run")
+    assert (m["status"], m["exit_code"], m["reason"]) == ("failed", 143, "tpudiag failed: terminated by signal SIGTERM")
+    assert signal.getsignal(signal.SIGTERM) is previous, "the handler is restored"
+
+
+def test_never_over_an_existing_run(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "keep.txt").write_text("mine")
+    with pytest.raises(InputError, match="already exists and is not empty"):
+        with RunDir(tmp_path / "run", "compile"):
+            pass
+    assert (tmp_path / "run" / "keep.txt").read_text() == "mine" and not (tmp_path / "run" / rundir.MANIFEST).exists()
+
+
+def test_a_real_compile_stopped_by_sigterm_leaves_a_failed_manifest(tmp_path):
+    """`tpudiag compile` of a JAX IR dump (four modules, one compile worker at a time): SIGTERM while
+    the TPU compiler works, and the run says `failed` with the signal instead of staying `running`."""
+    run = tmp_path / "run"
+    env = dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "tpudiag", "compile", "--target", "v5e", "--jobs", "1", "--out",
+                             str(run), str(ARTIFACTS / "decoder" / "ir")], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list(run.glob("modules/*/module.json")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)  # the first module has started compiling
+    assert _manifest(run)["status"] == "running"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    m = _manifest(run)
+    assert proc.returncode == 143 and m["status"] == "failed" and m["exit_code"] == 143, err.decode()
+    assert m["reason"] == "tpudiag failed: terminated by signal SIGTERM"
+    assert err.decode().strip().splitlines()[-1] == "tpudiag: error: terminated by signal SIGTERM"

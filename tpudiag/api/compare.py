@@ -1,0 +1,49 @@
+"""`tpudiag compare`'s inputs: a run directory (re-analyzed) or a report JSON file read as written.
+
+Returns the report document of each side; the comparison itself is `analyze/compare.py`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tpudiag.errors import InputError
+
+
+def load_for_compare(path: Path) -> dict:
+    """`tpudiag compare`'s input: a run directory (re-analyzed, as `tpudiag report` does; profile or
+    compile) or a report JSON file (`tpudiag.report/1` or `tpudiag.compile/1`, read as written)."""
+    import json
+
+    from tpudiag.analyze.compare import COMPILE_SCHEMA, PROFILE_SCHEMA
+    from tpudiag.errors import ParseError
+
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    if path.is_dir():
+        from tpudiag.api.profiling import load_report
+
+        return load_report(path).to_dict()
+    try:
+        doc = json.loads(path.read_bytes())
+    except json.JSONDecodeError as e:
+        raise ParseError(path, f"not a JSON report: {e.msg}", line=e.lineno) from None
+    except UnicodeDecodeError:
+        raise ParseError(path, "not a JSON report: not UTF-8 text") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror}") from None
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema not in (PROFILE_SCHEMA, COMPILE_SCHEMA):
+        raise InputError(f"{path}: not a tpudiag profile or compile report (schema {schema!r}; expected "
+                         f"{PROFILE_SCHEMA} or {COMPILE_SCHEMA})")
+    return doc
+
+
+def compare_runs(base: Path, cur: Path, metric: str | None = None, max_regression: float = 0.05,
+                 force: bool = False) -> dict:
+    """`tpudiag compare BASE CUR`: the tpudiag.compare/1 document (analyze/compare.py decides)."""
+    from tpudiag.analyze.compare import compare_reports
+
+    return compare_reports(load_for_compare(base), load_for_compare(cur), metric, max_regression, force,
+                           base_path=str(base), cur_path=str(cur))

@@ -1,0 +1,190 @@
+"""`tpudiag compile`, `tpudiag.compile(fn, ...)` and the TPU half of `profile --target`: compile
+computations for a TPU target with libtpu's compile-only client on this machine, and build the
+compile report from what the workers left.
+
+Reads each module directory a compile worker wrote (optimized HLO, static profile, LLO dump);
+returns `CompileResult`s and `CompileReport`s. Each run directory goes through `RunDir`. It does
+not render or decide exit codes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpudiag.capture import rundir
+from tpudiag.capture.rundir import RunDir
+from tpudiag.errors import InputError, ProgramFailed, TpudiagError
+from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
+
+TPU_DIR = "tpu"  # inside a profile run: the shadow compile of its own computations (`profile --target`)
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    run_dir: Path
+    report: object  # analyze.compile_report.CompileReport (imported lazily: pandas)
+
+
+def module_artifacts(mc):
+    """Parse what one compile worker left in its module directory (`ModuleCompile` -> `ModuleArtifacts`)."""
+    from tpudiag.analyze.compile_report import ModuleArtifacts
+    from tpudiag.parse import llo
+
+    hlo = static = lframe = None
+    notes = []
+    if mc.status == "ok":
+        # XLA's own dump keeps each custom call's backend config (a Pallas kernel's CostEstimate
+        # lives there); the executable's to_string() drops it. Older runs have only the latter.
+        dumped = list(find_optimized_modules(mc.dir / "hlo").values()) if (mc.dir / "hlo").is_dir() else []
+        hlo = read_hlo_file(dumped[0] if len(dumped) == 1 else mc.dir / "optimized.hlo.txt")
+        # The compiler's side dumps enrich the report; one it wrote in a shape we do not read
+        # costs that module its cycles or utilization, not the whole report.
+        if (mc.dir / "static_profile").is_dir():
+            try:
+                static = llo.read_static_profiles(mc.dir / "static_profile")
+            except TpudiagError as e:
+                notes.append(f"static cycle profile unreadable, op times are roofline floors: {e}")
+        if (mc.dir / "llo").is_dir():
+            try:
+                lframe = llo.read_llo_dump(mc.dir / "llo")
+            except TpudiagError as e:
+                notes.append(f"LLO bundle dump unreadable, no slot utilization: {e}")
+    return ModuleArtifacts(name=mc.name, status=mc.status, error=mc.error, static_profile=mc.static_profile,
+                           result=mc.result, hlo=hlo, static=static, llo=lframe, artifacts_dir=str(mc.dir),
+                           notes=tuple(notes))
+
+
+def compile_inputs(inputs, run: Path, target, *, static_profile=True, jobs=2, limits=None, progress=None,
+                   source: dict | None = None):
+    """Compile `ModuleInput`s for `target` into `run/modules/` and build the compile report."""
+    from tpudiag.analyze.compile_report import build_compile_report
+    from tpudiag.capture.tpu_compile import Limits, compile_modules
+
+    results = compile_modules(inputs, run / "modules", target.topology, static_profile=static_profile,
+                              limits=limits or Limits(), jobs=jobs, progress=progress)
+    return build_compile_report(target, [module_artifacts(r) for r in results], source or {})
+
+
+def _write_compile_report(report, rd: RunDir) -> dict:
+    from tpudiag.report.compile_markdown import render_compile_markdown
+
+    doc = report.to_dict()
+    doc["artifacts"] = {"run_dir": str(rd.path), "report": rundir.REPORT, "modules": "modules"}
+    rd.write_json(rundir.REPORT, doc)
+    rd.write_text(rundir.REPORT_MD, render_compile_markdown(doc))
+    return doc
+
+
+def compile_target(target_text: str, input_path, args=(), out=None, *, static_profile=True, jobs=2,
+                   limits=None, progress=None, program_stdout=None) -> CompileResult:
+    """`tpudiag compile`: a script (run on CPU to collect its computations), a .mlir file or IR dump
+    directory, or an HLO text file, compiled for a TPU target on this machine."""
+    import os
+
+    from tpudiag.capture.inputs import file_inputs, ir_dump_modules
+    from tpudiag.capture.runner import run_program
+    from tpudiag.targets import require_libtpu, resolve_target
+
+    target = resolve_target(target_text)
+    require_libtpu()
+    input_path = Path(input_path)
+    is_script = input_path.suffix == ".py"
+    if not is_script:
+        inputs = file_inputs(input_path)  # validate before creating anything
+    elif not input_path.is_file():
+        raise InputError(f"{input_path}: no such file")
+    run = Path(out) if out else rundir.default_run_dir(input_path)
+    with RunDir(run, "compile", rundir.COMPILE_SUBDIRS, program=str(input_path), argv=[str(input_path), *args],
+                target=target.to_dict(), static_profile=static_profile) as rd:
+        source = {"input": str(input_path), "kind": "script" if is_script else inputs[0].kind}
+        if is_script:
+            shadow = run_program(input_path, list(args), run / "shadow", trace=False,
+                                 env=dict(os.environ, JAX_PLATFORMS="cpu"), program_stdout=program_stdout)
+            source["shadow_run"] = {"exit_code": shadow.exit_code, "status": shadow.status, "reason": shadow.reason}
+            inputs = ir_dump_modules(run / "shadow" / rundir.IR_DIR)
+            if not inputs:
+                reason = shadow.reason or "the program compiled no jax computation"
+                message = f"{input_path}: {reason}; nothing to compile (run directory {run})"
+                rd.update(source=source)
+                rd.finish(False, exit_code=shadow.exit_code or 2, reason=reason)
+                raise ProgramFailed(message, shadow.exit_code) if shadow.exit_code else InputError(message)
+        rd.update(source=source)
+        report = compile_inputs(inputs, run, target, static_profile=static_profile, jobs=jobs, limits=limits,
+                                progress=progress, source=source)
+        doc = _write_compile_report(report, rd)
+        shadow_code = source.get("shadow_run", {}).get("exit_code") or 0
+        ok = doc["status"] == "ok" and not shadow_code
+        rd.finish(ok, exit_code=0 if ok else (shadow_code or 1),
+                  reason=(source["shadow_run"]["reason"] if shadow_code
+                          else f"{doc['totals']['failed']} module(s) failed to compile"))
+    return CompileResult(run_dir=run, report=report)
+
+
+def analyze_compile_run(run: Path):
+    """Re-build a compile run's report from its module directories (never recompiles)."""
+    from tpudiag.analyze.compile_report import build_compile_report
+    from tpudiag.capture.tpu_compile import load_module
+    from tpudiag.targets import resolve_target
+
+    run = Path(run)
+    manifest = rundir.read_manifest(run)
+    target = resolve_target(manifest["target"]["topology"])
+    mdirs = sorted(p for p in (run / "modules").iterdir() if (p / "module.json").is_file()) \
+        if (run / "modules").is_dir() else []
+    report = build_compile_report(target, [module_artifacts(load_module(d)) for d in mdirs],
+                                  manifest.get("source", {}))
+    report.doc["artifacts"] = {"run_dir": str(run), "report": rundir.REPORT, "modules": "modules"}
+    return report
+
+
+def compile_function(fn, *args, target: str = "v5e", out=None, static_profile: bool = True, jobs: int = 2,
+                     limits=None) -> CompileResult:
+    """`tpudiag.compile(fn, *args, target="v5e")`: lower `fn` for TPU here, compile it in a worker.
+
+    `args` are arrays or `jax.ShapeDtypeStruct`s (shapes are all that matter). The run directory
+    (default `tpudiag-runs/<timestamp>-<fn name>`) holds the same artifacts as `tpudiag compile`.
+    """
+    import jax
+
+    from tpudiag.capture.tpu_compile import ModuleInput
+    from tpudiag.targets import require_libtpu, resolve_target
+
+    tgt = resolve_target(target)
+    require_libtpu()
+    name = getattr(fn, "__name__", "fn")
+    run = Path(out) if out else rundir.default_run_dir(Path(f"{name}.py"))
+    source = {"input": f"{name} (Python function)", "kind": "function"}
+    with RunDir(run, "compile", rundir.COMPILE_SUBDIRS, program=name, target=tgt.to_dict(), source=source,
+                static_profile=static_profile) as rd:
+        lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",))
+        mlir_path = run / f"{name}.mlir"
+        mlir_path.write_text(lowered.as_text(debug_info=True))  # debug_info keeps the source lines
+        report = compile_inputs([ModuleInput(name=f"jit_{name}", path=mlir_path, kind="mlir")], run, tgt,
+                                static_profile=static_profile, jobs=jobs, limits=limits, source=source)
+        doc = _write_compile_report(report, rd)
+        rd.finish(doc["status"] == "ok", reason=f"{doc['totals']['failed']} module(s) failed to compile")
+    return CompileResult(run_dir=run, report=report)
+
+
+def shadow_compile_run(run: Path, target_text: str, *, static_profile=True, jobs=2, limits=None, progress=None):
+    """`profile --target`: compile the run's own jitted computations (its JAX IR dump) for a TPU
+    into RUN/tpu/, and return the run's report with its `tpu_estimate` section."""
+    from tpudiag.api.profiling import analyze_run
+    from tpudiag.capture.inputs import ir_dump_modules
+    from tpudiag.targets import require_libtpu, resolve_target
+
+    run = Path(run)
+    target = resolve_target(target_text)
+    require_libtpu()
+    inputs = ir_dump_modules(run / rundir.IR_DIR)
+    if not inputs:
+        raise InputError(f"{run}: the program compiled no jax computation; nothing to compile for {target_text}")
+    source = {"input": str(run / rundir.IR_DIR), "kind": "profile_run"}
+    with RunDir(run / TPU_DIR, "compile", rundir.COMPILE_SUBDIRS, program=str(run), target=target.to_dict(),
+                source=source, static_profile=static_profile) as rd:
+        report = compile_inputs(inputs, rd.path, target, static_profile=static_profile, jobs=jobs, limits=limits,
+                                progress=progress, source=source)
+        doc = _write_compile_report(report, rd)
+        rd.finish(doc["status"] == "ok", reason=f"{doc['totals']['failed']} module(s) failed to compile")
+    return analyze_run(run)

@@ -1,0 +1,107 @@
+"""`tpudiag fusions` and `tpudiag hlo-diff`: the optimized HLO modules behind a path, with each
+instruction's time where the run has one (measured in a profile run, estimated in a compile run).
+
+Reads HLO files, XLA dump directories and run directories; returns `LoadedModule`s, fusion reports
+and HLO diffs. It does not render.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpudiag.capture import rundir
+from tpudiag.errors import InputError
+from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
+
+FUSIONS_LIST_SCHEMA = "tpudiag.fusions_list/1"
+
+
+@dataclass(frozen=True)
+class LoadedModule:
+    """An optimized HLO module with the time of each of its instructions, where the run has them."""
+
+    module: object  # parse.hlo.HloModule
+    times: dict[str, float] | None  # instruction name -> seconds (measured self time or TPU estimate)
+    time_source: str | None  # "measured" | "estimated" | None
+
+
+def load_hlo_modules(path: Path, module_name: str | None = None) -> list[LoadedModule]:
+    """The optimized HLO modules behind PATH: an HLO text file, an XLA dump directory, a profile run
+    (with measured op times) or a compile run (with estimated TPU op times). `module_name` keeps the
+    modules whose name contains it."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    found: list[LoadedModule] = []
+    if path.is_file():
+        found = [LoadedModule(read_hlo_file(path), None, None)]
+    elif rundir.is_run_dir(path) and rundir.read_manifest(path).get("kind") == "compile":
+        from tpudiag.api.compile import analyze_compile_run
+
+        doc = analyze_compile_run(path).to_dict()
+        for m in doc["modules"]:
+            if m["status"] == "ok":
+                times = {o["name"]: o["estimated_s"] for o in m["ops"]}
+                found.append(LoadedModule(read_hlo_file(Path(m["artifacts"]) / "optimized.hlo.txt"), times,
+                                          "estimated"))
+    elif rundir.is_run_dir(path):
+        from tpudiag.api.profiling import analyze_run
+
+        report = analyze_run(path)
+        tl = report.timeline
+        for pid, hpath in sorted(find_optimized_modules(path / rundir.HLO_DIR).items()):
+            sel = tl[tl["program_id"] == pid]
+            times = {op: ns * 1e-9 for op, ns in sel.groupby("op")["self_ns"].sum().items()} if len(sel) else None
+            found.append(LoadedModule(read_hlo_file(hpath), times, "measured" if times else None))
+    else:
+        mods = find_optimized_modules(path)
+        if not mods:
+            raise InputError(f"{path}: no optimized HLO here (expected an HLO file, an XLA dump directory, "
+                             "or a tpudiag run)")
+        found = [LoadedModule(read_hlo_file(p), None, None) for _, p in sorted(mods.items())]
+    if module_name:
+        keep = [m for m in found if module_name in m.module.name]
+        if not keep:
+            names = ", ".join(sorted({m.module.name for m in found}))
+            raise InputError(f"{path}: no module named like {module_name!r} (modules: {names})")
+        found = keep
+    if not found:
+        raise InputError(f"{path}: no optimized HLO module to read (a compile run whose modules all failed, "
+                         "or a run without HLO dumps)")
+    return found
+
+
+def fusion_reports(path: Path, module_name: str | None = None) -> list[dict]:
+    """`tpudiag fusions`: one tpudiag.fusions/1 document per module."""
+    from tpudiag.analyze.fusions import build_fusion_report
+
+    return [build_fusion_report(m.module, m.times, m.time_source).to_dict()
+            for m in load_hlo_modules(path, module_name)]
+
+
+def hlo_diff(path_a: Path, path_b: Path, module_name: str | None = None) -> dict:
+    """`tpudiag hlo-diff A B`: one module from each side, matched structurally."""
+    from tpudiag.analyze.hlo_diff import diff_modules
+
+    sides = []
+    for path in (path_a, path_b):
+        mods = load_hlo_modules(path, module_name)
+        if len(mods) > 1:
+            names = ", ".join(m.module.name for m in mods)
+            raise InputError(f"{path}: {len(mods)} modules; pick one with --module (modules: {names})")
+        sides.append(mods[0])
+    return diff_modules(sides[0].module, sides[1].module, sides[0].times, sides[1].times)
+
+
+def fusions_list(path: Path, module_name: str | None = None) -> dict:
+    """`tpudiag fusions`: the tpudiag.fusions_list/1 document, one tpudiag.fusions/1 per module."""
+    return {"schema": FUSIONS_LIST_SCHEMA, "modules": fusion_reports(path, module_name)}
+
+
+def write_diff_html(doc: dict, path: Path) -> Path:
+    """`hlo-diff --html FILE`: the side-by-side page, written whole or not at all."""
+    from tpudiag.report.diff_render import render_diff_html
+
+    rundir.write_text_atomic(Path(path), render_diff_html(doc))
+    return Path(path)

@@ -1,0 +1,244 @@
+"""`tpudiag profile` and `tpudiag report`: run a script under the profiler (optionally compiling its
+own computations for a TPU beside it), analyze a run directory or a bare trace, write its reports.
+
+Reads a run directory's manifest, trace, HLO dump and monitoring log; returns `ProfileReport`s. It
+does not render (that is `report/`) or decide exit codes (that is `cli.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tpudiag.capture import rundir
+from tpudiag.capture.runner import CaptureResult, run_program
+from tpudiag.errors import InputError, TpudiagError
+from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
+
+if TYPE_CHECKING:
+    from tpudiag.analyze.profile_report import ProfileReport
+
+# The analysis stack (pandas, the xplane reader) is imported inside the functions that need it:
+# `profile` starts the program first and imports it while the program runs.
+
+TPU_DIR = "tpu"  # inside a profile run: the shadow compile of its own computations (`profile --target`)
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    capture: CaptureResult
+    report: object  # analyze.profile_report.ProfileReport
+
+
+def hlo_modules(dump_dir: Path, program_ids: set[int] | None = None) -> dict:
+    """{program_id: HloModule} of the after-optimizations HLO in a dump directory."""
+    return {pid: read_hlo_file(path) for pid, path in find_optimized_modules(dump_dir).items()
+            if program_ids is None or pid in program_ids}
+
+
+def hlo_index(dump_dir: Path, program_ids: set[int] | None = None) -> dict:
+    """{program_id: {op name: OpInfo}} from the after-optimizations HLO in a dump directory."""
+    from tpudiag.analyze.categorize import index_module
+
+    return {pid: index_module(m) for pid, m in hlo_modules(dump_dir, program_ids).items()}
+
+
+def empty_trace():
+    """A trace with no events: what a report of a run that traced nothing is built on."""
+    from tpudiag.parse import frames
+    from tpudiag.parse.xplane import Trace
+
+    return Trace(path="", hostname="", backend="unknown", start_time_ns=0, window_ns=0,
+                 ops=frames.empty_frame(frames.OPS), steps=frames.empty_frame(frames.STEPS),
+                 host=frames.empty_frame(frames.HOST), compile=frames.empty_frame(frames.HOST), devices=(),
+                 jax_version=None)
+
+
+def _xprof_stats(trace, warnings: list[str]):
+    """XProf's hlo_stats for device-plane traces; CPU traces get none (XProf's tables are empty for them)."""
+    from tpudiag.parse import xprof_tools
+
+    if trace.backend not in ("tpu", "gpu"):
+        return None
+    try:
+        return xprof_tools.hlo_stats(Path(trace.path))
+    except Exception as e:  # XProf's C++ converter on an unfamiliar trace must not end the report
+        warnings.append(f"XProf's per-op statistics are missing: {type(e).__name__}: {e}")
+        return None
+
+
+def _run_root_of(xplane: Path) -> Path | None:
+    """RUN for RUN/trace/plugins/profile/<session>/<host>.xplane.pb, if RUN is a tpudiag run."""
+    parents = xplane.resolve().parents
+    if len(parents) > 4 and rundir.is_run_dir(parents[4]):
+        return parents[4]
+    return None
+
+
+def analyze_run(run: Path, xplane: Path | None = None) -> "ProfileReport":
+    """Analyze a run directory from its artifacts (never re-runs the program).
+
+    `xplane`: which of the run's traces to report (default: the last one).
+    """
+    from tpudiag.analyze.categorize import index_module
+    from tpudiag.analyze.profile_report import build_profile_report
+    from tpudiag.parse.monitoring import read_monitoring
+    from tpudiag.parse.xplane import read_xplane
+
+    run = Path(run)
+    manifest = rundir.read_manifest(run)
+    warnings = []
+    xplanes = rundir.find_xplanes(run / rundir.TRACE_DIR)
+    if xplane is not None:
+        xplanes = [p for p in xplanes if p.resolve() != Path(xplane).resolve()] + [Path(xplane)]
+    if xplanes:
+        trace = read_xplane(xplanes[-1])
+        if len(xplanes) > 1:
+            warnings.append(f"{len(xplanes)} traces in this run; reporting {xplanes[-1].name}")
+        entered, asked = manifest.get("steps_entered"), manifest.get("steps")
+        if asked is not None and entered is not None and entered < manifest.get("skip", 0) + asked:
+            warnings.append(f"--steps {asked} --skip {manifest.get('skip', 0)} asked for more steps than the "
+                            f"program ran ({entered}): traced until it ended")
+    else:
+        if manifest.get("reason"):
+            why = manifest["reason"]
+        elif manifest.get("steps") is not None:
+            why = (f"the program entered {manifest.get('steps_entered') or 0} StepTraceAnnotation steps; "
+                   f"--skip {manifest.get('skip', 0)} --steps {manifest['steps']} selects none of them")
+        else:
+            why = "the program never initialized a jax backend, so there was nothing to trace"
+        warnings.append(f"no trace was written ({why})")
+        trace = empty_trace()
+    xprof_stats = _xprof_stats(trace, warnings)
+    pids = set(trace.ops["program_id"].unique().tolist())
+    modules = hlo_modules(run / rundir.HLO_DIR, pids)
+    index = {pid: index_module(m) for pid, m in modules.items()}
+    compiles, hits = read_monitoring(run / rundir.MONITORING)
+    artifacts = {
+        "run_dir": str(run),
+        "manifest": rundir.MANIFEST,
+        "report": rundir.REPORT,
+        "program_log": rundir.PROGRAM_LOG,
+        "trace_logdir": rundir.TRACE_DIR,
+        "xplane": str(xplanes[-1].relative_to(run)) if xplanes else None,
+        "hlo_dump": rundir.HLO_DIR,
+        "ir_dump": rundir.IR_DIR,
+    }
+    report = build_profile_report(trace, index, compiles, hits, manifest, artifacts, warnings, xprof_stats,
+                                  modules=modules)
+    if rundir.is_run_dir(run / TPU_DIR):  # `profile --target`: the TPU estimate beside the CPU timeline
+        from tpudiag.analyze.tpu_estimate import SECTION, build_tpu_estimate
+        from tpudiag.api.compile import analyze_compile_run
+
+        compile_doc = analyze_compile_run(run / TPU_DIR).to_dict()
+        report.doc[SECTION] = build_tpu_estimate(report.timeline, report.doc["steps"]["count"], compile_doc)
+        report.doc["artifacts"]["tpu_compile"] = TPU_DIR
+    return report
+
+
+def analyze_xplane(path: Path) -> "ProfileReport":
+    """Analyze a bare `.xplane.pb` captured elsewhere; HLO and compile data are used if it sits in a run."""
+    from tpudiag.analyze.profile_report import build_profile_report
+    from tpudiag.parse import frames
+    from tpudiag.parse.xplane import read_xplane
+
+    path = Path(path)
+    root = _run_root_of(path)
+    if root is not None:
+        return analyze_run(root, path)
+    trace = read_xplane(path)
+    warnings = ["no HLO dump beside this trace: op categories and source lines are unknown"] if len(trace.ops) else []
+    xprof_stats = _xprof_stats(trace, warnings)
+    return build_profile_report(trace, {}, frames.empty_frame(frames.COMPILES), 0, None,
+                                {"xplane": str(path)}, warnings, xprof_stats)
+
+
+def load_report(target: Path):
+    """A run directory (profile or compile), an xprof log directory, or a `.xplane.pb` file."""
+    from tpudiag.parse.xplane import locate_xplane
+
+    target = Path(target)
+    if rundir.is_run_dir(target):
+        if rundir.read_manifest(target).get("kind") == "compile":
+            from tpudiag.api.compile import analyze_compile_run
+
+            return analyze_compile_run(target)
+        return analyze_run(target)
+    if target.is_dir() and not any(target.iterdir()):
+        raise InputError(f"{target}: empty directory (expected a tpudiag run directory or an .xplane.pb)")
+    return analyze_xplane(locate_xplane(target))
+
+
+def write_report(report, run: Path) -> Path:
+    """report.json and report.md into the run directory (each written whole, or not at all)."""
+    from tpudiag.report.markdown import render_markdown
+
+    path = Path(run) / rundir.REPORT
+    rundir.write_json_atomic(path, report.to_dict())
+    rundir.write_text_atomic(Path(run) / rundir.REPORT_MD, render_markdown(report.to_dict()))
+    return path
+
+
+def html_report(report) -> str:
+    """The self-contained HTML page (docs/html-report.md) of a profile or compile report; a profile
+    page gets one step's timeline (the median step). For `--html FILE` and the CI bundle."""
+    from tpudiag.analyze.profile_report import ProfileReport
+
+    from tpudiag.analyze.timeline import step_op_rows
+    from tpudiag.report.html import render_html
+
+    doc = report.to_dict()
+    rows = step_op_rows(report.timeline, doc["steps"]["rows"]) if isinstance(report, ProfileReport) else None
+    return render_html(doc, rows)
+
+
+def write_html(report, path: Path) -> Path:
+    """`html_report(report)` written to `path` (whole, or not at all)."""
+    rundir.write_text_atomic(Path(path), html_report(report))
+    return Path(path)
+
+
+def profile(script, args=(), out=None, *, steps=None, skip=0, python_trace=False, target=None,
+            static_profile=True, jobs=2, limits=None, progress=None, program_stdout=None, program_stderr=None,
+            while_waiting=None) -> ProfileResult:
+    """Run `script` under the profiler, analyze it and write `report.json` into the run directory.
+
+    With `target` (a TPU name such as "v5e"), the run's own jitted computations are then compiled
+    for that TPU into RUN/tpu/ and the report gains its `tpu_estimate` section (`profile --target`);
+    not when the program failed. `progress` is called with None when that compile starts, then with
+    each compiled module. `while_waiting` runs in a thread while the program runs.
+    """
+    script = Path(script)
+    run = Path(out) if out else rundir.default_run_dir(script)
+    cap = run_program(script, list(args), run, steps=steps, skip=skip, python_trace=python_trace,
+                      program_stdout=program_stdout, program_stderr=program_stderr, while_waiting=while_waiting)
+    result = finish_capture(cap)
+    if target and cap.exit_code == 0:
+        from tpudiag.api.compile import shadow_compile_run
+
+        if progress:
+            progress(None)
+        report = shadow_compile_run(cap.run_dir, target, static_profile=static_profile, jobs=jobs, limits=limits,
+                                    progress=progress)
+        write_report(report, cap.run_dir)
+        result = ProfileResult(capture=cap, report=report)
+    return result
+
+
+def finish_capture(cap: CaptureResult) -> ProfileResult:
+    """Analyze a capture that just ended and write its reports (even when the program failed)."""
+    from tpudiag.analyze.profile_report import build_profile_report
+    from tpudiag.parse import frames
+
+    try:
+        report = analyze_run(cap.run_dir)
+    except TpudiagError as e:
+        # Analysis of a failed program's partial artifacts must not hide the program's failure.
+        if cap.exit_code == 0:
+            raise
+        report = build_profile_report(empty_trace(), {}, frames.empty_frame(frames.COMPILES), 0,
+                                      rundir.read_manifest(cap.run_dir), {"run_dir": str(cap.run_dir)},
+                                      [f"analysis failed: {e}"])
+    write_report(report, cap.run_dir)
+    return ProfileResult(capture=cap, report=report)

@@ -1,0 +1,48 @@
+"""The `tpudiag` command line: options in, an api call, a renderer out, an exit code.
+
+`group` holds the click group; `run` (profile, compile), `read` (report, targets, fusions, hlo-diff,
+compare, export) and `kernels` register their commands on it; `common` has what they share.
+`main()` is the only place that calls `sys.exit`: it maps tpudiag's errors to one line on stderr
+and an exit code (errors.py), with the traceback only under --debug.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tpudiag.cli import kernels, read, run  # noqa: F401  (register the commands)
+from tpudiag.cli.group import cli
+from tpudiag.errors import GateFailed, ProgramFailed, TpudiagError
+
+__all__ = ["cli", "main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: maps tpudiag errors to one-line messages and exit codes."""
+    obj: dict = {"debug": False}  # the group callback records --debug here (click's ctx.obj)
+    try:
+        cli.main(args=argv, prog_name="tpudiag", standalone_mode=False, obj=obj)
+    except click.exceptions.Abort:
+        click.echo("tpudiag: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except TpudiagError as e:
+        if obj["debug"]:
+            raise
+        # A failed program or gate is a verdict, not an error of tpudiag or of its input.
+        prefix = "tpudiag: " if isinstance(e, (ProgramFailed, GateFailed)) else "tpudiag: error: "
+        click.echo(f"{prefix}{e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("tpudiag: interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:  # a bug in tpudiag: say so in one line, traceback with --debug
+        if obj["debug"]:
+            raise
+        click.echo(f"tpudiag: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
+        sys.exit(70)
+    sys.exit(0)

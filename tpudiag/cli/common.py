@@ -1,0 +1,181 @@
+"""What every tpudiag command shares: the output options, one `emit(result, fmt)` that picks the
+renderer for a result by its schema, progress on stderr, the --ci bundle and the version check.
+
+Renderers live in `report/`; this module only chooses one and says where its text goes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tpudiag.errors import UsageError
+
+FORMATS = ("text", "json", "md")
+
+
+def console(no_color: bool = False, width: int | None = None):
+    from rich.console import Console
+
+    return Console(no_color=no_color, width=width, highlight=False, soft_wrap=False)
+
+
+def output_format(as_json: bool, as_md: bool = False) -> str:
+    """The `--json`/`--md` flags as one format name (the two are exclusive)."""
+    if as_json and as_md:
+        raise UsageError("choose one of --json and --md")
+    return "json" if as_json else "md" if as_md else "text"
+
+
+def _renderers(schema: str):
+    """(markdown renderer, terminal renderer) for a result's schema; each takes (doc, **options)."""
+    from tpudiag.report import compare_render, diff_render, fusions_render, kernels_render
+
+    if schema.startswith("tpudiag.report/"):
+        from tpudiag.report.markdown import render_markdown
+        from tpudiag.report.terminal import render_terminal
+
+        return (lambda d, top=15, top_compiles=10: render_markdown(d, top, top_compiles),
+                lambda d, c, top=15, top_compiles=10: render_terminal(d, c, top, top_compiles))
+    if schema.startswith("tpudiag.compile/"):
+        from tpudiag.report.compile_markdown import render_compile_markdown
+        from tpudiag.report.compile_terminal import render_compile_terminal
+
+        return render_compile_markdown, render_compile_terminal
+    if schema.startswith("tpudiag.fusions_list/"):
+        def md(d, top=15):
+            return "\n".join(fusions_render.render_fusions_markdown(m, top) for m in d["modules"])
+
+        def text(d, c, top=15):
+            for m in d["modules"]:
+                fusions_render.render_fusions_terminal(m, c, top)
+        return md, text
+    if schema.startswith("tpudiag.hlo_diff/"):
+        return (lambda d, unchanged=False: diff_render.render_diff_markdown(d),
+                lambda d, c, unchanged=False: click.echo(diff_render.render_diff_text(d, unchanged=unchanged), nl=False))
+    if schema.startswith("tpudiag.compare/"):
+        return compare_render.render_compare_markdown, compare_render.render_compare_terminal
+    if schema.startswith("tpudiag.kernels-verify/"):
+        return None, kernels_render.render_verify
+    if schema.startswith("tpudiag.kernels-bench/"):
+        return (lambda d: kernels_render.render_bench_markdown(d)), kernels_render.render_bench
+    if schema.startswith("tpudiag.kernels/"):  # the list, or one kernel's card
+        return None, lambda d, c: (kernels_render.render_list(d, c) if "kernels" in d
+                                   else kernels_render.render_show(d, c))
+    raise UsageError(f"no renderer for schema {schema!r}")
+
+
+def emit(result, fmt: str, *, no_color: bool = False, width: int | None = None, **options) -> None:
+    """Print a result (a model with `to_dict()`, or its document) to stdout as `fmt`: JSON exactly
+    as `report.json` holds it, GitHub Markdown, or the terminal report; `options` go to the renderer
+    (`top=`, `unchanged=`)."""
+    doc = result.to_dict() if hasattr(result, "to_dict") else result
+    if fmt == "json":
+        from tpudiag.report.json_report import render_json
+
+        click.echo(render_json(doc), nl=False)
+        return
+    md, text = _renderers(doc["schema"])
+    if fmt == "md":
+        if md is None:
+            raise UsageError(f"{doc['schema']} has no Markdown form")
+        click.echo(md(doc, **options), nl=False)
+    else:
+        text(doc, console(no_color, width), **options)
+
+
+def output_options(schema: str):
+    def decorate(f):
+        f = click.option("--width", type=click.IntRange(60, 400), default=None,
+                         help="Terminal report width (default: the terminal's).")(f)
+        f = click.option("--no-color", is_flag=True, help="Plain terminal output.")(f)
+        f = click.option("--md", "as_md", is_flag=True,
+                         help="Print GitHub-flavoured Markdown (for $GITHUB_STEP_SUMMARY).")(f)
+        f = click.option("--json", "as_json", is_flag=True, help=f"Print JSON to stdout (schema {schema}).")(f)
+        return f
+    return decorate
+
+
+def ci_options(f):
+    f = click.option("--max-artifact-mb", type=click.FloatRange(0, min_open=True), default=None,
+                     help="With --ci: the most tpudiag-artifacts.tar.gz may weigh, compressed, in MB "
+                          "(default 50); what does not fit is left out and listed in its BUNDLE.txt.")(f)
+    f = click.option("--ci", is_flag=True,
+                     help="Also write RUN/tpudiag-artifacts.tar.gz (reports, trace, HLO, LLO summaries) "
+                          "for a CI artifact upload, and print its path (docs/ci.md).")(f)
+    return f
+
+
+def ci_budget(ci: bool, max_artifact_mb: float | None) -> float | None:
+    """The bundle budget in MB, or None without --ci; checked before anything runs."""
+    if max_artifact_mb is not None and not ci:
+        raise UsageError("--max-artifact-mb needs --ci")
+    if not ci:
+        return None
+    from tpudiag.capture.bundle import DEFAULT_MAX_ARTIFACT_MB
+
+    return DEFAULT_MAX_ARTIFACT_MB if max_artifact_mb is None else max_artifact_mb
+
+
+def write_ci_bundle(run_dir: Path, max_mb: float, report, program_failed: bool) -> None:
+    """`--ci`: RUN/tpudiag-artifacts.tar.gz with the HTML report, its path on stderr (stdout stays the report)."""
+    from tpudiag import api
+    from tpudiag.capture.bundle import MB, write_bundle
+
+    try:
+        res = write_bundle(run_dir, int(max_mb * MB), html=api.html_report(report))
+    except UsageError as e:
+        if not program_failed:
+            raise
+        click.echo(f"tpudiag: error: {e}", err=True)  # the program's own exit code still wins
+        return
+    left = (f"; {len(res.left_out)} file(s) left out to fit --max-artifact-mb {max_mb:g}, listed in BUNDLE.txt"
+            if res.left_out else "")
+    click.echo(f"tpudiag: CI artifacts {res.path} ({res.bytes / MB:.2f} MB{left})", err=True)
+
+
+def check_versions() -> None:
+    """Refuse a jax/jaxlib/libtpu combination known to crash, before anything runs; warn on an
+    untested one."""
+    from tpudiag.compat import check_installed
+    from tpudiag.errors import IncompatibleVersions
+
+    check = check_installed()
+    for line in check.warnings:
+        click.echo(f"tpudiag: warning: {line}", err=True)
+    if check.refusals:
+        raise IncompatibleVersions(check.refusals[0])
+
+
+def program_args(args) -> list[str]:
+    """The program's own arguments, without the `--` that separates them from tpudiag's."""
+    args = list(args)
+    return args[1:] if args and args[0] == "--" else args
+
+
+def debug_on() -> bool:
+    return bool((click.get_current_context().find_root().obj or {}).get("debug"))
+
+
+def progress():
+    """A progress line on stderr while modules compile (counts modules as they finish). The line
+    appears at the first call: `on_module(None)` says the compile started, `on_module(mc)` that a
+    module finished, so a program that runs first (`profile --target`) keeps the terminal to itself."""
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn
+
+    err = Console(stderr=True)
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), console=err, transient=True,
+                   disable=not err.is_terminal)
+    task = bar.add_task("compiling for TPU...", total=None)
+    done = []
+
+    def on_module(mc):
+        if not bar.live.is_started:
+            bar.start()
+        if mc is not None:
+            done.append(mc)
+            bar.update(task, description=f"compiled {len(done)} module(s); last: {mc.name} ({mc.status})")
+
+    return on_module, bar.stop

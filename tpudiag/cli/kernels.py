@@ -1,0 +1,117 @@
+"""`tpudiag kernels list | show | verify | bench`: the bundled Pallas TPU kernels.
+
+Options in, one api call, `emit` out; a failed verify or bench is `GateFailed` (exit 1).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from tpudiag.cli.common import check_versions, emit, output_format
+from tpudiag.cli.group import cli
+from tpudiag.errors import GateFailed
+
+
+def _cpu_jax():
+    # Verification runs Pallas in interpret mode on the CPU, and bench lowers here and compiles in
+    # workers: neither needs a TPU backend, and probing for one prints libtpu's start-up noise.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+def _text_options(f):
+    f = click.option("--width", type=click.IntRange(60, 400), default=None)(f)
+    return click.option("--no-color", is_flag=True)(f)
+
+
+@cli.group()
+def kernels():
+    """The bundled Pallas TPU kernels: list, show, verify (CPU, interpret mode), bench (TPU compiler)."""
+    check_versions()
+    _cpu_jax()
+
+
+@kernels.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels/1).")
+@_text_options
+def kernels_list(as_json, no_color, width):
+    """The bundled kernels: what each replaces and the shapes it was tuned for."""
+    from tpudiag import api
+
+    emit(api.kernels_list(), output_format(as_json), no_color=no_color, width=width)
+
+
+@kernels.command(name="show")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON (one tpudiag.kernels/1 entry).")
+@_text_options
+@click.argument("name")
+def kernels_show(as_json, no_color, width, name):
+    """One kernel: what it replaces, its signature, the shapes it was tuned for, a usage snippet."""
+    from tpudiag import api
+
+    emit(api.kernel_card(name), output_format(as_json), no_color=no_color, width=width)
+
+
+@kernels.command(name="verify")
+@click.option("--seed", type=int, default=None, help="Random seed for the inputs (default: a fresh one, printed).")
+@click.option("--junit", "junit_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also write the results as JUnit XML.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels-verify/1).")
+@_text_options
+@click.argument("names", nargs=-1)
+def kernels_verify(seed, junit_path, as_json, no_color, width, names):
+    """Check kernels (interpret mode, CPU) against their reference and float64, values and gradients.
+
+    Exit 1 if any case fails."""
+    from rich.console import Console
+
+    from tpudiag import api
+
+    err = Console(stderr=True, highlight=False)
+
+    def progress(r):
+        if err.is_terminal:
+            err.print(f"{'ok  ' if r.ok else 'FAIL'} {r.kernel} [{r.label}] {r.seconds:.1f} s")
+
+    result = api.kernels_verify(names, seed, progress, junit_path=junit_path)
+    emit(result, output_format(as_json), no_color=no_color, width=width)
+    if not result.ok:
+        raise GateFailed(f"kernels verify: {len(result.failures)} of {len(result.cases)} case(s) failed "
+                         f"(seed {result.seed})")
+
+
+@kernels.command(name="bench")
+@click.option("--target", "target_text", required=True, help="TPU target: v5e, v6e, v5p, v4.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default: tpudiag-runs/<timestamp>-kernels-bench).")
+@click.option("--no-static-profile", is_flag=True, help="Skip the static cycle profile (roofline floors only).")
+@click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Compiles at once.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=120, show_default=True,
+              help="Seconds allowed for one static-profile compile before falling back to a plain compile.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels-bench/1).")
+@click.option("--md", "as_md", is_flag=True, help="Print GitHub Markdown.")
+@_text_options
+@click.argument("names", nargs=-1)
+def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, as_json, as_md, no_color, width, names):
+    """Compile kernels, their plain-JAX versions and JAX's own kernels for TPU; compare estimated cycles.
+
+    Exit 1 if a variant failed to lower or compile (the others are still reported)."""
+    from rich.console import Console
+
+    from tpudiag import api
+    from tpudiag.capture.tpu_compile import Limits
+    from tpudiag.targets import resolve_target
+
+    fmt = output_format(as_json, as_md)
+    resolve_target(target_text)  # a bad target fails before any work
+    err = Console(stderr=True, highlight=False)
+    doc, _ = api.kernels_bench(names, target_text, out, static_profile=not no_static_profile, jobs=jobs,
+                               limits=Limits(static_timeout_s=timeout_s),
+                               progress=(lambda line: err.print(line)) if err.is_terminal else None)
+    emit(doc, fmt, no_color=no_color, width=width)
+    if doc["failed"]:
+        raise GateFailed(f"kernels bench: {', '.join(doc['failed'])} failed to lower or compile "
+                         f"(run directory {doc['artifacts']['run_dir']})")

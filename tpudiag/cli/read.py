@@ -1,0 +1,141 @@
+"""The commands that read what earlier runs left: report, targets, fusions, hlo-diff, compare, export.
+
+Options in, one api call, `emit` out, and a failed gate as `GateFailed` (exit 1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tpudiag.cli.common import console, emit, output_format, output_options
+from tpudiag.cli.group import cli
+from tpudiag.errors import GateFailed
+
+
+@cli.command()
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also write a self-contained HTML report here (no script; opens offline).")
+@output_options("tpudiag.report/1, or tpudiag.compile/1 for a compile run")
+@click.argument("target", type=click.Path(path_type=Path))
+def report(html_path, as_json, as_md, no_color, width, target):
+    """Re-render a run without re-running it.
+
+    TARGET is a run directory, an xprof log directory, or a bare .xplane.pb captured elsewhere.
+    """
+    from tpudiag import api
+    from tpudiag.config import DEFAULT_CONFIG
+
+    fmt = output_format(as_json, as_md)
+    loaded = api.load_report(target)
+    if html_path:
+        api.write_html(loaded, html_path)
+    if loaded.to_dict()["schema"].startswith("tpudiag.compile/"):
+        emit(loaded, fmt, no_color=no_color, width=width, top=10)
+    else:
+        emit(loaded, fmt, no_color=no_color, width=width, top=DEFAULT_CONFIG.top_ops,
+             top_compiles=DEFAULT_CONFIG.top_compiles)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON (schema tpudiag.targets/1).")
+@click.option("--no-color", is_flag=True)
+def targets(as_json, no_color):
+    """The TPU generations `compile --target` accepts, with each chip's figures."""
+    from tpudiag.targets import TARGETS_SCHEMA, targets_table
+
+    rows = targets_table()
+    if as_json:
+        emit({"schema": TARGETS_SCHEMA, "targets": rows}, "json")
+        return
+    from tpudiag.report.compile_terminal import render_targets_terminal
+
+    render_targets_terminal(rows, console(no_color, None))
+    click.echo("Also accepted: v5e:2x4, v5p:2x2x1, v6e-4, v5litepod-8, ... (see docs/targets.md)")
+
+
+@cli.command()
+@click.option("--module", "module_name", default=None, help="Only modules whose name contains this.")
+@click.option("--top", type=click.IntRange(1, 10000), default=15, show_default=True, help="Rows per table.")
+@output_options("tpudiag.fusions/1, one document per module in a list")
+@click.argument("target", type=click.Path(path_type=Path))
+def fusions(module_name, top, as_json, as_md, no_color, width, target):
+    """Fusions and fusion breaks of the optimized HLO in TARGET.
+
+    TARGET is an HLO text file, an XLA dump directory, a profile run (fusions get measured times)
+    or a compile run (estimated TPU times). A fusion break is a producer->consumer edge XLA did not
+    fuse, so the tensor round-trips memory; the reason is given only when the graph shows it.
+    """
+    from tpudiag import api
+
+    fmt = output_format(as_json, as_md)
+    emit(api.fusions_list(target, module_name), fmt, no_color=no_color, width=width, top=top)
+
+
+@cli.command(name="hlo-diff")
+@click.option("--module", "module_name", default=None, help="The module to compare when a side holds several.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
+              help="Also write a self-contained side-by-side HTML page here.")
+@click.option("--fail-on-change", is_flag=True, help="Exit 1 if anything was added, removed, changed or moved (CI).")
+@click.option("--all", "show_all", is_flag=True, help="List unchanged instructions too.")
+@output_options("tpudiag.hlo_diff/1")
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+def hlo_diff(module_name, html_path, fail_on_change, show_all, as_json, as_md, no_color, width, a, b):
+    """What changed between two compiles: A and B are HLO files, dump directories or run directories.
+
+    Instructions are matched by structure (opcode, shape, operands, metadata), not by name.
+    """
+    from tpudiag import api
+    from tpudiag.analyze.hlo_diff import has_changes
+
+    fmt = output_format(as_json, as_md)
+    doc = api.hlo_diff(a, b, module_name)
+    if html_path:
+        api.write_diff_html(doc, html_path)
+    emit(doc, fmt, no_color=no_color, width=width, unchanged=show_all)
+    if fail_on_change and has_changes(doc):
+        s = doc["summary"]
+        raise GateFailed(f"HLO changed: {s['added']} added, {s['removed']} removed, {s['changed']} changed, "
+                         f"{s['moved']} moved")
+
+
+@cli.command()
+@click.option("--metric", type=click.Choice(["device_time", "tpu_time", "peak_memory"]), default=None,
+              help="What to compare (default: device_time for profile runs, tpu_time for compile runs).")
+@click.option("--max-regression", default="5%", show_default=True,
+              help="Largest allowed increase of the headline figure: 5% (or the fraction 0.05).")
+@click.option("--force", is_flag=True, help="Compare runs of different programs, backends, targets or kinds anyway.")
+@click.option("--top", type=click.IntRange(1, 10000), default=15, show_default=True, help="Rows per table.")
+@output_options("tpudiag.compare/1")
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("cur", type=click.Path(path_type=Path))
+def compare(metric, max_regression, force, top, as_json, as_md, no_color, width, base, cur):
+    """Did CUR regress against BASE? Each is a run directory or a report JSON file (profile or compile).
+
+    With 3 or more steps in each run the median step times are compared, and an increase counts only
+    beyond --max-regression and the runs' measured spread. Per-module and per-op changes are shown;
+    only the headline figure decides the exit code: 1 on a regression, 0 otherwise.
+    """
+    from tpudiag import api
+    from tpudiag.analyze.compare import parse_max_regression
+    from tpudiag.report.compare_render import render_compare_verdict
+
+    fmt = output_format(as_json, as_md)
+    doc = api.compare_runs(base, cur, metric, parse_max_regression(max_regression), force)
+    emit(doc, fmt, no_color=no_color, width=width, top=top)
+    if doc["regression"]:
+        raise GateFailed(render_compare_verdict(doc))
+
+
+@cli.command()
+@click.option("--perfetto", "perfetto_path", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="Write the op timeline here as a Chrome JSON trace (.json, or .json.gz) for ui.perfetto.dev.")
+@click.argument("target", type=click.Path(path_type=Path))
+def export(perfetto_path, target):
+    """Export a profile run's op timeline (HLO names, categories, source lines, steps) for Perfetto."""
+    from tpudiag import api
+
+    res = api.perfetto_export(target, perfetto_path)
+    click.echo(f"wrote {res['path']}: {res['events']} events, {res['bytes'] / 2**20:.2f} MB")

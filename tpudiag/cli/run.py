@@ -1,0 +1,148 @@
+"""`tpudiag profile` and `tpudiag compile`: the commands that run something and write a run directory.
+
+Options in, one api call, `emit` out, and the outcome as an exception `main()` maps to an exit code.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from tpudiag.cli.common import (check_versions, ci_budget, ci_options, debug_on, emit, output_format, output_options,
+                                program_args, progress, write_ci_bundle)
+from tpudiag.cli.group import cli
+from tpudiag.errors import GateFailed, NothingTraced, ProgramFailed, UsageError
+
+_PASS_THROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": True}
+
+
+@cli.command(context_settings=_PASS_THROUGH)
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default tpudiag-runs/<timestamp>-<script>). Never overwritten.")
+@click.option("--steps", type=int, default=None,
+              help="Trace only N jax.profiler.StepTraceAnnotation steps (default: trace the whole run).")
+@click.option("--skip", type=int, default=0, show_default=True, help="With --steps: steps to run untraced first.")
+@click.option("--python-trace", is_flag=True, help="Also record every Python call (slow: 2-5x).")
+@click.option("--target", "target_text", default=None,
+              help="Also compile the program's computations for this TPU (v5e, v6e:2x2, ...) and show "
+                   "the estimated TPU time beside the measured one.")
+@click.option("--no-static-profile", is_flag=True, help="With --target: skip the static cycle profile.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also write a self-contained HTML report here (no script; opens offline).")
+@ci_options
+@output_options("tpudiag.report/1")
+@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def profile(out, steps, skip, python_trace, target_text, no_static_profile, html_path, ci, max_artifact_mb,
+            as_json, as_md, no_color, width, script, args):
+    """Run SCRIPT [ARGS...] under the profiler and report where its time went.
+
+    tpudiag's options may come before or after SCRIPT; the program's own arguments go after `--`
+    (`tpudiag profile train.py --target v5e -- --steps 5`). Options tpudiag does not know are
+    passed to the program too. The run directory holds the
+    trace (open it with `xprof --logdir RUN/trace`), the HLO and IR dumps, the program's log,
+    manifest.json, report.json and report.md.
+    """
+    import importlib
+
+    from tpudiag import api
+    from tpudiag.config import DEFAULT_CONFIG
+
+    fmt = output_format(as_json, as_md)
+    if skip and steps is None:
+        raise UsageError("--skip needs --steps")
+    ci_mb = ci_budget(ci, max_artifact_mb)
+    check_versions()
+    if target_text:
+        from tpudiag.targets import resolve_target
+
+        resolve_target(target_text)  # a bad target fails before the program runs
+    progress_cb, stop = progress() if target_text else (None, lambda: None)
+    try:
+        # With --json/--md, stdout is exactly the report: the program's stdout goes to stderr (and the
+        # log). The analysis stack is imported while the program runs (pandas alone is ~0.7 s).
+        result = api.profile(script, program_args(args), out, steps=steps, skip=skip, python_trace=python_trace,
+                             target=target_text, static_profile=not no_static_profile, progress=progress_cb,
+                             program_stdout=sys.stderr.buffer if fmt != "text" else None,
+                             while_waiting=lambda: importlib.import_module("tpudiag.analyze.profile_report"))
+    finally:
+        stop()
+    if html_path:
+        api.write_html(result.report, html_path)
+    emit(result.report, fmt, no_color=no_color, width=width, top=DEFAULT_CONFIG.top_ops,
+         top_compiles=DEFAULT_CONFIG.top_compiles)
+    cap = result.capture
+    if ci_mb is not None:  # also for a failed program: that is when the artifacts matter most
+        write_ci_bundle(cap.run_dir, ci_mb, result.report, program_failed=cap.exit_code != 0)
+    if cap.exit_code != 0:
+        raise ProgramFailed(f"the program failed ({cap.reason}); what was captured is in {cap.run_dir}", cap.exit_code)
+    doc = result.report.to_dict()
+    if not doc["artifacts"].get("xplane"):
+        raise NothingTraced(f"nothing was traced: {doc['warnings'][0] if doc['warnings'] else 'no trace'}")
+
+
+@cli.command(name="compile", context_settings=_PASS_THROUGH)
+@click.option("--target", "target_text", required=True, help="TPU target: v4, v5e, v5p, v6e, or a topology (v5e:2x4).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default tpudiag-runs/<timestamp>-<input>). Never overwritten.")
+@click.option("--no-static-profile", is_flag=True,
+              help="Skip the TPU compiler's static cycle profile (much faster; roofline estimates only).")
+@click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Modules compiled at once.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=60, show_default=True,
+              help="Seconds a module may spend in the static-profile compile before falling back.")
+@click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True, help="Ops shown per module.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also write a self-contained HTML report here (no script; opens offline).")
+@ci_options
+@output_options("tpudiag.compile/1")
+@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, html_path, ci, max_artifact_mb, as_json,
+             as_md, no_color, width, input_path, args):
+    """Compile INPUT for a TPU generation on this machine and report the TPU compiler's own estimates.
+
+    INPUT is a Python script (run on CPU; every jitted computation it ran is compiled; ARGS go to
+    it), a StableHLO .mlir file or JAX IR dump directory (JAX_DUMP_IR_TO), or an HLO text file.
+    """
+    fmt = output_format(as_json, as_md)
+    ci_mb = ci_budget(ci, max_artifact_mb)
+    check_versions()
+    from tpudiag.targets import require_libtpu, resolve_target
+
+    resolve_target(target_text)  # a bad target or a missing libtpu fails before anything runs
+    require_libtpu()
+    args = program_args(args)
+    if args and input_path.suffix != ".py":
+        raise UsageError(f"{input_path}: program arguments are only for a .py script")
+    from tpudiag import api
+    from tpudiag.capture.tpu_compile import Limits
+
+    progress_cb, stop = progress()
+    progress_cb(None)
+    try:
+        result = api.compile_target(target_text, input_path, args, out, static_profile=not no_static_profile,
+                                    jobs=jobs, limits=Limits(static_timeout_s=timeout_s), progress=progress_cb,
+                                    program_stdout=sys.stderr.buffer if fmt != "text" else None)
+    finally:
+        stop()
+    doc = result.report.to_dict()
+    if html_path:
+        api.write_html(result.report, html_path)
+    emit(doc, fmt, no_color=no_color, width=width, top=top)
+    shadow = doc["source"].get("shadow_run") or {}
+    if ci_mb is not None:
+        write_ci_bundle(result.run_dir, ci_mb, result.report,
+                        program_failed=bool(shadow.get("exit_code")) or doc["status"] != "ok")
+    if shadow.get("exit_code"):  # the script failed: what it ran before failing was still compiled
+        raise ProgramFailed(f"the program failed ({shadow['reason']}); the {len(doc['modules'])} computation(s) "
+                            f"it ran before that were compiled; run directory {result.run_dir}",
+                            shadow["exit_code"])
+    if debug_on():  # libtpu's own output is kept out of the way, not thrown away
+        for m in doc["modules"]:
+            click.echo(f"tpudiag: {m['name']}: TPU compiler log in {m['artifacts']}/compile.log", err=True)
+    if doc["status"] != "ok":
+        failed = [m for m in doc["modules"] if m["status"] != "ok"]
+        raise GateFailed(f"{len(failed)} of {len(doc['modules'])} module(s) failed to compile for "
+                         f"{doc['target']['topology']} (first: {failed[0]['name']}: {failed[0]['error']})")
