@@ -23,7 +23,7 @@ def test_every_op_joins_its_hlo_instruction():
 
 def test_aggregate_counts_match_instances():
     report = analyze_run(ARTIFACTS / "mlp")
-    tl, ops = report.timeline, report.ops
+    tl, ops = report.timeline, report.op_frame
     assert ops["occurrences"].sum() == len(tl)
     assert ops["self_ns"].sum() == tl["self_ns"].sum()
     assert ops["share"].sum() == pytest.approx(1.0)

@@ -13,9 +13,11 @@ so overlapping activity is never counted twice and the parts always sum to the w
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
+
+from tpudiag.model import Model
 
 def ns_to_s(ns) -> float:
     """ns -> s, rounded to the ns so JSON shows 0.0123 and not 0.012300000000000002."""
@@ -26,7 +28,7 @@ PRIORITY = ("communication", "compute", "memory", "control", "compile", "host")
 
 
 @dataclass(frozen=True)
-class Breakdown:
+class Breakdown(Model):
     total_s: float
     compute_s: float
     memory_s: float
@@ -34,9 +36,6 @@ class Breakdown:
     host_s: float
     idle_s: float
     compile_s: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     def parts(self) -> dict[str, float]:
         d = self.to_dict()

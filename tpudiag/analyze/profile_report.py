@@ -1,14 +1,16 @@
 """Assembles the `tpudiag.report/1` document from parsed pieces: timeline, breakdown, top ops, compiles.
 
 Input: the parsed trace, the HLO op index, the compile frame and the run manifest (or None for a
-bare `.xplane.pb`). Output: a frozen `ProfileReport` whose `to_dict()` is the JSON document
-(schema in docs/report-schema.md) and whose `timeline` keeps the per-instance frame for
-renderers and exporters. No I/O.
+bare `.xplane.pb`). Output: a `ProfileReport`, a tree of frozen models whose `to_dict()` is the
+JSON document (schema in docs/report-schema.md) and whose `timeline` and `op_frame` keep the
+per-instance and per-op frames for renderers and exporters (not part of the document).
+`ProfileReport.from_dict` reads a `report.json` back, checking every field. No I/O.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,23 +20,118 @@ from tpudiag.analyze.breakdown import ns_to_s as _s
 from tpudiag.analyze.compiles import compile_intervals, compile_table
 from tpudiag.analyze.fusions import build_fusion_report, fusion_summary
 from tpudiag.analyze.timeline import aggregate_ops, build_timeline, step_table
+from tpudiag.model import Model
 from tpudiag.parse.xplane import Trace
 
 SCHEMA = "tpudiag.report/1"
+_FRAME = {"json": False}  # kept beside the document for renderers and exporters
 
 
 @dataclass(frozen=True)
-class ProfileReport:
-    doc: dict
-    timeline: pd.DataFrame = field(repr=False, compare=False)
-    ops: pd.DataFrame = field(repr=False, compare=False)
+class Traced(Model):
+    steps: int | None
+    skip: int | None
 
-    def to_dict(self) -> dict:
-        return self.doc
 
-    @property
-    def breakdown(self) -> Breakdown:
-        return Breakdown(**self.doc["breakdown"])
+@dataclass(frozen=True)
+class Totals(Model):
+    op_instances: int
+    distinct_ops: int
+    op_self_s: float
+    modules: int
+    compile_s: float
+    compile_cache_hits: int
+
+
+@dataclass(frozen=True)
+class StepRow(Model):
+    step_num: int
+    duration_s: float
+    op_s: float
+
+
+@dataclass(frozen=True)
+class Steps(Model):
+    count: int
+    median_s: float | None
+    rows: tuple[StepRow, ...]
+
+
+@dataclass(frozen=True)
+class XprofOp(Model):
+    """XProf's own figures for an op (device-plane traces only)."""
+
+    category: str | None
+    bound_by: str | None
+    model_gflops_per_s: float | None
+    memory_gib_per_s: float | None
+    flops_per_byte: float | None
+
+
+@dataclass(frozen=True)
+class OpRow(Model):
+    name: str
+    module: str
+    program_id: int
+    category: str
+    opcode: str | None
+    bound: str
+    shape: str | None
+    source: str | None
+    occurrences: int
+    total_s: float
+    self_s: float
+    avg_s: float
+    share: float
+    xprof: XprofOp | None
+
+
+@dataclass(frozen=True)
+class CompileRow(Model):
+    function: str
+    compiles: int
+    tracing_s: float
+    lowering_s: float
+    backend_compile_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class ProfileReport(Model):
+    """The `tpudiag.report/1` document of one run, field for field."""
+
+    SCHEMA = SCHEMA
+
+    schema: str
+    status: str
+    reason: str | None
+    exit_code: int | None
+    program: str | None
+    argv: tuple[str, ...] | None
+    command: str | None
+    backend: str
+    host: str
+    devices: tuple[str, ...]
+    wall_s: float
+    process_wall_s: float | None
+    traced: Traced
+    breakdown: Breakdown
+    breakdown_share: dict[str, float | None]
+    totals: Totals
+    steps: Steps
+    ops: tuple[OpRow, ...]
+    compile: tuple[CompileRow, ...]
+    artifacts: dict[str, str | None]
+    versions: dict[str, str | None]
+    fusions: tuple[dict[str, Any], ...]  # analyze.fusions.fusion_summary documents
+    warnings: tuple[str, ...]
+    tpu_estimate: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})  # profile --target
+    timeline: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_FRAME)
+    op_frame: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_FRAME)
+
+    def with_tpu_estimate(self, section: dict, compile_dir: str) -> ProfileReport:
+        """The same report with `profile --target`'s estimate and the compile run it came from."""
+        return replace(self, tpu_estimate=section, artifacts={**self.artifacts, "tpu_compile": compile_dir})
 
 
 def _intervals(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -90,62 +187,62 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
     xprof = {}
     if xprof_stats is not None and len(xprof_stats):
         for r in xprof_stats.itertuples():
-            xprof[(int(r.program_id), r.op)] = {
-                "category": r.xprof_category, "bound_by": r.bound_by,
-                "model_gflops_per_s": None if pd.isna(r.model_gflops_per_s) else float(r.model_gflops_per_s),
-                "memory_gib_per_s": None if pd.isna(r.memory_gib_per_s) else float(r.memory_gib_per_s),
-                "flops_per_byte": None if pd.isna(r.flops_per_byte) else float(r.flops_per_byte)}
+            xprof[(int(r.program_id), r.op)] = XprofOp(
+                category=r.xprof_category, bound_by=r.bound_by,
+                model_gflops_per_s=None if pd.isna(r.model_gflops_per_s) else float(r.model_gflops_per_s),
+                memory_gib_per_s=None if pd.isna(r.memory_gib_per_s) else float(r.memory_gib_per_s),
+                flops_per_byte=None if pd.isna(r.flops_per_byte) else float(r.flops_per_byte))
     steps = step_table(timeline, trace.steps)
     ctab = compile_table(compiles)
     m = manifest or {}
-    doc = {
-        "schema": SCHEMA,
-        "status": m.get("status", "ok"),
-        "reason": m.get("reason"),
-        "exit_code": m.get("exit_code"),
-        "program": m.get("program"),
-        "argv": m.get("argv"),
-        "command": m.get("command"),
-        "backend": trace.backend,
-        "host": trace.hostname,
-        "devices": list(trace.devices),
-        "wall_s": _s(trace.window_ns),
-        "process_wall_s": m.get("wall_s"),
-        "traced": {"steps": m.get("steps"), "skip": m.get("skip", 0) if m else None},
-        "breakdown": bd.to_dict(),
-        "breakdown_share": bd.shares(),
-        "totals": {
-            "op_instances": int(len(timeline)),
-            "distinct_ops": int(len(ops)),
-            "op_self_s": _s(timeline["self_ns"].sum()),
-            "modules": int(timeline["module"].nunique()),
-            "compile_s": _s(compiles["duration_ns"].sum()),
-            "compile_cache_hits": int(cache_hits),
-        },
-        "steps": {
-            "count": int(len(steps)),
-            "median_s": _s(_median(steps["duration_ns"].to_numpy()) or 0) if len(steps) else None,
-            "rows": [{"step_num": int(r.step_num), "duration_s": _s(r.duration_ns), "op_s": _s(r.op_ns)}
-                     for r in steps.itertuples()],
-        },
-        "ops": [
-            {"name": r.op, "module": r.module, "program_id": int(r.program_id), "category": r.category,
-             "opcode": r.opcode, "bound": r.bound, "shape": r.shape,
-             "source": r.source if isinstance(r.source, str) else None,
-             "occurrences": int(r.occurrences), "total_s": _s(r.total_ns), "self_s": _s(r.self_ns),
-             "avg_s": _s(r.avg_ns), "share": float(r.share),
-             "xprof": xprof.get((int(r.program_id), r.op))}
+    return ProfileReport(
+        schema=SCHEMA,
+        status=m.get("status", "ok"),
+        reason=m.get("reason"),
+        exit_code=m.get("exit_code"),
+        program=m.get("program"),
+        argv=tuple(m["argv"]) if m.get("argv") is not None else None,
+        command=m.get("command"),
+        backend=trace.backend,
+        host=trace.hostname,
+        devices=tuple(trace.devices),
+        wall_s=_s(trace.window_ns),
+        process_wall_s=m.get("wall_s"),
+        traced=Traced(steps=m.get("steps"), skip=m.get("skip", 0) if m else None),
+        breakdown=bd,
+        breakdown_share=bd.shares(),
+        totals=Totals(
+            op_instances=int(len(timeline)),
+            distinct_ops=int(len(ops)),
+            op_self_s=_s(timeline["self_ns"].sum()),
+            modules=int(timeline["module"].nunique()),
+            compile_s=_s(compiles["duration_ns"].sum()),
+            compile_cache_hits=int(cache_hits),
+        ),
+        steps=Steps(
+            count=int(len(steps)),
+            median_s=_s(_median(steps["duration_ns"].to_numpy()) or 0) if len(steps) else None,
+            rows=tuple(StepRow(step_num=int(r.step_num), duration_s=_s(r.duration_ns), op_s=_s(r.op_ns))
+                       for r in steps.itertuples()),
+        ),
+        ops=tuple(
+            OpRow(name=r.op, module=r.module, program_id=int(r.program_id), category=r.category,
+                  opcode=r.opcode, bound=r.bound, shape=r.shape,
+                  source=r.source if isinstance(r.source, str) else None,
+                  occurrences=int(r.occurrences), total_s=_s(r.total_ns), self_s=_s(r.self_ns),
+                  avg_s=_s(r.avg_ns), share=float(r.share), xprof=xprof.get((int(r.program_id), r.op)))
             for r in ops.itertuples()
-        ],
-        "compile": [
-            {"function": r.fun_name, "compiles": int(r.compiles), "tracing_s": _s(r.tracing_ns),
-             "lowering_s": _s(r.lowering_ns), "backend_compile_s": _s(r.backend_compile_ns),
-             "total_s": _s(r.total_ns)}
+        ),
+        compile=tuple(
+            CompileRow(function=r.fun_name, compiles=int(r.compiles), tracing_s=_s(r.tracing_ns),
+                       lowering_s=_s(r.lowering_ns), backend_compile_s=_s(r.backend_compile_ns),
+                       total_s=_s(r.total_ns))
             for r in ctab.itertuples()
-        ],
-        "artifacts": artifacts,
-        "versions": m.get("versions", {"jax": trace.jax_version}),
-        "fusions": _fusion_summaries(timeline, modules or {}, fusion_modules),
-        "warnings": warnings,
-    }
-    return ProfileReport(doc=doc, timeline=timeline, ops=ops)
+        ),
+        artifacts=dict(artifacts),
+        versions=m.get("versions", {"jax": trace.jax_version}),
+        fusions=tuple(_fusion_summaries(timeline, modules or {}, fusion_modules)),
+        warnings=tuple(warnings),
+        timeline=timeline,
+        op_frame=ops,
+    )

@@ -128,12 +128,12 @@ def analyze_run(run: Path, xplane: Path | None = None) -> "ProfileReport":
     report = build_profile_report(trace, index, compiles, hits, manifest, artifacts, warnings, xprof_stats,
                                   modules=modules)
     if rundir.is_run_dir(run / TPU_DIR):  # `profile --target`: the TPU estimate beside the CPU timeline
-        from tpudiag.analyze.tpu_estimate import SECTION, build_tpu_estimate
+        from tpudiag.analyze.tpu_estimate import build_tpu_estimate
         from tpudiag.api.compile import analyze_compile_run
 
         compile_doc = analyze_compile_run(run / TPU_DIR).to_dict()
-        report.doc[SECTION] = build_tpu_estimate(report.timeline, report.doc["steps"]["count"], compile_doc)
-        report.doc["artifacts"]["tpu_compile"] = TPU_DIR
+        report = report.with_tpu_estimate(build_tpu_estimate(report.timeline, report.steps.count, compile_doc),
+                                          TPU_DIR)
     return report
 
 

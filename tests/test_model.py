@@ -1,0 +1,56 @@
+"""The result models: every golden document reads back into its model and writes out byte for byte,
+and a bad document is a one-line ParseError naming the file and the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import GOLDENS, ROOT
+from tpudiag.analyze.profile_report import ProfileReport
+from tpudiag.errors import ParseError
+from tpudiag.report.json_report import render_json
+
+PROFILE_GOLDENS = sorted(p for p in GOLDENS.glob("*/*/report.json") if "compile" not in p.parent.name)
+
+
+def test_there_are_profile_goldens_from_both_jax_versions():
+    assert {p.parent.parent.name for p in PROFILE_GOLDENS} == {"jax-0.10", "jax-0.12"} and len(PROFILE_GOLDENS) == 8
+
+
+@pytest.mark.parametrize("path", PROFILE_GOLDENS, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
+def test_profile_report_round_trips(path):
+    text = path.read_text()
+    report = ProfileReport.from_dict(json.loads(text), str(path))
+    assert render_json(report.to_dict()) == text
+    # Typed all the way down: the figures a consumer reads are attributes, not keys.
+    assert report.steps.count == len(report.steps.rows) and report.breakdown.total_s == report.wall_s
+    assert all(isinstance(o.self_s, (int, float)) and o.name for o in report.ops)
+
+
+def test_profile_report_with_a_tpu_estimate_round_trips(in_root):
+    from tpudiag import api
+
+    report = api.load_report(ROOT / "fixtures" / "artifacts" / "mlp")
+    est = report.with_tpu_estimate({"status": "ok", "modules": []}, "tpu")
+    doc = est.to_dict()
+    assert doc["tpu_estimate"] == {"status": "ok", "modules": []} and doc["artifacts"]["tpu_compile"] == "tpu"
+    assert "tpu_estimate" not in report.to_dict(), "a section only some runs have is left out, not null"
+    assert ProfileReport.from_dict(doc).to_dict() == doc
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d.pop("steps"), "report.json: steps: missing"),
+    (lambda d: d["steps"]["rows"][1].update(duration_s="slow"),
+     "report.json: steps.rows[1].duration_s: expected a number, got 'slow'"),
+    (lambda d: d["ops"][0].update(program_id=1.5), "report.json: ops[0].program_id: expected an integer, got 1.5"),
+    (lambda d: d.update(warnings="none"), "report.json: warnings: expected a list, got 'none'"),
+    (lambda d: d.update(schema="tpudiag.report/9"), "report.json: schema 'tpudiag.report/9': expected 'tpudiag.report/1'"),
+])
+def test_bad_documents_name_the_field(edit, message):
+    doc = json.loads((GOLDENS / "jax-0.10" / "mlp" / "report.json").read_text())
+    edit(doc)
+    with pytest.raises(ParseError) as e:
+        ProfileReport.from_dict(doc, "report.json")
+    assert str(e.value) == message

@@ -1,0 +1,41 @@
+"""Run directories written by an earlier tpudiag (fixtures/old-runs/, commit e0a2482) still open:
+`tpudiag report` gives the same documents as the reports built from the same artifacts in the
+fixture set, and `tpudiag compare` reads them as either side."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import ARTIFACTS, ROOT
+from tpudiag.cli import cli
+
+OLD = ROOT / "fixtures" / "old-runs"
+
+
+def _report(path) -> dict:
+    result = CliRunner().invoke(cli, ["report", "--json", str(path)])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+@pytest.mark.parametrize("old,same", [("profile-e0a2482", "mlp"), ("compile-e0a2482", "compile_v5e_collective")])
+def test_old_run_reports_as_before(old, same):
+    mine, theirs = _report(OLD / old), _report(ARTIFACTS / same)
+    for doc in (mine, theirs):  # the only field that names where the run lies
+        doc["artifacts"].pop("run_dir", None)
+        for m in doc.get("modules", []):
+            m["artifacts"] = m["artifacts"].rsplit("/modules/", 1)[-1]
+    assert mine == theirs
+    assert json.loads((OLD / old / "manifest.json").read_text())["status"] == "ok"
+
+
+def test_old_runs_compare_with_new_ones():
+    for args in ([str(OLD / "profile-e0a2482"), str(ARTIFACTS / "mlp")],
+                 [str(OLD / "compile-e0a2482"), str(ARTIFACTS / "compile_v5e_collective")]):
+        result = CliRunner().invoke(cli, ["compare", "--json", *args])
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.output)
+        assert doc["schema"] == "tpudiag.compare/1" and doc["regression"] is False
