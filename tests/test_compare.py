@@ -18,7 +18,8 @@ from rich.console import Console
 
 from tests.conftest import ARTIFACTS
 from tpudiag import api
-from tpudiag.analyze.compare import SCHEMA, compare_reports, default_metric, parse_max_regression
+from tpudiag.analyze.compare import SCHEMA, default_metric, parse_max_regression
+from tpudiag.analyze.compare import compare_reports as _compare_reports
 from tpudiag.cli import cli, main
 from tpudiag.errors import InputError, ParseError, UsageError
 from tpudiag.report.compare_render import render_compare_markdown, render_compare_terminal, render_compare_verdict
@@ -26,6 +27,11 @@ from tpudiag.report.json_report import render_json
 
 
 load_for_compare = api.load_for_compare
+
+
+def compare_reports(*args, **kwargs) -> dict:
+    """The comparison as its document: the tests read the JSON every consumer sees."""
+    return _compare_reports(*args, **kwargs).to_dict()
 
 
 @lru_cache(maxsize=None)

@@ -54,3 +54,16 @@ def test_bad_documents_name_the_field(edit, message):
     with pytest.raises(ParseError) as e:
         ProfileReport.from_dict(doc, "report.json")
     assert str(e.value) == message
+
+
+def test_comparison_round_trips_and_reads_typed(in_root):
+    from tpudiag import api
+    from tpudiag.analyze.compare_model import Comparison
+
+    result = api.compare_runs(ROOT / "fixtures/artifacts/sized_mlp_h1024", ROOT / "fixtures/artifacts/sized_mlp_h4096")
+    doc = json.loads(render_json(result.to_dict()))
+    assert Comparison.from_dict(doc, "compare.json") == result
+    assert result.regression and result.headline.verdict == "regression" and result.regressions[0].decides_exit
+    assert {r.status for r in result.ops} <= {"added", "removed", "changed", "unchanged"}
+    assert all(r.module for r in result.ops) and all(r.module is None for r in result.modules)
+    assert "module" not in doc["modules"][0], "module rows have no module key"

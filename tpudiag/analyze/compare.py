@@ -36,9 +36,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import PurePath
 
+from tpudiag.analyze.compare_model import SCHEMA, ChangeRow, Comparison, Headline, Regression, Side
 from tpudiag.errors import ParseError, UsageError
-
-SCHEMA = "tpudiag.compare/1"
 PROFILE_SCHEMA = "tpudiag.report/1"
 COMPILE_SCHEMA = "tpudiag.compile/1"
 METRICS = ("device_time", "tpu_time", "peak_memory")
@@ -312,8 +311,8 @@ def _regression_entry(kind: str, row: dict, decides_exit: bool) -> dict:
 
 def compare_reports(base: dict, cur: dict, metric: str | None, max_regression: float, force: bool = False, *,
                     base_path: str | None = None, cur_path: str | None = None,
-                    config: CompareConfig = DEFAULT_COMPARE_CONFIG) -> dict:
-    """The `tpudiag.compare/1` document of CUR against BASE.
+                    config: CompareConfig = DEFAULT_COMPARE_CONFIG) -> Comparison:
+    """The `tpudiag.compare/1` result (a `Comparison`) of CUR against BASE.
 
     `metric`: one of METRICS, or None for `default_metric(base)`. `max_regression`: a fraction
     (0.05 = 5%). `base_path`/`cur_path` name the sides in the document and in errors (default:
@@ -395,20 +394,9 @@ def compare_reports(base: dict, cur: dict, metric: str | None, max_regression: f
     regressions = [_regression_entry("headline", {**headline, "name": basis}, True)] if headline["regression"] else []
     regressions += [_regression_entry("module", r, False) for r in modules if r["flagged"]]
     regressions += [_regression_entry("op", r, False) for r in ops if r["flagged"]]
-    return {
-        "schema": SCHEMA,
-        "metric": metric,
-        "unit": unit,
-        "max_regression_pct": round(100 * max_regression, 6),
-        "base": bid,
-        "cur": cid,
-        "forced": bool(diffs),
-        "differences": diffs,
-        "headline": headline,
-        "modules": modules,
-        "ops": ops,
-        "regressions": regressions,
-        "regression": headline["regression"],
-        "note": NOTE,
-        "warnings": warnings,
-    }
+    return Comparison(
+        schema=SCHEMA, metric=metric, unit=unit, max_regression_pct=round(100 * max_regression, 6),
+        base=Side(**bid), cur=Side(**cid), forced=bool(diffs), differences=tuple(diffs),
+        headline=Headline(**headline), modules=tuple(ChangeRow(**r) for r in modules),
+        ops=tuple(ChangeRow(**r) for r in ops), regressions=tuple(Regression(**r) for r in regressions),
+        regression=headline["regression"], note=NOTE, warnings=tuple(warnings))

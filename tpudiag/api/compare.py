@@ -41,8 +41,8 @@ def load_for_compare(path: Path) -> dict:
 
 
 def compare_runs(base: Path, cur: Path, metric: str | None = None, max_regression: float = 0.05,
-                 force: bool = False) -> dict:
-    """`tpudiag compare BASE CUR`: the tpudiag.compare/1 document (analyze/compare.py decides)."""
+                 force: bool = False):
+    """`tpudiag compare BASE CUR`: the `Comparison` (tpudiag.compare/1; analyze/compare.py decides)."""
     from tpudiag.analyze.compare import compare_reports
 
     return compare_reports(load_for_compare(base), load_for_compare(cur), metric, max_regression, force,

@@ -123,10 +123,10 @@ def compare(metric, max_regression, force, top, as_json, as_md, no_color, width,
     from tpudiag.report.compare_render import render_compare_verdict
 
     fmt = output_format(as_json, as_md)
-    doc = api.compare_runs(base, cur, metric, parse_max_regression(max_regression), force)
-    emit(doc, fmt, no_color=no_color, width=width, top=top)
-    if doc["regression"]:
-        raise GateFailed(render_compare_verdict(doc))
+    result = api.compare_runs(base, cur, metric, parse_max_regression(max_regression), force)
+    emit(result, fmt, no_color=no_color, width=width, top=top)
+    if result.regression:
+        raise GateFailed(render_compare_verdict(result.to_dict()))
 
 
 @cli.command()
