@@ -301,6 +301,11 @@ def _rows(bmap: dict, cmap: dict, unit: str, floor: float | None, limit: float, 
     return rows
 
 
+def _side(ident: dict) -> Side:
+    argv = ident["argv"]
+    return Side(**{**ident, "argv": tuple(argv) if argv is not None else None})
+
+
 def _regression_entry(kind: str, row: dict, decides_exit: bool) -> dict:
     entry = {"kind": kind, "name": row["name"], "base": row["base"], "cur": row["cur"], "delta": row["delta"],
              "delta_pct": row["delta_pct"], "decides_exit": decides_exit}
@@ -396,7 +401,7 @@ def compare_reports(base: dict, cur: dict, metric: str | None, max_regression: f
     regressions += [_regression_entry("op", r, False) for r in ops if r["flagged"]]
     return Comparison(
         schema=SCHEMA, metric=metric, unit=unit, max_regression_pct=round(100 * max_regression, 6),
-        base=Side(**bid), cur=Side(**cid), forced=bool(diffs), differences=tuple(diffs),
+        base=_side(bid), cur=_side(cid), forced=bool(diffs), differences=tuple(diffs),
         headline=Headline(**headline), modules=tuple(ChangeRow(**r) for r in modules),
         ops=tuple(ChangeRow(**r) for r in ops), regressions=tuple(Regression(**r) for r in regressions),
         regression=headline["regression"], note=NOTE, warnings=tuple(warnings))
