@@ -67,3 +67,19 @@ def test_comparison_round_trips_and_reads_typed(in_root):
     assert {r.status for r in result.ops} <= {"added", "removed", "changed", "unchanged"}
     assert all(r.module for r in result.ops) and all(r.module is None for r in result.modules)
     assert "module" not in doc["modules"][0], "module rows have no module key"
+
+
+@pytest.mark.parametrize("chip", ["v5e", "v6e"])
+def test_kernel_bench_results_round_trip(chip):
+    """The bench documents recorded in bench/results/ (all eight kernels, with and without JAX's own)."""
+    from tpudiag.analyze.kernel_bench import KernelBench
+
+    path = ROOT / "bench" / "results" / f"kernels-bench-{chip}.json"
+    doc = json.loads(path.read_text())
+    doc.pop("runs")  # these files merge three bench runs and name them; a single run has no such key
+    bench = KernelBench.from_dict(doc, str(path))
+    assert bench.to_dict() == doc
+    with_jax = [k for k in bench.kernels if k.jax_name]
+    assert with_jax and all(k.jax_cycles is not None for k in with_jax)
+    assert all("ratio_vs_jax" not in k for k in doc["kernels"] if "jax_name" not in k)
+    assert bench.worst_ratio_vs_xla == max(k["ratio_vs_xla"] for k in doc["kernels"])

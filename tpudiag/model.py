@@ -5,7 +5,9 @@ dicts, numbers, strings, None); `Model.from_dict(doc, source)` validates a docum
 the field annotations and builds the tree, raising `ParseError` naming the file and the field
 (`report.json: steps.rows[2].duration_s: expected a number, got 'x'`). Fields with
 `metadata={"json": False}` (DataFrames kept for renderers) are not part of the document; fields
-with `metadata={"omit_none": True}` are left out of it when None (sections only some runs have).
+with `metadata={"omit_none": True}` are left out of it when None (sections only some runs have),
+and fields with `metadata={"present_if": "other"}` only when field `other` is not None (a group of
+keys that exists together).
 
 It does no I/O and knows no particular document.
 """
@@ -50,6 +52,8 @@ class Model:
                 continue
             value = getattr(self, f.name)
             if value is None and f.metadata.get("omit_none"):
+                continue
+            if (cond := f.metadata.get("present_if")) and getattr(self, cond) is None:
                 continue
             out[f.name] = _plain(value)
         return out

@@ -32,7 +32,10 @@ def _small_setup(blocks=None):
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     spec = dataclasses.replace(rmsnorm.SPEC, bench=_small_setup)
-    return run_bench([spec], "v5e", tmp_path_factory.mktemp("b") / "run", static_profile=True, jobs=2)
+    result, run = run_bench([spec], "v5e", tmp_path_factory.mktemp("b") / "run", static_profile=True, jobs=2)
+    doc = result.to_dict()
+    assert doc == json.loads((run / "report.json").read_text()), "the document is the model, as written"
+    return doc, run
 
 
 def test_rows_carry_the_issues_fields(bench):

@@ -9,21 +9,24 @@ branches the static model does not follow. An op the static profile did not esti
 timed out, or gave 0) gets the larger of its two floors and is counted in `ops_floor_only`, so the
 reader knows how much of the figure is a floor.
 
-Pure functions over dicts: no I/O, no jax.
+Pure functions over compile-report documents, returning the `KernelBench` model
+(tpudiag.kernels-bench/1, docs/kernels.md): no I/O, no jax.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tpudiag.config import KERNEL_GOALS, KernelGoals
+from tpudiag.model import Model
 
 BENCH_SCHEMA = "tpudiag.kernels-bench/1"
 VARIANTS = ("kernel", "xla", "jax")
 
 
 @dataclass(frozen=True)
-class VariantFigures:
+class VariantFigures(Model):
     variant: str  # "kernel" (ours), "xla" (plain JAX through XLA), "jax" (JAX's own Pallas kernel)
     status: str  # "ok" | "failed"
     error: str | None
@@ -38,8 +41,54 @@ class VariantFigures:
     static_profile: str | None  # the module's static-profile outcome ("ok", or why not)
     module: str | None  # the module's directory in the bench run
 
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
+
+_WITH_JAX = {"present_if": "jax_name"}  # keys a row has only where JAX has its own kernel
+
+
+@dataclass(frozen=True)
+class KernelRow(Model):
+    name: str
+    shape: str
+    blocks: str | None
+    kernel_cycles: int | None
+    xla_cycles: int | None
+    ratio_vs_xla: float | None
+    goal_vs_xla: float
+    meets_xla_goal: bool | None
+    variants: dict[str, VariantFigures]
+    status: str  # ok | failed
+    jax_name: str | None = field(default=None, metadata={"omit_none": True})
+    jax_cycles: int | None = field(default=None, metadata=_WITH_JAX)
+    ratio_vs_jax: float | None = field(default=None, metadata=_WITH_JAX)
+    goal_vs_jax: float | None = field(default=None, metadata=_WITH_JAX)
+    meets_jax_goal: bool | None = field(default=None, metadata=_WITH_JAX)
+
+    @property
+    def missed_goal(self) -> bool:
+        return self.meets_xla_goal is False or self.meets_jax_goal is False
+
+
+@dataclass(frozen=True)
+class KernelBench(Model):
+    SCHEMA = BENCH_SCHEMA
+
+    schema: str
+    target: dict[str, Any]  # the compile report's target section
+    static_profile: bool
+    metric: str
+    status: str  # ok | partial | failed
+    failed: tuple[str, ...]
+    goals_missed: tuple[str, ...]
+    kernels: tuple[KernelRow, ...]
+    artifacts: dict[str, str] | None = field(default=None, metadata={"omit_none": True})
+
+    def with_artifacts(self, artifacts: dict[str, str]) -> KernelBench:
+        return replace(self, artifacts=artifacts)
+
+    @property
+    def worst_ratio_vs_xla(self) -> float | None:
+        ratios = [k.ratio_vs_xla for k in self.kernels if k.ratio_vs_xla is not None]
+        return max(ratios) if ratios else None
 
 
 def op_corrected_cycles(op: dict, clock_hz: float, hbm_bytes_per_s: float, peak_flops_per_s: float) -> tuple[float, str]:
@@ -90,29 +139,26 @@ def _ratio(a: int | None, b: int | None) -> float | None:
 
 
 def kernel_row(name: str, shape: str, blocks: str | None, jax_name: str | None, figures: dict[str, VariantFigures],
-               goals: KernelGoals = KERNEL_GOALS) -> dict:
+               goals: KernelGoals = KERNEL_GOALS) -> KernelRow:
     """One `kernels` row of the bench document."""
     k, x, j = (figures.get(v) for v in VARIANTS)
     kc = k.corrected_cycles if k else None
     xc = x.corrected_cycles if x else None
-    jc = j.corrected_cycles if j else None
-    row = {"name": name, "shape": shape, "blocks": blocks, "kernel_cycles": kc, "xla_cycles": xc,
-           "ratio_vs_xla": _ratio(kc, xc),
-           "goal_vs_xla": goals.vs_xla,
-           "variants": {v: f.to_dict() for v, f in figures.items()}}
-    ratio = row["ratio_vs_xla"]
-    row["meets_xla_goal"] = None if ratio is None else ratio <= goals.vs_xla
+    ratio = _ratio(kc, xc)
+    jax = {}
     if j is not None:
-        row.update(jax_name=jax_name, jax_cycles=jc, ratio_vs_jax=_ratio(kc, jc), goal_vs_jax=goals.vs_jax)
-        row["meets_jax_goal"] = None if row["ratio_vs_jax"] is None else row["ratio_vs_jax"] <= goals.vs_jax
-    row["status"] = "ok" if all(f.status == "ok" for f in figures.values()) else "failed"
-    return row
+        jratio = _ratio(kc, j.corrected_cycles)
+        jax = dict(jax_name=jax_name, jax_cycles=j.corrected_cycles, ratio_vs_jax=jratio, goal_vs_jax=goals.vs_jax,
+                   meets_jax_goal=None if jratio is None else jratio <= goals.vs_jax)
+    return KernelRow(name=name, shape=shape, blocks=blocks, kernel_cycles=kc, xla_cycles=xc, ratio_vs_xla=ratio,
+                     goal_vs_xla=goals.vs_xla, meets_xla_goal=None if ratio is None else ratio <= goals.vs_xla,
+                     variants=dict(figures), status="ok" if all(f.status == "ok" for f in figures.values()) else "failed",
+                     **jax)
 
 
-def bench_document(target_doc: dict, rows: list[dict], static_profile: bool) -> dict:
-    failed = [r["name"] for r in rows if r["status"] != "ok"]
-    missed = [r["name"] for r in rows if r.get("meets_xla_goal") is False or r.get("meets_jax_goal") is False]
-    return {"schema": BENCH_SCHEMA, "target": target_doc, "static_profile": static_profile,
-            "metric": "corrected_cycles: per op max(static estimated cycles, HBM floor), summed",
-            "status": "ok" if rows and not failed else ("partial" if len(failed) < len(rows) else "failed"),
-            "failed": failed, "goals_missed": missed, "kernels": rows}
+def bench_document(target_doc: dict, rows: list[KernelRow], static_profile: bool) -> KernelBench:
+    failed = tuple(r.name for r in rows if r.status != "ok")
+    return KernelBench(schema=BENCH_SCHEMA, target=target_doc, static_profile=static_profile,
+                       metric="corrected_cycles: per op max(static estimated cycles, HBM floor), summed",
+                       status="ok" if rows and not failed else ("partial" if len(failed) < len(rows) else "failed"),
+                       failed=failed, goals_missed=tuple(r.name for r in rows if r.missed_goal), kernels=tuple(rows))

@@ -72,9 +72,9 @@ def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path:
 
 
 def kernels_bench(names, target_text: str, out: Path | None = None, *, static_profile: bool = True,
-                  jobs: int = 2, limits=None, progress: Callable[[str], None] | None = None) -> tuple[dict, Path]:
-    """Bench the named kernels (or KernelSpecs; all for none) for `target_text`; returns (the bench
-    document, the run directory)."""
+                  jobs: int = 2, limits=None, progress: Callable[[str], None] | None = None):
+    """Bench the named kernels (or KernelSpecs; all for none) for `target_text`; returns (the
+    `KernelBench` result, the run directory)."""
     from tpudiag.analyze.compile_report import build_compile_report
     from tpudiag.api.compile import module_artifacts
     from tpudiag.capture.tpu_compile import Limits, ModuleInput, compile_modules
@@ -126,8 +126,8 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
                                           errors.get((spec.name, v))) for v in wanted}
             rows.append(kernel_row(spec.name, setup.shape if setup else "", setup.blocks if setup else None,
                                    setup.jax_name if setup else None, figures))
-        doc = bench_document(report["target"], rows, static_profile)
-        doc["artifacts"] = {"run_dir": str(run), "report": rundir.REPORT, "compile_report": COMPILE_REPORT}
-        rd.write_json(rundir.REPORT, doc)
-        rd.finish(doc["status"] == "ok", reason=f"{len(doc['failed'])} kernel(s) failed: {', '.join(doc['failed'])}")
-    return doc, run
+        result = bench_document(report["target"], rows, static_profile).with_artifacts(
+            {"run_dir": str(run), "report": rundir.REPORT, "compile_report": COMPILE_REPORT})
+        rd.write_json(rundir.REPORT, result.to_dict())
+        rd.finish(result.status == "ok", reason=f"{len(result.failed)} kernel(s) failed: {', '.join(result.failed)}")
+    return result, run

@@ -108,10 +108,9 @@ def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, as_json,
     fmt = output_format(as_json, as_md)
     resolve_target(target_text)  # a bad target fails before any work
     err = Console(stderr=True, highlight=False)
-    doc, _ = api.kernels_bench(names, target_text, out, static_profile=not no_static_profile, jobs=jobs,
-                               limits=Limits(static_timeout_s=timeout_s),
-                               progress=(lambda line: err.print(line)) if err.is_terminal else None)
-    emit(doc, fmt, no_color=no_color, width=width)
-    if doc["failed"]:
-        raise GateFailed(f"kernels bench: {', '.join(doc['failed'])} failed to lower or compile "
-                         f"(run directory {doc['artifacts']['run_dir']})")
+    result, run = api.kernels_bench(names, target_text, out, static_profile=not no_static_profile, jobs=jobs,
+                                    limits=Limits(static_timeout_s=timeout_s),
+                                    progress=(lambda line: err.print(line)) if err.is_terminal else None)
+    emit(result, fmt, no_color=no_color, width=width)
+    if result.failed:
+        raise GateFailed(f"kernels bench: {', '.join(result.failed)} failed to lower or compile (run directory {run})")
