@@ -83,3 +83,30 @@ def test_kernel_bench_results_round_trip(chip):
     assert with_jax and all(k.jax_cycles is not None for k in with_jax)
     assert all("ratio_vs_jax" not in k for k in doc["kernels"] if "jax_name" not in k)
     assert bench.worst_ratio_vs_xla == max(k["ratio_vs_xla"] for k in doc["kernels"])
+
+
+MANIFESTS = sorted({*ROOT.glob("fixtures/artifacts*/*/manifest.json"), *ROOT.glob("fixtures/old-runs/*/manifest.json"),
+                    *ROOT.glob("fixtures/artifacts*/*/shadow/manifest.json")})
+
+
+def test_every_fixture_manifest_reads_typed():
+    from tpudiag.capture.rundir import read_manifest
+
+    kinds = set()
+    for path in MANIFESTS:
+        m = read_manifest(path.parent)
+        doc = json.loads(path.read_text())
+        assert (m.kind, m.status, m.exit_code, m.program) == (doc["kind"], doc["status"], doc["exit_code"],
+                                                              doc.get("program")), path
+        kinds.add(m.kind)
+    assert {"profile", "compile"} <= kinds and len(MANIFESTS) >= 20
+
+
+def test_a_bad_manifest_names_its_field(tmp_path):
+    from tpudiag.capture.rundir import read_manifest
+
+    doc = json.loads((ROOT / "fixtures/artifacts/mlp/manifest.json").read_text())
+    doc["steps_entered"] = "three"
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(ParseError, match=r"manifest\.json: steps_entered: expected an integer or null, got 'three'"):
+        read_manifest(tmp_path)

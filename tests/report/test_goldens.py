@@ -60,11 +60,13 @@ def test_terminal_renders_a_report_of_a_run_that_could_not_be_analyzed():
 
     from tpudiag.api import empty_trace as _empty_trace
     from tpudiag.analyze.profile_report import build_profile_report
+    from tpudiag.manifest import Manifest
     from tpudiag.parse import frames
     from tpudiag.report.terminal import render_terminal
 
     doc = build_profile_report(_empty_trace(), {}, frames.empty_frame(frames.COMPILES), 0,
-                               {"status": "failed", "reason": "killed by SIGKILL", "exit_code": 137},
+                               Manifest(schema="tpudiag.manifest/1", kind="profile", status="failed",
+                                        reason="killed by SIGKILL", exit_code=137),
                                {"run_dir": "RUN"}, ["analysis failed: x"]).to_dict()
     out = io.StringIO()
     render_terminal(doc, Console(file=out, width=100, no_color=True))

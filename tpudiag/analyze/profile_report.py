@@ -20,6 +20,7 @@ from tpudiag.analyze.breakdown import ns_to_s as _s
 from tpudiag.analyze.compiles import compile_intervals, compile_table
 from tpudiag.analyze.fusions import build_fusion_report, fusion_summary
 from tpudiag.analyze.timeline import aggregate_ops, build_timeline, step_table
+from tpudiag.manifest import Manifest
 from tpudiag.model import Model
 from tpudiag.parse.xplane import Trace
 
@@ -157,7 +158,7 @@ def _fusion_summaries(timeline: pd.DataFrame, modules: dict, top: int) -> list[d
 
 
 def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, cache_hits: int,
-                         manifest: dict | None, artifacts: dict[str, str], warnings: list[str] | None = None,
+                         manifest: Manifest | None, artifacts: dict[str, str], warnings: list[str] | None = None,
                          xprof_stats: pd.DataFrame | None = None, modules: dict | None = None,
                          fusion_modules: int = 3) -> ProfileReport:
     """`xprof_stats` (XProf's hlo_stats, device planes only) adds XProf's per-op figures to each op row;
@@ -194,21 +195,21 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
                 flops_per_byte=None if pd.isna(r.flops_per_byte) else float(r.flops_per_byte))
     steps = step_table(timeline, trace.steps)
     ctab = compile_table(compiles)
-    m = manifest or {}
+    m = manifest
     return ProfileReport(
         schema=SCHEMA,
-        status=m.get("status", "ok"),
-        reason=m.get("reason"),
-        exit_code=m.get("exit_code"),
-        program=m.get("program"),
-        argv=tuple(m["argv"]) if m.get("argv") is not None else None,
-        command=m.get("command"),
+        status=m.status if m else "ok",
+        reason=m.reason if m else None,
+        exit_code=m.exit_code if m else None,
+        program=m.program if m else None,
+        argv=m.argv if m else None,
+        command=m.command if m else None,
         backend=trace.backend,
         host=trace.hostname,
         devices=tuple(trace.devices),
         wall_s=_s(trace.window_ns),
-        process_wall_s=m.get("wall_s"),
-        traced=Traced(steps=m.get("steps"), skip=m.get("skip", 0) if m else None),
+        process_wall_s=m.wall_s if m else None,
+        traced=Traced(steps=m.steps if m else None, skip=(m.skip or 0) if m else None),
         breakdown=bd,
         breakdown_share=bd.shares(),
         totals=Totals(
@@ -240,7 +241,7 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
             for r in ctab.itertuples()
         ),
         artifacts=dict(artifacts),
-        versions=m.get("versions", {"jax": trace.jax_version}),
+        versions=m.versions if m and m.versions is not None else {"jax": trace.jax_version},
         fusions=tuple(_fusion_summaries(timeline, modules or {}, fusion_modules)),
         warnings=tuple(warnings),
         timeline=timeline,

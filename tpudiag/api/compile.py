@@ -129,11 +129,11 @@ def analyze_compile_run(run: Path):
 
     run = Path(run)
     manifest = rundir.read_manifest(run)
-    target = resolve_target(manifest["target"]["topology"])
+    target = resolve_target((manifest.target or {}).get("topology", ""))
     mdirs = sorted(p for p in (run / "modules").iterdir() if (p / "module.json").is_file()) \
         if (run / "modules").is_dir() else []
     report = build_compile_report(target, [module_artifacts(load_module(d)) for d in mdirs],
-                                  manifest.get("source", {}))
+                                  manifest.source or {})
     report.doc["artifacts"] = {"run_dir": str(run), "report": rundir.REPORT, "modules": "modules"}
     return report
 

@@ -36,7 +36,7 @@ def load_hlo_modules(path: Path, module_name: str | None = None) -> list[LoadedM
     found: list[LoadedModule] = []
     if path.is_file():
         found = [LoadedModule(read_hlo_file(path), None, None)]
-    elif rundir.is_run_dir(path) and rundir.read_manifest(path).get("kind") == "compile":
+    elif rundir.is_run_dir(path) and rundir.read_manifest(path).is_compile:
         from tpudiag.api.compile import analyze_compile_run
 
         doc = analyze_compile_run(path).to_dict()

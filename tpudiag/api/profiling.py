@@ -96,16 +96,16 @@ def analyze_run(run: Path, xplane: Path | None = None) -> "ProfileReport":
         trace = read_xplane(xplanes[-1])
         if len(xplanes) > 1:
             warnings.append(f"{len(xplanes)} traces in this run; reporting {xplanes[-1].name}")
-        entered, asked = manifest.get("steps_entered"), manifest.get("steps")
-        if asked is not None and entered is not None and entered < manifest.get("skip", 0) + asked:
-            warnings.append(f"--steps {asked} --skip {manifest.get('skip', 0)} asked for more steps than the "
+        entered, asked, skip = manifest.steps_entered, manifest.steps, manifest.skip or 0
+        if asked is not None and entered is not None and entered < skip + asked:
+            warnings.append(f"--steps {asked} --skip {skip} asked for more steps than the "
                             f"program ran ({entered}): traced until it ended")
     else:
-        if manifest.get("reason"):
-            why = manifest["reason"]
-        elif manifest.get("steps") is not None:
-            why = (f"the program entered {manifest.get('steps_entered') or 0} StepTraceAnnotation steps; "
-                   f"--skip {manifest.get('skip', 0)} --steps {manifest['steps']} selects none of them")
+        if manifest.reason:
+            why = manifest.reason
+        elif manifest.steps is not None:
+            why = (f"the program entered {manifest.steps_entered or 0} StepTraceAnnotation steps; "
+                   f"--skip {manifest.skip or 0} --steps {manifest.steps} selects none of them")
         else:
             why = "the program never initialized a jax backend, so there was nothing to trace"
         warnings.append(f"no trace was written ({why})")
@@ -160,7 +160,7 @@ def load_report(target: Path):
 
     target = Path(target)
     if rundir.is_run_dir(target):
-        if rundir.read_manifest(target).get("kind") == "compile":
+        if rundir.read_manifest(target).is_compile:
             from tpudiag.api.compile import analyze_compile_run
 
             return analyze_compile_run(target)

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 
 from tpudiag.errors import InputError, ParseError, Terminated, TpudiagError
+from tpudiag.manifest import SCHEMA as MANIFEST_SCHEMA
+from tpudiag.manifest import Manifest
 
 MANIFEST = "manifest.json"
 REPORT = "report.json"
@@ -43,7 +45,6 @@ IR_DIR = "ir"
 CAPTURE_DIR = "capture"
 MONITORING = "capture/monitoring.jsonl"
 CHILD_STATUS = "capture/child.json"
-MANIFEST_SCHEMA = "tpudiag.manifest/1"
 
 
 def default_run_dir(script: Path, root: Path = Path("tpudiag-runs"), now: _dt.datetime | None = None) -> Path:
@@ -88,7 +89,8 @@ def write_json_atomic(path: Path, doc: dict) -> None:
     write_text_atomic(path, json.dumps(doc, sort_keys=True, indent=2) + "\n")
 
 
-def read_manifest(run: Path) -> dict:
+def read_manifest(run: Path) -> Manifest:
+    """The run's `manifest.json`, checked field by field (a bad one is a ParseError naming the field)."""
     path = run / MANIFEST
     if not path.is_file():
         raise InputError(f"{run}: not a tpudiag run directory (no {MANIFEST})")
@@ -98,7 +100,7 @@ def read_manifest(run: Path) -> dict:
         raise ParseError(path, f"not valid JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("schema") != MANIFEST_SCHEMA:
         raise ParseError(path, f"not a tpudiag manifest (expected schema {MANIFEST_SCHEMA!r})")
-    return doc
+    return Manifest.from_dict(doc, str(path))
 
 
 def find_xplanes(trace_root: Path) -> list[Path]:
