@@ -245,3 +245,16 @@ def test_html_is_self_contained_and_escapes_names():
     rows = [r for r in re.findall(r'<tr class="(\w+)">', page) if r != "comp"]  # "comp": a computation's title row
     assert rows == [p["status"] for p in doc["pairs"]] and set(rows) <= set(STATUSES)
     assert not has_changes(doc)  # a new name is no change
+
+
+def test_op_names_are_the_models_unescaped_metadata():
+    """XLA escapes quotes in metadata strings (`params[\\'w1\\']`); the diff shows each pair's
+    op_name as `Instruction.metadata` reads it (`params['w1']`), the name jax gave the argument."""
+    path = next(p for p in HLO_FILES if "\\'" in p.read_text() and "after_optimizations" in p.name)
+    module = read_hlo_file(path)
+    doc = diff_modules(module, module)
+    by_name = {p["b"]: p["op_name"] for p in doc["pairs"]}
+    quoted = [i for i in module.instructions() if "'" in i.metadata.get("op_name", "") and i.name in by_name]
+    assert quoted, "the fixture has quoted argument names"
+    for instr in quoted:
+        assert by_name[instr.name] == instr.metadata["op_name"] and "\\" not in by_name[instr.name]

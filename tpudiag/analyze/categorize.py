@@ -87,8 +87,9 @@ def _by_opcode(op: str) -> tuple[str, str] | None:
     return None
 
 
-def classify(module: HloModule, instr: Instruction, by_name: dict[str, Instruction]) -> OpInfo:
-    """`by_name`: the module's instructions by name (async-done finds its async-start there)."""
+def classify(module: HloModule, instr: Instruction) -> OpInfo:
+    """The category and breakdown class of one instruction of `module` (an async-done is classed
+    by the async-start it closes, its operand)."""
     op = instr.opcode
     if op == "fusion":
         cat = f"fusion:{(instr.fusion_kind or 'kLoop')[1:].lower()}"
@@ -96,32 +97,29 @@ def classify(module: HloModule, instr: Instruction, by_name: dict[str, Instructi
         if _calls_collective(module, instr.called):
             bound = "communication"
     elif op in _SEND_RECV:
-        host = "is_host_transfer=true" in instr.attrs
+        host = instr.is_host_transfer
         cat, bound = ("host_transfer", "host") if host else ("collective", "communication")
     elif op.startswith("async-"):
         # async-start/-update/-done wrapping a collective (async reduce-scatter, all-to-all).
-        start = by_name.get(instr.operands[0], instr) if op != "async-start" and instr.operands else instr
+        start = (module.instruction(instr.operands[0]) or instr) if op != "async-start" and instr.operands else instr
         cat, bound = ("collective", "communication") if _calls_collective(module, start.called) \
             else ("control_flow", "control")
     elif op == "custom-call":
         cat, bound = "custom_call", "compute" if _is_matmul_call(instr) else "memory"
     else:
         cat, bound = _by_opcode(op) or ("elementwise", "memory")
-    frames = module.source_frames(instr)
-    source = f"{frames[0][0]}:{frames[0][1]}" if frames else None
-    return OpInfo(opcode=op, category=cat, bound=bound, shape=instr.shape, source=source)
+    return OpInfo(opcode=op, category=cat, bound=bound, shape=instr.shape, source=module.source(instr))
 
 
 def index_module(module: HloModule) -> dict[str, OpInfo]:
     """OpInfo for every instruction that can execute as a unit (not those inside fusions)."""
     fused = module.fused_computations()
-    by_name = {i.name: i for i in module.instructions()}
     out: dict[str, OpInfo] = {}
     for comp in module.computations.values():
         if comp.name in fused:
             continue
         for instr in comp.instructions:
-            out[instr.name] = classify(module, instr, by_name)
+            out[instr.name] = classify(module, instr)
     return out
 
 

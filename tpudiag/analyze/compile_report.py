@@ -14,17 +14,15 @@ ICI bandwidth, and flagged `modelled`.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
 import pandas as pd
 
 from tpudiag.analyze.categorize import index_module
-from tpudiag.analyze.executed import RUNS_CALLEES, executed_computations
 from tpudiag.analyze.fusions import build_fusion_report, fusion_summary
 from tpudiag.analyze.hlo_cost import module_costs
-from tpudiag.parse.hlo import HloModule, Instruction
+from tpudiag.parse.hlo import RUNS_CALLEES, HloModule, Instruction
 from tpudiag.parse.shapes import parse_shape
 from tpudiag.targets import Target
 
@@ -69,20 +67,11 @@ def _is_async_tail(opcode: str) -> bool:
     return opcode.endswith("-done") or opcode == "async-update"
 
 
-def _group_size(instr_attrs: str, default: int) -> int:
-    """Devices per replica group: `{{0,1,2,3},{4,5,6,7}}`, the iota form `[2,4]<=[8]`, or the mesh
-    form `mesh['axis_0'=8,'axis_1'=1]` libtpu writes (taken as the whole mesh: the axes it reduces
-    over are not in the text)."""
-    m = re.search(r"replica_groups=\{\{([^}]*)\}", instr_attrs)
-    if m:
-        return max(1, len([x for x in m.group(1).split(",") if x.strip()]))
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", instr_attrs)
-    if m:
-        return int(m.group(2))
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\]", instr_attrs)
-    if m:
-        return math.prod(int(v) for v in re.findall(r"=(\d+)", m.group(1))) or default
-    return default
+def _group_size(instr: Instruction, default: int) -> int:
+    """Devices per replica group (`Instruction.replica_groups`: the list, iota or mesh form);
+    `default` (every device) where the instruction names no groups or an empty list."""
+    groups = instr.replica_groups
+    return groups.group_size if groups is not None and groups.group_size else default
 
 
 _COLLECTIVE_BASES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all",
@@ -97,7 +86,7 @@ def _result_bytes(instr: Instruction) -> int:
     return shape.bytes
 
 
-def ici_bytes(instr: Instruction, by_name: dict[str, Instruction], n: int) -> float:
+def ici_bytes(module: HloModule, instr: Instruction, n: int) -> float:
     """Bytes one device sends over ICI for a bandwidth-optimal ring (docs/compile.md):
     all-reduce 2(n-1)/n x result, all-gather and all-to-all (n-1)/n x result, reduce-scatter
     (n-1)/n x input, permute / broadcast / send / recv the whole result."""
@@ -108,19 +97,19 @@ def ici_bytes(instr: Instruction, by_name: dict[str, Instruction], n: int) -> fl
     if base == "all-reduce":
         return 2 * (n - 1) / n * out
     if base == "reduce-scatter":
-        inputs = sum(parse_shape(by_name[o].shape).bytes for o in instr.operands if o in by_name)
+        inputs = sum(parse_shape(x.shape).bytes for x in map(module.instruction, instr.operands) if x is not None)
         return (n - 1) / n * inputs
     if base in ("all-gather", "all-to-all", "ragged-all-to-all"):
         return (n - 1) / n * out
     return float(out)
 
 
-def _op_ici_bytes(module: HloModule, instr: Instruction, by_name: dict[str, Instruction], devices: int) -> float:
+def _op_ici_bytes(module: HloModule, instr: Instruction, devices: int) -> float:
     """A collective's ICI bytes; for a fusion or async wrapper, the collectives inside it."""
     if instr.opcode in ("fusion", "async-start"):
-        return sum(_op_ici_bytes(module, inner, by_name, devices) for c in instr.called
+        return sum(_op_ici_bytes(module, inner, devices) for c in instr.called
                    if c in module.computations for inner in module.computations[c].instructions)
-    return ici_bytes(instr, by_name, _group_size(instr.attrs, devices))
+    return ici_bytes(module, instr, _group_size(instr, devices))
 
 
 @dataclass(frozen=True)
@@ -170,9 +159,8 @@ def _op_rows(m: ModuleArtifacts, target: Target) -> list[dict]:
     static = {} if m.static is None else {r.op: r for r in m.static.itertuples()}
     llo = {} if m.llo is None else {r.program: r._asdict() for r in m.llo.itertuples()}
     devices = int(m.result.get("replicas", 1)) * int(m.result.get("partitions", 1))
-    by_name = {i.name: i for i in m.hlo.instructions()}
     rows = []
-    for comp in (m.hlo.computations[c] for c in executed_computations(m.hlo)):
+    for comp in (m.hlo.computations[c] for c in m.hlo.executed_computations):
         for instr in comp.instructions:
             if (instr.opcode in _FREE or instr.name not in info or _is_async_tail(instr.opcode)
                     or instr.opcode in RUNS_CALLEES):
@@ -191,7 +179,7 @@ def _op_rows(m: ModuleArtifacts, target: Target) -> list[dict]:
                 candidates["static_cycles"] = cycles / dev.clock_hz
             ici = 0.0
             if oi.bound == "communication":
-                ici = _op_ici_bytes(m.hlo, instr, by_name, devices)
+                ici = _op_ici_bytes(m.hlo, instr, devices)
                 candidates["ici"] = ici / _ring_bytes_per_s(target)
             bound_by = max(candidates, key=candidates.get)
             lrow = llo.get(instr.name, {})

@@ -8,7 +8,7 @@ Returns plain JSON-safe rows, and the `tpudiag.fusions/1` document that holds th
      "fusions": [fusion row...], "breaks": [break row...], "totals": {...}}
 
 `fusion_table`: one row per fusion instruction of an executed computation (the entry, while
-bodies and conditions, branches, call targets: `executed.executed_computations`). Bytes
+bodies and conditions, branches, call targets: `HloModule.executed_computations`). Bytes
 and FLOPs are `hlo_cost`'s: `bytes_out` is what the fusion writes (each output once; a
 dynamic-update-slice root writes only its update), `bytes_in` is the rest of `hlo_cost`'s
 `bytes_accessed` (operands, or the slice a slicing user takes, plus non-scalar constants inside),
@@ -40,12 +40,10 @@ HBM, so each break carries its `memory_space`. No I/O.
 from __future__ import annotations
 
 import functools
-import re
 from collections import Counter, deque
 from dataclasses import dataclass
 
 from tpudiag.analyze.categorize import index_module
-from tpudiag.analyze.executed import executed_computations
 from tpudiag.analyze.hlo_cost import ELEMENTWISE, arithmetic_intensity, module_costs
 from tpudiag.parse.hlo import HloModule, Instruction
 from tpudiag.parse.shapes import Shape, parse_shape
@@ -87,11 +85,6 @@ _EVIDENCE_NAMES = 4  # user names listed in "several users" evidence before "and
 # -- fusion table ---------------------------------------------------------------------------------
 
 
-def _root(module: HloModule, comp_name: str) -> Instruction:
-    comp = module.computations[comp_name]
-    return next((i for i in comp.instructions if i.is_root), comp.instructions[-1])
-
-
 def _fused_instructions(module: HloModule, fusion: Instruction):
     """Every instruction inside a fusion, nested fusions opened (not listed themselves)."""
     todo, seen = list(fusion.called[:1]), set()
@@ -107,12 +100,7 @@ def _fused_instructions(module: HloModule, fusion: Instruction):
                 yield i
 
 
-def _source(module: HloModule, instr: Instruction) -> str | None:
-    frames = module.source_frames(instr)
-    return f"{frames[0][0]}:{frames[0][1]}" if frames else None
-
-
-def _bytes_out(module: HloModule, fusion: Instruction, by_name: dict[str, Instruction]) -> int:
+def _bytes_out(module: HloModule, fusion: Instruction) -> int:
     """What the fusion writes, by `hlo_cost`'s rules: each output once, a dynamic-update-slice root
     only its update; a kCustom gather/scatter fusion is costed as that op (its output / its updates)."""
     body = module.computations[fusion.called[0]]
@@ -122,16 +110,16 @@ def _bytes_out(module: HloModule, fusion: Instruction, by_name: dict[str, Instru
                 return parse_shape(i.shape).bytes
             if i.opcode == "scatter":
                 n = len(i.operands) // 2
-                return sum(parse_shape(by_name[o].shape).bytes for o in i.operands[n + 1:2 * n + 1])
+                return sum(parse_shape(_defined(module, o).shape).bytes for o in i.operands[n + 1:2 * n + 1])
     out = parse_shape(fusion.shape)
-    root = _root(module, body.name)
+    root = body.root
     written = 0
     for k, leaf in enumerate(out.tuple_shapes if out.is_tuple else (out,)):
         producer = root
         if out.is_tuple and root.opcode == "tuple" and k < len(root.operands):
-            producer = by_name[root.operands[k]]
+            producer = _defined(module, root.operands[k])
         if not leaf.is_tuple and producer.opcode == "dynamic-update-slice":
-            written += parse_shape(by_name[producer.operands[1]].shape).bytes
+            written += parse_shape(_defined(module, producer.operands[1]).shape).bytes
         else:
             written += leaf.bytes
     return written
@@ -146,19 +134,18 @@ def fusion_table(module: HloModule, times: dict[str, float] | None = None,
     moved, then name.
     """
     costs = module_costs(module)
-    by_name = {i.name: i for i in module.instructions()}
     rows = []
-    for comp_name in executed_computations(module):
+    for comp_name in module.executed_computations:
         for instr in module.computations[comp_name].instructions:
             if instr.opcode != "fusion" or not instr.called:
                 continue
             inner = list(_fused_instructions(module, instr))
             ops = Counter(i.opcode for i in inner if i.opcode != "parameter")
-            sources = Counter(s for s in (_source(module, i) for i in inner) if s)
-            if not sources and _source(module, instr):
-                sources[_source(module, instr)] += 1  # nothing inside has metadata: the fusion's own
+            sources = Counter(s for s in (module.source(i) for i in inner) if s)
+            if not sources and module.source(instr):
+                sources[module.source(instr)] += 1  # nothing inside has metadata: the fusion's own
             cost = costs[instr.name]
-            out = _bytes_out(module, instr, by_name)
+            out = _bytes_out(module, instr)
             t = None if times is None else times.get(instr.name)
             rows.append({
                 "name": instr.name, "computation": comp_name, "kind": instr.fusion_kind,
@@ -175,9 +162,12 @@ def fusion_table(module: HloModule, times: dict[str, float] | None = None,
 # -- fusion breaks --------------------------------------------------------------------------------
 
 
-def _index(instr: Instruction) -> int | None:
-    m = re.search(r"\bindex=(\d+)", instr.attrs)
-    return int(m.group(1)) if m else None
+def _defined(module: HloModule, name: str) -> Instruction:
+    """The instruction `name` of the module (KeyError if undefined: a malformed module)."""
+    found = module.instruction(name)
+    if found is None:
+        raise KeyError(name)
+    return found
 
 
 def _leaf(shape: Shape, path: tuple[int, ...]) -> Shape | None:
@@ -215,32 +205,26 @@ class _Use:
 class _Graph:
     def __init__(self, module: HloModule):
         self.module = module
-        self.by_name = {i.name: i for i in module.instructions()}
-        self.executed = executed_computations(module)
+        self.executed = module.executed_computations
         self.info = index_module(module)
-        self.users: dict[str, list[tuple[Instruction, int]]] = {}
-        for i in module.instructions():
-            for pos, o in enumerate(i.operands):
-                self.users.setdefault(o, []).append((i, pos))
-        # computation -> (role, calling instruction) for loop bodies and conditions, branches, call targets
+        # computation -> (role, calling instruction) for loop bodies and conditions, branches, call
+        # targets: the module's callers, from executed computations, a while's by its role.
         self.callers: dict[str, list[tuple[str, Instruction]]] = {}
-        self.fusion_of: dict[str, Instruction] = {}  # fused computation -> the fusion that calls it
-        for i in module.instructions():
-            if i.opcode == "fusion" and i.called:
-                self.fusion_of[i.called[0]] = i
         for name in self.executed:
             for i in module.computations[name].instructions:
                 if i.opcode == "while":
-                    for role in ("body", "condition"):
-                        if _attr_comp(i, role):
-                            self.callers.setdefault(_attr_comp(i, role), []).append((role, i))
+                    for role, comp in (("body", i.body), ("condition", i.condition)):
+                        if comp:
+                            self.callers.setdefault(comp, []).append((role, i))
                 elif i.opcode in ("call", "conditional"):
                     for c in i.called:
                         self.callers.setdefault(c, []).append((i.opcode, i))
 
+    def by_name(self, name: str) -> Instruction:
+        return _defined(self.module, name)
+
     def param(self, comp: str, number: int) -> Instruction | None:
-        return next((i for i in self.module.computations[comp].instructions
-                     if i.opcode == "parameter" and i.parameter_number == number), None)
+        return self.module.computations[comp].parameter(number)
 
     def is_producer(self, instr: Instruction) -> bool:
         op = instr.opcode
@@ -260,13 +244,11 @@ class _Graph:
             comp = node.computation
             if node.is_root:
                 self._leave(node, comp, p, via, loop, todo, escapes)
-            for user, pos in self.users.get(node.name, []):
-                if user.computation != comp:
-                    continue
+            for user, pos in self.module.uses_of(node):
                 op = user.opcode
                 step = via + [user.name]
                 if op == "get-tuple-element":
-                    if p and p[0] == _index(user):
+                    if p and p[0] == user.index:
                         todo.append((user, p[1:], step, loop))
                 elif op == "tuple":
                     todo.append((user, (pos,) + p, step, loop))
@@ -278,7 +260,7 @@ class _Graph:
                     if p and p[0] == 0:
                         todo.append((user, p[1:], step, loop))
                 elif op == "while":
-                    for comp_name in (_attr_comp(user, "body"), _attr_comp(user, "condition")):
+                    for comp_name in (user.body or "", user.condition or ""):
                         prm = self.param(comp_name, 0) if comp_name in self.module.computations else None
                         if prm is not None:
                             todo.append((prm, p, step + [prm.name], loop or f"enters while `{user.name}`"))
@@ -308,7 +290,7 @@ class _Graph:
                 continue  # the loop's predicate: read by the while itself
             if role == "body":
                 todo.append((caller, p, via + [caller.name], loop or f"leaves while `{caller.name}`"))
-                for c in (comp, _attr_comp(caller, "condition")):
+                for c in (comp, caller.condition or ""):
                     prm = self.param(c, 0) if c in self.module.computations else None
                     if prm is not None:
                         todo.append((prm, p, via + [caller.name, prm.name],
@@ -322,8 +304,9 @@ class _Graph:
         if instr.opcode == "custom-call":
             return CUSTOM_CALL, f"{side} `{instr.name}` is a custom-call (`{instr.custom_call_target}`)"
         if instr.opcode == "fusion" and instr.fusion_kind == "kCustom":
-            m = re.search(r'"fusion_config":\{"kind":"([^"]+)"', instr.attrs)
-            what = f" (`{m.group(1)}`)" if m else ""
+            config = (instr.backend_config or {}).get("fusion_config")
+            kind = config.get("kind") if isinstance(config, dict) else None
+            what = f" (`{kind}`)" if isinstance(kind, str) and kind else ""
             return CUSTOM_CALL, f"{side} `{instr.name}` is a kCustom fusion{what}, emitted whole as one call"
         oi = self.info.get(instr.name)
         if oi is not None and oi.bound == "communication":
@@ -343,23 +326,23 @@ class _Graph:
             seen.add((instr.name, p))
             op = instr.opcode
             if op == "fusion" and instr.called:
-                todo.append((_root(self.module, instr.called[0]), p, holder, hops, direct))
+                todo.append((self.module.computations[instr.called[0]].root, p, holder, hops, direct))
             elif op == "tuple":
                 if p and p[0] < len(instr.operands):
-                    todo.append((self.by_name[instr.operands[p[0]]], p[1:], holder, hops, direct))
+                    todo.append((self.by_name(instr.operands[p[0]]), p[1:], holder, hops, direct))
             elif op == "get-tuple-element":
-                todo.append((self.by_name[instr.operands[0]], (_index(instr),) + p, holder, hops, direct))
+                todo.append((self.by_name(instr.operands[0]), (instr.index,) + p, holder, hops, direct))
             elif op == "reduce":
                 out = _leaf(parse_shape(instr.shape), p)
-                src = parse_shape(self.by_name[instr.operands[0]].shape)
+                src = parse_shape(self.by_name(instr.operands[0]).shape)
                 if out is not None and src.elements > out.elements:
                     return instr, holder, direct
             elif op == "parameter":
-                caller = self.fusion_of.get(instr.computation)
+                caller = self.module.fusion_callers.get(instr.computation)
                 n = instr.parameter_number
                 if caller is None or n is None or n >= len(caller.operands):
                     continue
-                outer = self.by_name[caller.operands[n]]
+                outer = self.by_name(caller.operands[n])
                 if caller.computation in self.executed:  # leaving the top-level fusion: one hop upstream
                     outer, p2 = self.resolve(outer, p)
                     if outer is None or hops >= UPSTREAM_HOPS or not self.is_producer(outer):
@@ -370,7 +353,7 @@ class _Graph:
             elif op in _ONE_TO_ONE and not p:
                 n = _elements(instr.shape)
                 for o in instr.operands:
-                    oi = self.by_name.get(o)
+                    oi = self.module.instruction(o)
                     if oi is None or _elements(oi.shape) != n:
                         continue
                     if instr.computation in self.executed:  # an unfused op: its operands are one hop upstream
@@ -389,17 +372,17 @@ class _Graph:
             if instr.opcode == "tuple":
                 if not path or path[0] >= len(instr.operands):
                     return None, path
-                instr, path = self.by_name[instr.operands[path[0]]], path[1:]
+                instr, path = self.by_name(instr.operands[path[0]]), path[1:]
                 continue
             if instr.opcode == "get-tuple-element":
-                path = (_index(instr),) + path
+                path = (instr.index,) + path
             elif instr.opcode == "copy-done":
                 path = (0,) + path
             elif instr.opcode == "copy-start":
                 if not path or path[0] != 0:
                     return None, path
                 path = path[1:]
-            instr = self.by_name[instr.operands[0]]
+            instr = self.by_name(instr.operands[0])
         return instr, path
 
     def iteration_spaces(self, instr: Instruction) -> list[tuple[str, int]]:
@@ -411,7 +394,7 @@ class _Graph:
             i for i in (_fused_instructions(self.module, instr) if instr.opcode == "fusion" else ())
             if i.opcode == "reduce"]
         for r in reduces:
-            src = parse_shape(self.by_name[r.operands[0]].shape)
+            src = parse_shape(self.by_name(r.operands[0]).shape)
             spaces.append((_plain(src), src.elements))
         seen, unique = set(), []
         for t, n in spaces:
@@ -434,9 +417,7 @@ class _Graph:
             if x is None or x.name in seen:
                 continue
             seen.add(x.name)
-            for user, pos in self.users.get(x.name, []):
-                if user.computation != x.computation:
-                    continue
+            for user, pos in self.module.uses_of(x):
                 if user.opcode == "broadcast" and _elements(user.shape) > elements:
                     return user
                 if user.opcode in _ONE_TO_ONE and _elements(user.shape) == elements:
@@ -444,11 +425,6 @@ class _Graph:
                 elif user.opcode == "fusion" and user.called:
                     todo.append(self.param(user.called[0], pos))
         return None
-
-
-def _attr_comp(instr: Instruction, key: str) -> str:
-    m = re.search(rf"\b{key}=%?([^\s,]+)", instr.attrs)
-    return m.group(1) if m else ""
 
 
 def _kind(instr: Instruction) -> str:
@@ -481,7 +457,7 @@ def _explain(g: _Graph, producer: Instruction, leaf: Shape, use: _Use, readers: 
     found = origin() if bcast is not None else None
     if found:
         red, holder, direct = found
-        src = _plain(parse_shape(g.by_name[red.operands[0]].shape))
+        src = _plain(parse_shape(g.by_name(red.operands[0]).shape))
         what = f"reduce `{red.name}` ({src} -> {_plain(leaf)})"
         if red is producer:
             said = f"`{producer.name}` is a reduce ({src} -> {_plain(leaf)})"

@@ -38,11 +38,10 @@ Where this deliberately differs from XLA:
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 from tpudiag.errors import ParseError
-from tpudiag.parse.hlo import HloModule, Instruction
+from tpudiag.parse.hlo import HloModule, Instruction, WindowDim
 from tpudiag.parse.shapes import Shape, parse_shape
 
 FMA_FLOPS = 2  # XLA's kFmaFlops: a multiply-add is two FLOPs
@@ -90,47 +89,7 @@ def arithmetic_intensity(cost: Cost) -> float | None:
     return cost.flops / cost.bytes_accessed if cost.bytes_accessed > 0 else None
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
-
-
-def _attr_ints(instr: Instruction, key: str) -> tuple[int, ...] | None:
-    m = re.search(rf"\b{key}=\{{([\d,\s]*)\}}", instr.attrs)
-    return _ints(m.group(1)) if m else None
-
-
-@dataclass(frozen=True)
-class _WindowDim:
-    size: int = 1
-    stride: int = 1
-    pad_lo: int = 0
-    pad_hi: int = 0
-    lhs_dilate: int = 1
-    rhs_dilate: int = 1
-
-
-def _window(instr: Instruction) -> list[_WindowDim]:
-    """`window={size=3x3 stride=2x2 pad=1_1x0_0 lhs_dilate=1x1 rhs_dilate=1x1}` -> one entry per dim."""
-    m = re.search(r"\bwindow=\{([^}]*)\}", instr.attrs)
-    if not m:
-        return []
-    fields: dict[str, list[str]] = {}
-    for item in m.group(1).split():
-        key, _, val = item.partition("=")
-        fields[key] = val.split("x")
-    n = len(fields.get("size", []))
-    out = []
-    for d in range(n):
-        def get(key: str, default: int) -> int:
-            vals = fields.get(key)
-            return int(vals[d]) if vals else default
-        lo, hi = (fields["pad"][d].split("_") if "pad" in fields else ("0", "0"))
-        out.append(_WindowDim(get("size", 1), get("stride", 1), int(lo), int(hi), get("lhs_dilate", 1),
-                              get("rhs_dilate", 1)))
-    return out
-
-
-def _valid_positions(w: _WindowDim, in_size: int, out_size: int, k_size: int) -> int:
+def _valid_positions(w: WindowDim, in_size: int, out_size: int, k_size: int) -> int:
     """(output position, kernel tap) pairs of one spatial dim that read a real input element:
     XLA's GetConvolutionFlops loop, without its shortcuts (they give the same count)."""
     count = 0
@@ -150,15 +109,9 @@ class _Coster:
     """Costs the instructions of one module, memoising computations (fusion bodies, loop bodies)."""
 
     def __init__(self, module: HloModule):
+        # Operands and users come from the module's cached def-use graph, resolved in the
+        # instruction's own computation (hand-written HLO may reuse a name elsewhere).
         self.module = module
-        # Keyed by (computation, name): operands live in the instruction's own computation, and
-        # hand-written HLO may reuse a name in another computation (compiler output does not).
-        self.by_name: dict[tuple[str, str], Instruction] = {}
-        self.users: dict[tuple[str, str], list[Instruction]] = {}
-        for instr in module.instructions():
-            self.by_name[instr.computation, instr.name] = instr
-            for op in dict.fromkeys(instr.operands):  # XLA's users() lists a user once
-                self.users.setdefault((instr.computation, op), []).append(instr)
         self._memo: dict[str, Cost] = {}
         self._active: set[str] = set()
 
@@ -172,7 +125,7 @@ class _Coster:
 
     def operand(self, instr: Instruction, k: int) -> Instruction:
         name = instr.operands[k] if k < len(instr.operands) else None
-        found = self.by_name.get((instr.computation, name))
+        found = self.module.operand(instr, k)
         if found is None:
             raise ParseError(self.module.path, f"instruction {instr.name}: operand {k} ({name}) is not defined",
                              line=instr.line or None)
@@ -183,9 +136,6 @@ class _Coster:
 
     def operand_bytes(self, instr: Instruction, start: int = 0) -> int:
         return sum(self.operand_shape(instr, k).bytes for k in range(start, len(instr.operands)))
-
-    def _users_of(self, instr: Instruction) -> list[Instruction]:
-        return self.users.get((instr.computation, instr.name), [])
 
     def computation(self, name: str) -> Cost:
         if name in self._memo:
@@ -203,9 +153,9 @@ class _Coster:
         self._memo[name] = total
         return total
 
-    def _applied(self, instr: Instruction, key: str = "to_apply") -> Cost:
-        m = re.search(rf"\b{key}=%?([^\s,]+)", instr.attrs)
-        return self.computation(m.group(1)) if m else Cost()
+    def _applied(self, name: str | None) -> Cost:
+        """The cost of one application of a reducer, selector or scatterer (0 where there is none)."""
+        return self.computation(name) if name else Cost()
 
     # -- the cost of one instruction --------------------------------------------------------------
 
@@ -247,7 +197,7 @@ class _Coster:
             return (0, out.elements) if op in TRANSCENDENTAL else (out.elements, 0)
         if op in ("dot", "ragged-dot"):
             lhs = self.operand_shape(instr, 0)
-            width = math.prod(lhs.dims[d] for d in (_attr_ints(instr, "lhs_contracting_dims") or ()))
+            width = math.prod(lhs.dims[d] for d in (instr.lhs_contracting_dims or ()))
             return FMA_FLOPS * out.elements * width, 0
         if op == "convolution":
             return self._convolution_flops(instr, out), 0
@@ -265,7 +215,7 @@ class _Coster:
             return 0, sum(s.elements for s in out.leaves())
         if op == "fft":
             data = self.operand_shape(instr, 0).leaves()[0]
-            logs = math.prod(max(n, 1).bit_length() - 1 for n in (_attr_ints(instr, "fft_length") or ()))
+            logs = math.prod(max(n, 1).bit_length() - 1 for n in (instr.fft_length or ()))
             return FMA_FLOPS * 4 * logs * data.elements, 0  # 4 FMAs per complex multiply
         if op == "triangular-solve":
             a, b = self.operand_shape(instr, 0), self.operand_shape(instr, 1)
@@ -279,11 +229,11 @@ class _Coster:
         op = instr.opcode
         if op == "select-and-scatter":
             source = self.operand_shape(instr, 1).elements
-            window = math.prod(w.size for w in _window(instr))
-            sel, sca = self._applied(instr, "select"), self._applied(instr, "scatter")
+            window = math.prod(w.size for w in instr.window)
+            sel, sca = self._applied(instr.select), self._applied(instr.scatter)
             return (sel.flops * source * (window - 1) + sca.flops * source,
                     sel.transcendentals * source * (window - 1) + sca.transcendentals * source)
-        sub = self._applied(instr)
+        sub = self._applied(instr.to_apply)
         first_out = out.leaves()[0]
         if op == "reduce":
             count = self.operand_shape(instr, 0).elements - first_out.elements
@@ -292,7 +242,7 @@ class _Coster:
         elif op == "scatter":
             count = self.operand_shape(instr, len(instr.operands) // 2 + 1).elements  # updates[0]
         else:  # reduce-window: window_size - 1 applications per output element
-            window = _window(instr)
+            window = instr.window
             size = math.prod(w.size for w in window)
             count = (size - 1) * first_out.elements
             # XLA's special case: a reduce-window that is a reduce of one dim broadcast back.
@@ -307,23 +257,20 @@ class _Coster:
 
     def _convolution_flops(self, instr: Instruction, out: Shape) -> int:
         lhs, rhs = self.operand_shape(instr, 0), self.operand_shape(instr, 1)
-        m = re.search(r"\bdim_labels=(\w+)_(\w+)->(\w+)", instr.attrs)
-        if not m:
+        if instr.dim_labels is None:
             raise ParseError(self.module.path, f"convolution {instr.name} has no dim_labels", line=instr.line or None)
-        lhs_l, rhs_l, out_l = m.groups()
+        lhs_l, rhs_l, out_l = instr.dim_labels
 
         def spatial(labels: str) -> list[int]:  # dims of spatial 0, 1, 2, ... in order
             return [labels.index(c) for c in sorted(c for c in labels if c.isdigit())]
 
-        groups = re.search(r"\bfeature_group_count=(\d+)", instr.attrs)
-        batch_groups = re.search(r"\bbatch_group_count=(\d+)", instr.attrs)
-        in_features = lhs.dims[lhs_l.index("f")] // (int(groups.group(1)) if groups else 1)
-        batch = lhs.dims[lhs_l.index("b")] // (int(batch_groups.group(1)) if batch_groups else 1)
+        in_features = lhs.dims[lhs_l.index("f")] // instr.feature_group_count
+        batch = lhs.dims[lhs_l.index("b")] // instr.batch_group_count
         out_features = out.dims[out_l.index("f")]
-        window = _window(instr)
+        window = instr.window
         positions = 1
         for d, (li, ki, oi) in enumerate(zip(spatial(lhs_l), spatial(rhs_l), spatial(out_l))):
-            w = window[d] if d < len(window) else _WindowDim(size=rhs.dims[ki])
+            w = window[d] if d < len(window) else WindowDim(size=rhs.dims[ki])
             positions *= _valid_positions(w, lhs.dims[li], out.dims[oi], rhs.dims[ki])
         return FMA_FLOPS * in_features * out_features * batch * positions
 
@@ -362,7 +309,7 @@ class _Coster:
 
     def _transpose_is_bitcast(self, instr: Instruction, out: Shape) -> bool:
         src = self.operand_shape(instr, 0)
-        perm = _attr_ints(instr, "dimensions")
+        perm = instr.dimensions
         if perm is None or out.layout is None or src.layout is None:
             return False
         return tuple(perm[d] for d in out.layout.minor_to_major) == src.layout.minor_to_major
@@ -382,7 +329,7 @@ class _Coster:
                 if i.opcode in ("gather", "scatter"):
                     return self.cost(i)
         out = self.shape(instr)
-        root = next((i for i in body.instructions if i.is_root), body.instructions[-1])
+        root = body.root
         written = 0
         for k, leaf in enumerate(out.tuple_shapes if out.is_tuple else (out,)):
             producer = root
@@ -395,7 +342,7 @@ class _Coster:
         # Non-scalar constants inside are read from memory (XLA: immediate_constant_max_elements = 1).
         constants = sum(s.bytes for i in body.instructions if i.opcode == "constant"
                         for s in [self.shape(i)] if s.elements > 1)
-        read = sum(self._param_read_bytes(p) for p in _parameters(body.instructions))
+        read = sum(self._param_read_bytes(p) for p in body.parameters)
         return Cost(inner.flops, inner.transcendentals, written + constants + read)
 
     def _param_read_bytes(self, param: Instruction) -> int:
@@ -404,7 +351,7 @@ class _Coster:
         read, except broadcast and reshape, which each count the whole operand."""
         shape = self.shape(param)
         if shape.is_tuple:
-            return sum(self._param_read_bytes(u) for u in self._users_of(param)
+            return sum(self._param_read_bytes(u) for u in self.module.users_of(param)
                        if u.opcode == "get-tuple-element")
         size, shared = 0, False
 
@@ -415,7 +362,7 @@ class _Coster:
             shared = True
             return shape.bytes
 
-        for user in self._users_of(param):
+        for user in self.module.users_of(param):
             op = user.opcode
             if op == "fusion":
                 size += self._nested_fusion_read_bytes(param, user)
@@ -437,9 +384,9 @@ class _Coster:
         body = self.module.computations.get(fusion.called[0]) if fusion.called else None
         if body is None:
             return 0
-        params = _parameters(body.instructions)
-        root = next((i for i in body.instructions if i.is_root), body.instructions[-1])
-        users = self._users_of(fusion)
+        params = body.parameters
+        root = body.root
+        users = self.module.users_of(fusion)
         size = 0
         for idx in (k for k, name in enumerate(fusion.operands) if name == param.name):
             if idx >= len(params):
@@ -466,28 +413,45 @@ class _Coster:
         return size
 
 
-def _parameters(instructions: list[Instruction]) -> list[Instruction]:
-    """A computation's parameters in parameter-number order (`parameter(N)`)."""
-    params = [i for i in instructions if i.opcode == "parameter"]
-    return sorted(params, key=lambda p: (p.parameter_number is None, p.parameter_number or 0))
+def _find_key(config, key: str):
+    """The first value under `key` in a JSON tree, depth first in key order (text order)."""
+    if isinstance(config, dict):
+        if key in config:
+            return config[key]
+        children = config.values()
+    elif isinstance(config, list):
+        children = config
+    else:
+        return None
+    for child in children:
+        found = _find_key(child, key)
+        if found is not None:
+            return found
+    return None
 
 
 def _cost_estimate(instr: Instruction) -> Cost | None:
     """A custom call's own estimate: Pallas writes `pl.CostEstimate` into the backend config as
-    `"cost_estimate":{"flops":"1234","transcendentals":"5","bytes_accessed":"678",...}`."""
-    m = re.search(r'"cost_estimate"\s*:\s*\{([^}]*)\}', instr.attrs.replace('\\"', '"'))
-    if not m:
+    `"cost_estimate":{"flops":"1234","transcendentals":"5","bytes_accessed":"678",...}` (inside
+    `custom_call_config` on TPU)."""
+    found = _find_key(instr.backend_config, "cost_estimate")
+    if not isinstance(found, dict):
         return None
-    vals = {k: int(v) for k, v in re.findall(r'"(\w+)"\s*:\s*"?(-?\d+)"?', m.group(1))}
-    return Cost(vals.get("flops", 0), vals.get("transcendentals", 0), vals.get("bytes_accessed", 0))
+
+    def count(name: str) -> int:
+        value = found.get(name, 0)
+        try:
+            return int(value)  # written as a number or as a decimal string
+        except (TypeError, ValueError):
+            return 0
+
+    return Cost(count("flops"), count("transcendentals"), count("bytes_accessed"))
 
 
 def known_trip_count(instr: Instruction) -> int | None:
-    """A while loop's trip count where XLA recorded it (`"known_trip_count":{"n":"4"}` in the
-    backend config; CPU compiles of a fori_loop write it, libtpu 0.0.42's did not), else None.
+    """`Instruction.known_trip_count`: a while loop's trip count where XLA recorded it, else None.
     The costs here count a loop body once whatever this says, as XLA does."""
-    m = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)', instr.attrs.replace('\\"', '"'))
-    return int(m.group(1)) if m and instr.opcode == "while" else None
+    return instr.known_trip_count
 
 
 def op_cost(module: HloModule, instr: Instruction) -> Cost:

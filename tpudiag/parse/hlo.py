@@ -12,18 +12,25 @@ a `get-tuple-element` instruction and use it. The parser turns the new spelling 
 `get-tuple-element` XLA's own parser builds for it (named `arg_tuple.6_7`, `index=7`, the element's
 shape), so both dumps give the same model.
 
-It does not compute costs or classify ops (that is `analyze/`). XLA's own parser
+The model itself (typed attribute fields, the cached def-use and call graphs) is
+`parse.hlo_model`; the readers of brackets and attribute values are `parse.hlo_text`; both are
+re-exported here. It does not compute costs or classify ops (that is `analyze/`). XLA's own parser
 (`jaxlib._hlo.hlo_module_from_text`) is the oracle the tests hold this one to.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 from tpudiag.errors import ParseError
+from tpudiag.parse.hlo_model import RUNS_CALLEES, Computation, HloModule, Instruction, Use
+from tpudiag.parse.hlo_text import KV, ReplicaGroups, WindowDim, balanced, parse_replica_groups, split_top_level
+
+# The model and the attribute records are imported from here by every reader.
+__all__ = ["RUNS_CALLEES", "Computation", "HloModule", "Instruction", "ReplicaGroups", "Use", "WindowDim",
+           "find_optimized_modules", "parse_hlo_text", "parse_replica_groups", "read_hlo_file", "split_top_level",
+           "tuple_element_shape"]
 
 _HEADER = re.compile(r"^HloModule\s+([^\s,]+)")
 _COMP_END = re.compile(r'^\},\s*execution_thread="([^"]*)"\s*$')
@@ -31,169 +38,15 @@ _COMP = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*(\(.*\))?\s*->.*\{\s*$")
 _INSTR = re.compile(r"^\s*(ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$", re.S)  # re.S: multi-line backend configs
 _COMMENT = re.compile(r"/\*.*?\*/")
 _TABLE_ROW = re.compile(r"^([0-9]+)\s+(.*)$")
-_KV = re.compile(r"(\w+)=(\"(?:[^\"\\]|\\.)*\"|[^\s}]+)")
 _LITERAL_OPCODES = frozenset({"parameter", "constant", "iota", "rng-get-and-update-state"})
 _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
-
-
-@dataclass
-class Instruction:
-    name: str
-    opcode: str
-    shape: str
-    operands: list[str]
-    computation: str
-    attrs: str  # the text after the operand list (attributes, metadata, backend_config)
-    is_root: bool = False
-    line: int = 0  # 1-based line in the file
-    literal: str = ""  # the parenthesised text of parameter(N), constant(...), iota()
-
-    @property
-    def parameter_number(self) -> int | None:
-        return _num(self.literal, None) if self.opcode == "parameter" else None
-
-    @cached_property
-    def called(self) -> list[str]:
-        """Computations this instruction calls (fusion `calls=`, `to_apply=`, while `body=`...)."""
-        out = []
-        for key in ("calls", "to_apply", "body", "condition", "branch_computations", "true_computation",
-                    "false_computation"):
-            m = re.search(rf"\b{key}=(\{{[^}}]*\}}|[^\s,]+)", self.attrs)
-            if m:
-                out += [c.strip().lstrip("%") for c in m.group(1).strip("{}").split(",") if c.strip()]
-        return out
-
-    @cached_property
-    def fusion_kind(self) -> str | None:
-        m = re.search(r"\bkind=(k\w+)", self.attrs)
-        return m.group(1) if m else None
-
-    @cached_property
-    def metadata(self) -> dict[str, str]:
-        i = self.attrs.find("metadata={")
-        if i < 0:
-            return {}
-        body = _balanced(self.attrs, i + len("metadata="), "{", "}")[1:-1]
-        return {k: _unescape(v[1:-1]) if v.startswith('"') else v for k, v in _KV.findall(body)}
-
-    @cached_property
-    def custom_call_target(self) -> str | None:
-        m = re.search(r'custom_call_target="([^"]*)"', self.attrs)
-        return m.group(1) if m else None
-
-
-@dataclass
-class Computation:
-    name: str
-    is_entry: bool
-    instructions: list[Instruction] = field(default_factory=list)
-    execution_thread: str | None = None  # "sparsecore" for v6e SparseCore offload; None: the main thread
-
-
-@dataclass
-class HloModule:
-    name: str
-    path: str
-    computations: dict[str, Computation]
-    file_names: dict[int, str]
-    function_names: dict[int, str]
-    file_locations: dict[int, dict[str, str]]
-    stack_frames: dict[int, dict[str, str]]
-
-    def instructions(self):
-        for comp in self.computations.values():
-            yield from comp.instructions
-
-    @property
-    def entry(self) -> Computation | None:
-        return next((c for c in self.computations.values() if c.is_entry), None)
-
-    def fused_computations(self) -> set[str]:
-        """Names of computations that are the body of some fusion instruction."""
-        return {c for i in self.instructions() if i.opcode == "fusion" for c in i.called}
-
-    def source_frames(self, instr: Instruction) -> list[tuple[str, int, str]]:
-        """The Python call stack (file, line, function) an instruction came from, innermost first."""
-        md = instr.metadata
-        if "source_file" in md:
-            return [(md["source_file"], _num(md.get("source_line")), "")]
-        fid = md.get("stack_frame_id")
-        out, seen = [], set()
-        while fid and _num(fid, None) in self.stack_frames and fid not in seen:
-            seen.add(fid)
-            frame = self.stack_frames[_num(fid)]
-            loc = self.file_locations.get(_num(frame.get("file_location_id")), {})
-            file = self.file_names.get(_num(loc.get("file_name_id")), "?")
-            func = self.function_names.get(_num(loc.get("function_name_id")), "")
-            out.append((file, _num(loc.get("line")), func))
-            parent = frame.get("parent_frame_id")
-            fid = parent if parent != fid else None
-        return out
-
-
-def _unescape(text: str) -> str:
-    """XLA escapes quotes and backslashes inside metadata strings (`params[\\'b1\\']`)."""
-    return re.sub(r"\\(.)", r"\1", text) if "\\" in text else text
-
-
-def _num(text, default: int | None = 0) -> int | None:
-    """An ASCII decimal number, else `default` (`str.isdigit` also accepts '²', which int() rejects)."""
-    text = (text or "").strip()
-    return int(text) if re.fullmatch(r"[0-9]+", text) else default
-
-
-def _balanced(text: str, start: int, open_: str, close: str) -> str:
-    """The substring from text[start] (an opening bracket) to its matching close, quotes respected."""
-    depth, i, in_str = 0, start, False
-    while i < len(text):
-        ch = text[i]
-        if in_str:
-            if ch == "\\":
-                i += 1
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch == open_:
-            depth += 1
-        elif ch == close:
-            depth -= 1
-            if depth == 0:
-                return text[start : i + 1]
-        i += 1
-    raise ValueError(f"unbalanced {open_}{close}")
-
-
-def split_top_level(text: str) -> list[str]:
-    """Split on commas that are not inside brackets or double quotes (escapes respected)."""
-    parts, depth, start, quoted, i = [], 0, 0, False, 0
-    while i < len(text):
-        ch = text[i]
-        if quoted:
-            if ch == "\\":
-                i += 1
-            elif ch == '"':
-                quoted = False
-        elif ch == '"':
-            quoted = True
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-        i += 1
-    if text[start:].strip():
-        parts.append(text[start:])
-    return parts
 
 
 def _parse_instruction(rest: str) -> tuple[str, str, list[str], str, str]:
     """`SHAPE opcode(operands), attrs` -> (shape, opcode, operands, attrs, literal)."""
     rest = rest.strip()
     if rest.startswith("("):
-        shape = _balanced(rest, 0, "(", ")")
+        shape = balanced(rest, 0, "(", ")")
         rest = rest[len(shape):].lstrip()
     else:
         # A shape has no spaces outside brackets: f32[8,128]{1,0:T(8,128)(2,1)S(1)}
@@ -206,7 +59,7 @@ def _parse_instruction(rest: str) -> tuple[str, str, list[str], str, str]:
     if not m:
         raise ValueError("expected `opcode(` after the shape")
     opcode = m.group(1)
-    args = _balanced(rest, m.end() - 1, "(", ")")
+    args = balanced(rest, m.end() - 1, "(", ")")
     attrs = rest[m.end() - 1 + len(args):].lstrip(", ")
     operands = []
     # parameter(0), constant({1,2}), iota(): the parenthesised text is a literal, not operands.
@@ -350,7 +203,7 @@ def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
         md_at = attrs.find("metadata={")
         if md_at >= 0:  # checked here so that reading `.metadata` later cannot fail
             try:
-                _balanced(attrs, md_at + len("metadata="), "{", "}")
+                balanced(attrs, md_at + len("metadata="), "{", "}")
             except ValueError:
                 raise ParseError(path, "unterminated metadata={...}", line=n + 1, snippet=ln) from None
         comp.instructions.append(Instruction(name=m.group(2), opcode=opcode, shape=shape, operands=operands,
@@ -362,7 +215,7 @@ def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
         raise ParseError(path, "no computations in the module", line=len(lines))
 
     def kv_table(t: str) -> dict[int, dict[str, str]]:
-        return {k: dict(_KV.findall(v)) for k, v in tables[t].items()}
+        return {k: dict(KV.findall(v)) for k, v in tables[t].items()}
 
     return HloModule(
         name=name, path=path, computations=comps,
