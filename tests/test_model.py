@@ -110,3 +110,29 @@ def test_a_bad_manifest_names_its_field(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(doc))
     with pytest.raises(ParseError, match=r"manifest\.json: steps_entered: expected an integer or null, got 'three'"):
         read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("artifact_set", ["jax-0.10", "jax-0.12"])
+def test_compile_report_round_trips(artifact_set):
+    from tpudiag.analyze.compile_model import CompileReport, ModuleTotals
+
+    path = GOLDENS / artifact_set / "compile_v5e_collective" / "report.json"
+    text = path.read_text()
+    report = CompileReport.from_dict(json.loads(text), str(path))
+    assert render_json(report.to_dict()) == text
+    assert report.totals.modules == len(report.modules) and not report.failed_modules
+    assert all(isinstance(m.totals, ModuleTotals) and m.fusions is not None for m in report.modules)
+    assert any(o.modelled and o.bound_by == "ici" for m in report.modules for o in m.ops), "the all-reduce"
+
+
+def test_a_module_that_did_not_fit_keeps_only_its_memory_figures():
+    from tpudiag.analyze.compile_model import CompileReport, MemoryOnlyTotals
+
+    doc = json.loads((GOLDENS / "jax-0.10" / "compile_v5e_collective" / "report.json").read_text())
+    m = doc["modules"][0]
+    m.update(status="failed", error="RESOURCE_EXHAUSTED", ops=[], findings=["needs 40 GiB"],
+             totals={"memory": {"peak_hbm_bytes": 40 << 30, "hbm_capacity_bytes": 16 << 30, "fits": False}})
+    del m["fusions"]
+    report = CompileReport.from_dict(doc, "report.json")
+    assert isinstance(report.modules[0].totals, MemoryOnlyTotals) and report.failed_modules[0].name == m["name"]
+    assert report.to_dict() == doc

@@ -26,7 +26,8 @@ from tpudiag.parse.hlo import RUNS_CALLEES, HloModule, Instruction
 from tpudiag.parse.shapes import parse_shape
 from tpudiag.targets import Target
 
-SCHEMA = "tpudiag.compile/1"
+from tpudiag.analyze.compile_model import (SCHEMA, CompileReport, CompileTarget, CompileTotals, MemoryOnlyTotals,
+                                           ModuleReport, ModuleTotals, OpEstimate)
 # Instructions that move no data and take no time on their own (they alias their operands).
 _FREE = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all",
                    "partition-id", "replica-id", "opt-barrier", "add-dependency"})
@@ -53,12 +54,6 @@ class ModuleArtifacts:
     notes: tuple[str, ...] = ()  # what could not be read, said in the module's findings
 
 
-@dataclass(frozen=True)
-class CompileReport:
-    doc: dict
-
-    def to_dict(self) -> dict:
-        return self.doc
 
 
 def _is_async_tail(opcode: str) -> bool:
@@ -249,24 +244,28 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
     return {**base, "ops": ops, "totals": totals, "findings": findings, "fusions": fusions}
 
 
+def _module_report(doc: dict) -> ModuleReport:
+    totals = doc["totals"]
+    if totals is not None:
+        totals = ModuleTotals(**totals) if "estimated_s" in totals else MemoryOnlyTotals(**totals)
+    return ModuleReport(**{**doc, "ops": tuple(OpEstimate(**o) for o in doc["ops"]), "totals": totals,
+                           "findings": tuple(doc["findings"])})
+
+
 def build_compile_report(target: Target, modules: list[ModuleArtifacts], source: dict) -> CompileReport:
     docs = [_module_doc(m, target) for m in modules]
     ok = [d for d in docs if d["status"] == "ok"]
     chip, dev = target.chip, DeviceFigures.of(target)
-    return CompileReport({
-        "schema": SCHEMA,
-        "status": "ok" if len(ok) == len(docs) and docs else ("partial" if ok else "failed"),
-        # Figures per compiled-for device (= per chip except on v4, where a device is one TensorCore).
-        "target": {"chip": chip.name, "topology": target.topology, "chips": target.chips,
-                   "devices": target.devices, "devices_per_chip": chip.devices_per_chip,
-                   "clock_hz": dev.clock_hz, "peak_bf16_flops_per_s": dev.peak_flops_per_s,
-                   "hbm_bytes_per_s": dev.hbm_bytes_per_s, "hbm_bytes": dev.hbm_bytes,
-                   "ici_bytes_per_s": chip.ici_bytes_per_s, "ici_ring_bytes_per_s": _ring_bytes_per_s(target),
-                   "note": target.note},
-        "source": source,
-        "modules": docs,
-        "totals": {
-            "modules": len(docs), "failed": len(docs) - len(ok),
-            "estimated_s": round(sum(d["totals"]["estimated_s"] for d in ok), 12),
-        },
-    })
+    return CompileReport(
+        schema=SCHEMA,
+        status="ok" if len(ok) == len(docs) and docs else ("partial" if ok else "failed"),
+        target=CompileTarget(chip=chip.name, topology=target.topology, chips=target.chips, devices=target.devices,
+                             devices_per_chip=chip.devices_per_chip, clock_hz=dev.clock_hz,
+                             peak_bf16_flops_per_s=dev.peak_flops_per_s, hbm_bytes_per_s=dev.hbm_bytes_per_s,
+                             hbm_bytes=dev.hbm_bytes, ici_bytes_per_s=chip.ici_bytes_per_s,
+                             ici_ring_bytes_per_s=_ring_bytes_per_s(target), note=target.note),
+        source=source,
+        modules=tuple(_module_report(d) for d in docs),
+        totals=CompileTotals(modules=len(docs), failed=len(docs) - len(ok),
+                             estimated_s=round(sum(d["totals"]["estimated_s"] for d in ok), 12)),
+    )

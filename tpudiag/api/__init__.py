@@ -18,7 +18,7 @@ import importlib
 # api` is instant and `api.profile` starts the program before pandas and the analysis stack load.
 _WHERE = {
     "load_for_compare": "compare", "compare_runs": "compare",
-    "TPU_DIR": "compile", "CompileResult": "compile", "analyze_compile_run": "compile", "compile_function": "compile",
+    "TPU_DIR": "compile", "CompileResult": "compile", "analyze_compile_run": "compile", "compile_run_artifacts": "compile", "compile_function": "compile",
     "compile_inputs": "compile", "compile_target": "compile", "module_artifacts": "compile",
     "shadow_compile_run": "compile",
     "perfetto_export": "export",

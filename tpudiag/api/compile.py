@@ -66,14 +66,15 @@ def compile_inputs(inputs, run: Path, target, *, static_profile=True, jobs=2, li
     return build_compile_report(target, [module_artifacts(r) for r in results], source or {})
 
 
-def _write_compile_report(report, rd: RunDir) -> dict:
+def _write_compile_report(report, rd: RunDir):
+    """report.json and report.md of a compile run; returns the report as written (with its artifacts)."""
     from tpudiag.report.compile_markdown import render_compile_markdown
 
+    report = report.with_artifacts({"run_dir": str(rd.path), "report": rundir.REPORT, "modules": "modules"})
     doc = report.to_dict()
-    doc["artifacts"] = {"run_dir": str(rd.path), "report": rundir.REPORT, "modules": "modules"}
     rd.write_json(rundir.REPORT, doc)
     rd.write_text(rundir.REPORT_MD, render_compile_markdown(doc))
-    return doc
+    return report
 
 
 def compile_target(target_text: str, input_path, args=(), out=None, *, static_profile=True, jobs=2,
@@ -112,17 +113,18 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
         rd.update(source=source)
         report = compile_inputs(inputs, run, target, static_profile=static_profile, jobs=jobs, limits=limits,
                                 progress=progress, source=source)
-        doc = _write_compile_report(report, rd)
-        shadow_code = source.get("shadow_run", {}).get("exit_code") or 0
-        ok = doc["status"] == "ok" and not shadow_code
+        report = _write_compile_report(report, rd)
+        shadow_code = report.shadow_exit_code
+        ok = report.status == "ok" and not shadow_code
         rd.finish(ok, exit_code=0 if ok else (shadow_code or 1),
                   reason=(source["shadow_run"]["reason"] if shadow_code
-                          else f"{doc['totals']['failed']} module(s) failed to compile"))
+                          else f"{report.totals.failed} module(s) failed to compile"))
     return CompileResult(run_dir=run, report=report)
 
 
-def analyze_compile_run(run: Path):
-    """Re-build a compile run's report from its module directories (never recompiles)."""
+def compile_run_artifacts(run: Path):
+    """(each module's parsed artifacts, the compile report built from them) of a compile run: every
+    artifact parsed once, never recompiled."""
     from tpudiag.analyze.compile_report import build_compile_report
     from tpudiag.capture.tpu_compile import load_module
     from tpudiag.targets import resolve_target
@@ -132,10 +134,14 @@ def analyze_compile_run(run: Path):
     target = resolve_target((manifest.target or {}).get("topology", ""))
     mdirs = sorted(p for p in (run / "modules").iterdir() if (p / "module.json").is_file()) \
         if (run / "modules").is_dir() else []
-    report = build_compile_report(target, [module_artifacts(load_module(d)) for d in mdirs],
-                                  manifest.source or {})
-    report.doc["artifacts"] = {"run_dir": str(run), "report": rundir.REPORT, "modules": "modules"}
-    return report
+    arts = [module_artifacts(load_module(d)) for d in mdirs]
+    report = build_compile_report(target, arts, manifest.source or {})
+    return arts, report.with_artifacts({"run_dir": str(run), "report": rundir.REPORT, "modules": "modules"})
+
+
+def analyze_compile_run(run: Path):
+    """Re-build a compile run's report from its module directories (never recompiles)."""
+    return compile_run_artifacts(run)[1]
 
 
 def compile_function(fn, *args, target: str = "v5e", out=None, static_profile: bool = True, jobs: int = 2,
@@ -162,8 +168,8 @@ def compile_function(fn, *args, target: str = "v5e", out=None, static_profile: b
         mlir_path.write_text(lowered.as_text(debug_info=True))  # debug_info keeps the source lines
         report = compile_inputs([ModuleInput(name=f"jit_{name}", path=mlir_path, kind="mlir")], run, tgt,
                                 static_profile=static_profile, jobs=jobs, limits=limits, source=source)
-        doc = _write_compile_report(report, rd)
-        rd.finish(doc["status"] == "ok", reason=f"{doc['totals']['failed']} module(s) failed to compile")
+        report = _write_compile_report(report, rd)
+        rd.finish(report.status == "ok", reason=f"{report.totals.failed} module(s) failed to compile")
     return CompileResult(run_dir=run, report=report)
 
 
@@ -185,6 +191,6 @@ def shadow_compile_run(run: Path, target_text: str, *, static_profile=True, jobs
                 source=source, static_profile=static_profile) as rd:
         report = compile_inputs(inputs, rd.path, target, static_profile=static_profile, jobs=jobs, limits=limits,
                                 progress=progress, source=source)
-        doc = _write_compile_report(report, rd)
-        rd.finish(doc["status"] == "ok", reason=f"{doc['totals']['failed']} module(s) failed to compile")
+        report = _write_compile_report(report, rd)
+        rd.finish(report.status == "ok", reason=f"{report.totals.failed} module(s) failed to compile")
     return analyze_run(run)

@@ -37,14 +37,12 @@ def load_hlo_modules(path: Path, module_name: str | None = None) -> list[LoadedM
     if path.is_file():
         found = [LoadedModule(read_hlo_file(path), None, None)]
     elif rundir.is_run_dir(path) and rundir.read_manifest(path).is_compile:
-        from tpudiag.api.compile import analyze_compile_run
+        from tpudiag.api.compile import compile_run_artifacts
 
-        doc = analyze_compile_run(path).to_dict()
-        for m in doc["modules"]:
-            if m["status"] == "ok":
-                times = {o["name"]: o["estimated_s"] for o in m["ops"]}
-                found.append(LoadedModule(read_hlo_file(Path(m["artifacts"]) / "optimized.hlo.txt"), times,
-                                          "estimated"))
+        arts, report = compile_run_artifacts(path)  # each module's HLO parsed once, for both
+        for art, m in zip(arts, report.modules):
+            if m.ok and art.hlo is not None:
+                found.append(LoadedModule(art.hlo, {o.name: o.estimated_s for o in m.ops}, "estimated"))
     elif rundir.is_run_dir(path):
         from tpudiag.api.profiling import analyze_run
 

@@ -78,9 +78,9 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, html
         write_ci_bundle(cap.run_dir, ci_mb, result.report, program_failed=cap.exit_code != 0)
     if cap.exit_code != 0:
         raise ProgramFailed(f"the program failed ({cap.reason}); what was captured is in {cap.run_dir}", cap.exit_code)
-    doc = result.report.to_dict()
-    if not doc["artifacts"].get("xplane"):
-        raise NothingTraced(f"nothing was traced: {doc['warnings'][0] if doc['warnings'] else 'no trace'}")
+    report = result.report
+    if not report.artifacts.get("xplane"):
+        raise NothingTraced(f"nothing was traced: {report.warnings[0] if report.warnings else 'no trace'}")
 
 
 @cli.command(name="compile", context_settings=_PASS_THROUGH)
@@ -127,22 +127,21 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, html_pat
                                     program_stdout=sys.stderr.buffer if fmt != "text" else None)
     finally:
         stop()
-    doc = result.report.to_dict()
+    report = result.report
     if html_path:
-        api.write_html(result.report, html_path)
-    emit(doc, fmt, no_color=no_color, width=width, top=top)
-    shadow = doc["source"].get("shadow_run") or {}
+        api.write_html(report, html_path)
+    emit(report, fmt, no_color=no_color, width=width, top=top)
+    shadow = report.source.get("shadow_run") or {}
     if ci_mb is not None:
-        write_ci_bundle(result.run_dir, ci_mb, result.report,
-                        program_failed=bool(shadow.get("exit_code")) or doc["status"] != "ok")
-    if shadow.get("exit_code"):  # the script failed: what it ran before failing was still compiled
-        raise ProgramFailed(f"the program failed ({shadow['reason']}); the {len(doc['modules'])} computation(s) "
+        write_ci_bundle(result.run_dir, ci_mb, report, program_failed=bool(report.shadow_exit_code) or report.status != "ok")
+    if report.shadow_exit_code:  # the script failed: what it ran before failing was still compiled
+        raise ProgramFailed(f"the program failed ({shadow['reason']}); the {len(report.modules)} computation(s) "
                             f"it ran before that were compiled; run directory {result.run_dir}",
-                            shadow["exit_code"])
+                            report.shadow_exit_code)
     if debug_on():  # libtpu's own output is kept out of the way, not thrown away
-        for m in doc["modules"]:
-            click.echo(f"tpudiag: {m['name']}: TPU compiler log in {m['artifacts']}/compile.log", err=True)
-    if doc["status"] != "ok":
-        failed = [m for m in doc["modules"] if m["status"] != "ok"]
-        raise GateFailed(f"{len(failed)} of {len(doc['modules'])} module(s) failed to compile for "
-                         f"{doc['target']['topology']} (first: {failed[0]['name']}: {failed[0]['error']})")
+        for m in report.modules:
+            click.echo(f"tpudiag: {m.name}: TPU compiler log in {m.artifacts}/compile.log", err=True)
+    if report.failed_modules:
+        first = report.failed_modules[0]
+        raise GateFailed(f"{len(report.failed_modules)} of {len(report.modules)} module(s) failed to compile for "
+                         f"{report.target.topology} (first: {first.name}: {first.error})")

@@ -1,0 +1,129 @@
+"""The `tpudiag.compile/1` result as a tree of frozen models (docs/compile-schema.md has every field).
+
+Built by `analyze.compile_report.build_compile_report`; `CompileReport.from_dict` reads a saved
+`report.json` back, checking each field. No I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tpudiag.model import Model
+
+SCHEMA = "tpudiag.compile/1"
+
+
+@dataclass(frozen=True)
+class OpEstimate(Model):
+    """One executed op of a compiled module and how long the TPU should take for it."""
+
+    name: str
+    computation: str
+    in_entry: bool
+    opcode: str
+    fusion_kind: str | None
+    category: str
+    source: str | None
+    estimated_cycles: int | None  # the TPU compiler's static estimate; None where it gave none
+    cycles_source: str  # static_profile | none | off | not_estimated
+    flops: int
+    bytes_accessed: int
+    ici_bytes: int
+    modelled: bool  # a collective: its time is a model (bytes, group size, ICI), not the compiler's
+    estimated_s: float
+    bound_by: str  # static_cycles | hbm | compute | ici
+    bundles: int | None
+    utilization: dict[str, float] | None
+    spills: int | None
+    loops: int | None
+    loop_depth: int | None
+    limit: str
+
+
+@dataclass(frozen=True)
+class ModuleTotals(Model):
+    estimated_s: float
+    estimated_cycles: int
+    ops_with_static_cycles: int
+    ops: int
+    flops: int
+    bytes_accessed: int
+    xla_optimal_s: float | None
+    compile_s: float | None
+    devices: int
+    memory: dict[str, Any]  # XLA's memory_analysis() plus peak_hbm_bytes, hbm_capacity_bytes, fits
+
+
+@dataclass(frozen=True)
+class MemoryOnlyTotals(Model):
+    """A module the TPU compiler refused for lack of HBM: only its memory figures are known."""
+
+    memory: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ModuleReport(Model):
+    name: str
+    status: str  # ok | failed
+    error: str | None
+    static_profile: str  # ok | off | dropped: why
+    artifacts: str
+    ops: tuple[OpEstimate, ...]
+    totals: ModuleTotals | MemoryOnlyTotals | None
+    findings: tuple[str, ...]
+    fusions: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})  # fusion_summary
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class CompileTarget(Model):
+    """Figures per compiled-for device (= per chip except on v4, where a device is one TensorCore)."""
+
+    chip: str
+    topology: str
+    chips: int
+    devices: int
+    devices_per_chip: int
+    clock_hz: float
+    peak_bf16_flops_per_s: float
+    hbm_bytes_per_s: float
+    hbm_bytes: int
+    ici_bytes_per_s: float
+    ici_ring_bytes_per_s: float
+    note: str | None
+
+
+@dataclass(frozen=True)
+class CompileTotals(Model):
+    modules: int
+    failed: int
+    estimated_s: float
+
+
+@dataclass(frozen=True)
+class CompileReport(Model):
+    SCHEMA = SCHEMA
+
+    schema: str
+    status: str  # ok | partial | failed
+    target: CompileTarget
+    source: dict[str, Any]  # what was compiled: input, kind, and the shadow run of a script
+    modules: tuple[ModuleReport, ...]
+    totals: CompileTotals
+    artifacts: dict[str, str] | None = field(default=None, metadata={"omit_none": True})
+
+    def with_artifacts(self, artifacts: dict[str, str]) -> CompileReport:
+        return replace(self, artifacts=artifacts)
+
+    @property
+    def failed_modules(self) -> tuple[ModuleReport, ...]:
+        return tuple(m for m in self.modules if not m.ok)
+
+    @property
+    def shadow_exit_code(self) -> int:
+        """The exit code of the script a compile ran first to collect its computations (0: none or ok)."""
+        return int((self.source.get("shadow_run") or {}).get("exit_code") or 0)
