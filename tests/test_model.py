@@ -136,3 +136,15 @@ def test_a_module_that_did_not_fit_keeps_only_its_memory_figures():
     report = CompileReport.from_dict(doc, "report.json")
     assert isinstance(report.modules[0].totals, MemoryOnlyTotals) and report.failed_modules[0].name == m["name"]
     assert report.to_dict() == doc
+
+
+def test_fusion_list_round_trips_and_reads_typed(in_root):
+    from tpudiag import api
+    from tpudiag.analyze.fusion_model import FusionList
+
+    result = api.fusions_list(ROOT / "fixtures/artifacts/mlp", "train_step")
+    doc = json.loads(render_json(result.to_dict()))
+    assert FusionList.from_dict(doc, "fusions.json") == result
+    (report,) = result.modules
+    assert report.totals.breaks == len(report.breaks) and report.totals.fusions == len(report.fusions)
+    assert report.time_source == "measured" and all(b.reason == b.reasons[0] for b in report.breaks if b.reasons)

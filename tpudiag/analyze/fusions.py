@@ -44,11 +44,11 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from tpudiag.analyze.categorize import index_module
+from tpudiag.analyze.fusion_model import SCHEMA, FusionBreak, FusionReport, FusionRow, FusionTotals, ModuleRef
 from tpudiag.analyze.hlo_cost import ELEMENTWISE, arithmetic_intensity, module_costs
 from tpudiag.parse.hlo import HloModule, Instruction
 from tpudiag.parse.shapes import Shape, parse_shape
 
-SCHEMA = "tpudiag.fusions/1"
 CUSTOM_CALL = "custom call boundary"
 COLLECTIVE = "collective boundary"
 LOOP = "loop boundary"
@@ -510,40 +510,31 @@ def fusion_breaks(module: HloModule) -> list[dict]:
     return rows
 
 
-@dataclass(frozen=True)
-class FusionReport:
-    doc: dict
-
-    def to_dict(self) -> dict:
-        return self.doc
-
-
 def build_fusion_report(module: HloModule, times: dict[str, float] | None = None,
                         time_source: str | None = None) -> FusionReport:
     """The `tpudiag.fusions/1` document for one module."""
     fusions = fusion_table(module, times, time_source)
     breaks = fusion_breaks(module)
     hbm = [b for b in breaks if b["memory_space"] == 0]
-    return FusionReport({
-        "schema": SCHEMA,
-        "module": {"name": module.name, "path": module.path},
-        "time_source": time_source if times is not None else None,
-        "fusions": fusions,
-        "breaks": breaks,
-        "totals": {
-            "fusions": len(fusions),
-            "fusion_bytes": sum(f["bytes_in"] + f["bytes_out"] for f in fusions),
-            "breaks": len(breaks),
-            "break_bytes": sum(b["bytes"] for b in breaks),
-            "break_bytes_default_memory": sum(b["bytes"] for b in hbm),
-            "breaks_not_inferable": sum(b["reason"] == NOT_INFERABLE for b in breaks),
-        },
-    })
+    return FusionReport(
+        schema=SCHEMA,
+        module=ModuleRef(name=module.name, path=module.path),
+        time_source=time_source if times is not None else None,
+        fusions=tuple(FusionRow(**{**f, "sources": tuple(f["sources"])}) for f in fusions),
+        breaks=tuple(FusionBreak(**{**b, "reasons": tuple(b["reasons"]), "via": tuple(b["via"])}) for b in breaks),
+        totals=FusionTotals(
+            fusions=len(fusions),
+            fusion_bytes=sum(f["bytes_in"] + f["bytes_out"] for f in fusions),
+            breaks=len(breaks),
+            break_bytes=sum(b["bytes"] for b in breaks),
+            break_bytes_default_memory=sum(b["bytes"] for b in hbm),
+            breaks_not_inferable=sum(b["reason"] == NOT_INFERABLE for b in breaks),
+        ),
+    )
 
 
 def fusion_summary(report: FusionReport, top: int = 5) -> dict:
     """The short form embedded in profile and compile reports: totals and the largest breaks."""
-    doc = report.to_dict()
     keep = ("producer", "consumer", "bytes", "shape", "memory_space", "reason")
-    return {"module": doc["module"]["name"], **doc["totals"],
-            "top_breaks": [{k: b[k] for k in keep} for b in doc["breaks"][:top]]}
+    return {"module": report.module.name, **report.totals.to_dict(),
+            "top_breaks": [{k: getattr(b, k) for k in keep} for b in report.breaks[:top]]}

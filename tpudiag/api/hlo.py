@@ -14,8 +14,6 @@ from tpudiag.capture import rundir
 from tpudiag.errors import InputError
 from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
 
-FUSIONS_LIST_SCHEMA = "tpudiag.fusions_list/1"
-
 
 @dataclass(frozen=True)
 class LoadedModule:
@@ -70,12 +68,11 @@ def load_hlo_modules(path: Path, module_name: str | None = None) -> list[LoadedM
     return found
 
 
-def fusion_reports(path: Path, module_name: str | None = None) -> list[dict]:
-    """`tpudiag fusions`: one tpudiag.fusions/1 document per module."""
+def fusion_reports(path: Path, module_name: str | None = None) -> list:
+    """One `FusionReport` (tpudiag.fusions/1) per module behind PATH."""
     from tpudiag.analyze.fusions import build_fusion_report
 
-    return [build_fusion_report(m.module, m.times, m.time_source).to_dict()
-            for m in load_hlo_modules(path, module_name)]
+    return [build_fusion_report(m.module, m.times, m.time_source) for m in load_hlo_modules(path, module_name)]
 
 
 def hlo_diff(path_a: Path, path_b: Path, module_name: str | None = None) -> dict:
@@ -92,9 +89,11 @@ def hlo_diff(path_a: Path, path_b: Path, module_name: str | None = None) -> dict
     return diff_modules(sides[0].module, sides[1].module, sides[0].times, sides[1].times)
 
 
-def fusions_list(path: Path, module_name: str | None = None) -> dict:
-    """`tpudiag fusions`: the tpudiag.fusions_list/1 document, one tpudiag.fusions/1 per module."""
-    return {"schema": FUSIONS_LIST_SCHEMA, "modules": fusion_reports(path, module_name)}
+def fusions_list(path: Path, module_name: str | None = None):
+    """`tpudiag fusions`: the `FusionList` (tpudiag.fusions_list/1), one report per module."""
+    from tpudiag.analyze.fusion_model import LIST_SCHEMA, FusionList
+
+    return FusionList(schema=LIST_SCHEMA, modules=tuple(fusion_reports(path, module_name)))
 
 
 def write_diff_html(doc: dict, path: Path) -> Path:
