@@ -13,11 +13,12 @@ failures) or grow past any sane memory limit; the parent (`tpu_compile.py`) surv
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 import traceback
 from pathlib import Path
+
+from tpudiag.errors import one_line
 
 
 def _load_module_text(path: Path, kind: str):
@@ -85,13 +86,6 @@ def compile_one(spec: dict) -> dict:
     }
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    # XLA errors carry a long tail (stack traces, source locations): the first line is the message.
-    line = text.splitlines()[0]
-    return re.sub(r"\s+", " ", line)[:500]
-
-
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     out = Path(spec["out_dir"])
@@ -99,7 +93,8 @@ def main() -> None:
         result = compile_one(spec)
     except Exception as e:  # the compiler rejected the module: a reported failure, not a crash
         traceback.print_exc()
-        result = {"status": "failed", "error": f"{type(e).__name__}: {_first_line(e)}"}
+        # XLA errors carry a long tail (stack traces, source locations): the first line is the message.
+        result = {"status": "failed", "error": " ".join(one_line(e, 500).split())}
     (out / "result.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     sys.stdout.flush()
 

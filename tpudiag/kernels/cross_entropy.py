@@ -46,7 +46,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import fit_block, scoped_vmem_limit
+from tpudiag.kernels.tiling import block_bytes, fit_block, vmem_limit
 
 # Production shape the default blocks were chosen at: a 2k-token batch of a 128k-vocab LM head.
 PROD = dict(rows=2048, vocab=131072, dtype="bfloat16")
@@ -212,6 +212,9 @@ def _fwd_call(logits, labels, blocks: BlockSizes, interpret: bool):
     nbytes = n * v * logits.dtype.itemsize + 4 * n * 4  # logits once; labels in; loss, m, log l out
     # bv is a multiple of 128 unless it is the whole (small) vocabulary: then one chunk of all of it.
     lane_chunk = 128 if bv % 128 == 0 else bv
+    # labels in, loss/m/log l out: four [bn, 1] columns (32-bit) beside the logits block
+    vmem = vmem_limit(4 * block_bytes((bn, 1), 4) + block_bytes((bn, bv), logits.dtype.itemsize),
+                      scratch=3 * block_bytes((bn, lane_chunk), 4))
     loss, m, logl = pl.pallas_call(
         functools.partial(cross_entropy_fwd_kernel, vocab=v, block_vocab=bv, row_group=_row_group(bn),
                           lane_chunk=lane_chunk, unroll=1 if interpret else _UNROLL),
@@ -220,8 +223,7 @@ def _fwd_call(logits, labels, blocks: BlockSizes, interpret: bool):
         out_specs=[row_spec] * 3,
         out_shape=out_shape,
         scratch_shapes=[pltpu.VMEM((bn, lane_chunk), jnp.float32)] * 3,
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
-                                             vmem_limit_bytes=scoped_vmem_limit(bn * bv * logits.dtype.itemsize)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=vmem),
         # max, subtract, exp-sum, compare, select, add per element; one exp per element
         cost_estimate=pl.CostEstimate(flops=6 * n * v, transcendentals=n * v, bytes_accessed=nbytes),
         interpret=interpret,
@@ -251,6 +253,7 @@ def _bwd_call(logits, labels, m, logl, g, blocks: BlockSizes, interpret: bool):
     row_spec = pl.BlockSpec((bn, 1), lambda i, j: (i, 0))
     blk_spec = pl.BlockSpec((bn, bv), lambda i, j: (i, j))
     nbytes = 2 * n * v * logits.dtype.itemsize + 4 * n * 4  # logits in, dlogits out; 4 row vectors in
+    vmem = vmem_limit(4 * block_bytes((bn, 1), 4) + 2 * block_bytes((bn, bv), logits.dtype.itemsize))
     return pl.pallas_call(
         functools.partial(cross_entropy_bwd_kernel, block_vocab=bv),
         grid=(pl.cdiv(n, bn), pl.cdiv(v, bv)),
@@ -258,8 +261,7 @@ def _bwd_call(logits, labels, m, logl, g, blocks: BlockSizes, interpret: bool):
         out_specs=blk_spec,
         out_shape=jax.ShapeDtypeStruct((n, v), logits.dtype),
         # Every block is independent: both axes parallel (split across v5p/v4 megacore TensorCores).
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"),
-                                             vmem_limit_bytes=scoped_vmem_limit(2 * bn * bv * logits.dtype.itemsize)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"), vmem_limit_bytes=vmem),
         cost_estimate=pl.CostEstimate(flops=6 * n * v, transcendentals=n * v, bytes_accessed=nbytes),
         interpret=interpret,
         name="cross_entropy_bwd",

@@ -28,7 +28,7 @@ from tpudiag.kernels.flash_attention_bwd import (
     LANES, MASK_VALUE, NN, NT, compiler_params, dispatch_tile, flash_attention_bwd, last_kv_block, lanes,
     pair_count, visible)
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import round_up
+from tpudiag.kernels.tiling import block_bytes, round_up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,8 +215,11 @@ def _forward(q, k, v, lens, *, sm_scale, causal, dyn_len, skv, block_q, block_k,
             scratch_shapes=[pltpu.VMEM((block_q, LANES), jnp.float32), pltpu.VMEM((block_q, LANES), jnp.float32),
                             pltpu.VMEM((block_q, d), jnp.float32)]),
         out_shape=out_shape,
-        compiler_params=compiler_params(3, 2 * (2 * block_q * d * q.dtype.itemsize + 2 * block_k * d * k.dtype.itemsize
-                                                + 8 * block_q * 4) + block_q * (d + 2 * LANES) * 4),
+        # q, K, V in; o (and lse) out; the running max, sum and f32 accumulator
+        compiler_params=compiler_params(3, 2 * block_bytes((block_q, d), q.dtype.itemsize)
+                                        + 2 * block_bytes((block_k, d), k.dtype.itemsize)
+                                        + save_lse * block_bytes((1, block_q), 4),
+                                        scratch=2 * block_bytes((block_q, LANES), 4) + block_bytes((block_q, d), 4)),
         cost_estimate=pl.CostEstimate(flops=4 * pairs * d, transcendentals=pairs, bytes_accessed=nbytes),
         interpret=interpret,
         name="flash_attention_fwd",

@@ -23,12 +23,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from tpudiag.kernels.tiling import block_bytes, vmem_limit
+
 # A large finite negative. The forward floors its running max at it, so s - m is never -inf - -inf
 # (NaN) in a row with no visible key so far; the backward writes it into masked scores, where
 # exp(MASK_VALUE - lse) is exactly 0.
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 LANES = 128  # a vreg is 8 sublanes x 128 lanes: row statistics are kept lane-broadcast to 128
-MIB = 1 << 20
 
 NT = (((1,), (1,)), ((), ()))  # a @ b.T: the MXU takes the transposed operand without an XLU transpose
 NN = (((1,), (0,)), ((), ()))
@@ -168,17 +169,15 @@ def pair_count(sq: int, skv: int, causal: bool) -> int:
     return full * (full + 1) // 2 + max(0, sq - skv) * skv
 
 
-def compiler_params(n_parallel: int, block_bytes: int):
+def compiler_params(n_parallel: int, blocks: int, scratch: int):
     """The last grid axis is the reduction (carried in VMEM scratch); the others may split across
     TensorCores on megacore chips (v4, v5p).
 
-    `block_bytes`: what the blocks (pipelined ones double-buffered) and the scratch take. Scoped VMEM
-    is asked for at twice that plus 8 MiB for Mosaic's spill space and sub-tile temporaries, at
-    least the 16 MiB default: the forward's 2048x2048 tiles ask for ~23 MiB, within v5e/v6e's
-    128 MiB and v5p's 64 MiB (v4 has 16 MiB: use 512-row blocks there)."""
-    limit = min(max(2 * block_bytes + 8 * MIB, 16 * MIB), 100 * MIB)
+    `blocks`, `scratch`: bytes as tiling.vmem_limit takes them. The forward's 2048x2048 tiles ask
+    for ~22 MiB, within v5e/v6e's 128 MiB and v5p's 64 MiB (v4 has 16 MiB: use 512-row blocks
+    there)."""
     return pltpu.CompilerParams(dimension_semantics=("parallel",) * n_parallel + ("arbitrary",),
-                                vmem_limit_bytes=int(limit))
+                                vmem_limit_bytes=vmem_limit(blocks, scratch))
 
 
 def last_kv_block(q_last, length, block_k: int, num_k: int, causal: bool):
@@ -344,9 +343,10 @@ def flash_attention_bwd(q, k, v, lens, o, lse, do, *, sm_scale: float, causal: b
             out_specs=[kv_spec, kv_spec],
             scratch_shapes=[pltpu.VMEM((bk_kv, d), jnp.float32), pltpu.VMEM((bk_kv, d), jnp.float32)]),
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        compiler_params=compiler_params(3, 2 * (2 * bq_kv * d * q.dtype.itemsize + 2 * bk_kv * d * k.dtype.itemsize
-                                                + 2 * 8 * bq_kv * 4 + 2 * bk_kv * d * k.dtype.itemsize)
-                                        + 2 * bk_kv * d * 4),
+        # q, dO, K, V, lse, delta in; dK, dV out; the two f32 accumulators
+        compiler_params=compiler_params(3, 2 * block_bytes((bq_kv, d), q.dtype.itemsize)
+                                        + 4 * block_bytes((bk_kv, d), k.dtype.itemsize)
+                                        + 2 * block_bytes((1, bq_kv), 4), scratch=2 * block_bytes((bk_kv, d), 4)),
         cost_estimate=pl.CostEstimate(flops=8 * pairs * d, transcendentals=pairs,
                                       bytes_accessed=in_bytes + 2 * k.size * k.dtype.itemsize),
         interpret=interpret,
@@ -373,8 +373,10 @@ def flash_attention_bwd(q, k, v, lens, o, lse, do, *, sm_scale: float, causal: b
             scratch_shapes=[pltpu.VMEM((bq_q, d), jnp.float32), pltpu.VMEM((bq_q, LANES), jnp.float32),
                             pltpu.VMEM((bq_q, LANES), jnp.float32)]),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=compiler_params(3, 2 * (3 * bq_q * d * q.dtype.itemsize + 2 * bk_q * d * k.dtype.itemsize
-                                                + 2 * 8 * bq_q * 4) + bq_q * (d + 2 * LANES) * 4),
+        # q, dO, K, V, lse, delta in; dQ out; the f32 accumulator and two lane-broadcast row statistics
+        compiler_params=compiler_params(3, 3 * block_bytes((bq_q, d), q.dtype.itemsize)
+                                        + 2 * block_bytes((bk_q, d), k.dtype.itemsize) + 2 * block_bytes((1, bq_q), 4),
+                                        scratch=block_bytes((bq_q, d), 4) + 2 * block_bytes((bq_q, LANES), 4)),
         cost_estimate=pl.CostEstimate(flops=6 * pairs * d, transcendentals=pairs,
                                       bytes_accessed=in_bytes + q.size * q.dtype.itemsize),
         interpret=interpret,

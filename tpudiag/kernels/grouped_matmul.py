@@ -25,12 +25,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import round_up
-
-# VMEM on v5e and v6e is 128 MiB per TensorCore; the default scoped limit (16 MiB v5e, 32 MiB v6e)
-# is too small for a resident [K, block_n] expert slice, so the kernels ask for what their blocks
-# need and refuse block sizes that need more than this.
-_VMEM_CAP_BYTES = 100 * 2**20
+from tpudiag.kernels.tiling import block_bytes, round_up, vmem_limit
 
 # Schedule rows (scalar-prefetched into SMEM as one flat int32 array of _FIELDS * num_visits).
 _TILE, _GROUP, _FTILE, _FGROUP, _LO, _HI, _FLAGS = range(7)
@@ -178,14 +173,6 @@ def _field(sched_ref, field: int, v, v_max: int):
     return sched_ref[field * v_max + v]
 
 
-def vmem_limit(block_bytes: int) -> int:
-    """Double-buffered blocks plus scratch, with headroom for Mosaic's internal scratch."""
-    if block_bytes > _VMEM_CAP_BYTES:
-        raise ValueError(f"these block sizes need {block_bytes / 2**20:.0f} MiB of VMEM, more than the "
-                         f"{_VMEM_CAP_BYTES / 2**20:.0f} MiB allowed (v5e/v6e have 128 MiB): use smaller blocks")
-    return int(min(block_bytes * 5 // 4 + (8 << 20), 120 * 2**20))
-
-
 def keep_in_hbm(sched):
     """Pin the schedule to HBM. XLA would otherwise place the small array, computed in the same
     module, in VMEM (S(1)), and the scalar-prefetch copy VMEM->SMEM is a DMA direction the TPU
@@ -299,7 +286,10 @@ def gmm_pallas(lhs, rhs, sched, *, bm: int, bk: int, bn: int, cm: int, v_max: in
     cost = pl.CostEstimate(flops=2 * computed_rows(mp, bm, cm, e) * kp * np_, transcendentals=0,
                            bytes_accessed=hbm_bytes(mp, kp, np_, e, bm, bk, bn, isz, osz) + sched.size * 4)
     scratch = [] if k_tiles == 1 else [pltpu.VMEM((bm, bn), jnp.float32)]
-    block_bytes = 2 * (bm * bk + bk * bn) * isz + 2 * bm * bn * osz + (0 if k_tiles == 1 else bm * bn * 4)
+    # The default scoped VMEM is too small for a resident [K, block_n] expert slice: tiling.vmem_limit.
+    rhs_block = (bn, bk) if transpose_rhs else (bk, bn)
+    vmem = vmem_limit(block_bytes((bm, bk), isz) + block_bytes(rhs_block, isz) + block_bytes((bm, bn), osz),
+                      scratch=0 if k_tiles == 1 else block_bytes((bm, bn), 4))
     # f32 inputs: HIGHEST asks the MXU for full f32 (multi-pass); the default would round to bf16.
     precision = jax.lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else None
     kernel = functools.partial(gmm_kernel, v_max=v_max, k_tiles=k_tiles, block_m=bm, compute_m=cm,
@@ -317,7 +307,7 @@ def gmm_pallas(lhs, rhs, sched, *, bm: int, bk: int, bn: int, cm: int, v_max: in
         # Column blocks are independent (a megacore chip may split them); visits must run in order
         # because consecutive visits of a boundary tile share its output block.
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-                                             vmem_limit_bytes=vmem_limit(block_bytes)),
+                                             vmem_limit_bytes=vmem),
         cost_estimate=cost,
         interpret=interpret,
         name="grouped_matmul",

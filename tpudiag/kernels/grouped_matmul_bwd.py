@@ -15,8 +15,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.grouped_matmul import (_COMPUTE, _FLAGS, _FTILE, _GROUP, _GROUP_FIRST, _GROUP_LAST,
-                                            _HI, _LO, _TILE, computed_rows, keep_in_hbm,
-                                            vmem_limit)
+                                            _HI, _LO, _TILE, computed_rows, keep_in_hbm)
+from tpudiag.kernels.tiling import block_bytes, vmem_limit
 
 
 def tgmm_kernel(sched_ref, lhs_ref, g_ref, out_ref, acc_ref, *, v_max: int, block_m: int, compute_m: int,
@@ -77,7 +77,8 @@ def tgmm_pallas(lhs, g, sched, *, e: int, bm: int, bk: int, bn: int, cm: int, v_
     bytes_accessed = (n_tiles * visits * bm * kp + k_tiles * visits * bm * np_) * isz + e * kp * np_ * osz
     cost = pl.CostEstimate(flops=2 * computed_rows(mp, bm, cm, e) * kp * np_, transcendentals=0,
                            bytes_accessed=bytes_accessed + sched.size * 4)
-    block_bytes = 2 * (bm * bk + bm * bn) * isz + 2 * bk * bn * osz + bk * bn * 4
+    vmem = vmem_limit(block_bytes((bm, bk), isz) + block_bytes((bm, bn), isz) + block_bytes((bk, bn), osz),
+                      scratch=block_bytes((bk, bn), 4))
     precision = jax.lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else None
     kernel = functools.partial(tgmm_kernel, v_max=v_max, block_m=bm, compute_m=cm, precision=precision)
     sched = keep_in_hbm(sched)
@@ -93,7 +94,7 @@ def tgmm_pallas(lhs, g, sched, *, e: int, bm: int, bk: int, bn: int, cm: int, v_
             out_specs=pl.BlockSpec((None, bk, bn), lambda k, n, v, s: (s[_GROUP * v_max + v], k, n)),
             scratch_shapes=[pltpu.VMEM((bk, bn), jnp.float32)]),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
-                                             vmem_limit_bytes=vmem_limit(block_bytes)),
+                                             vmem_limit_bytes=vmem),
         cost_estimate=cost,
         interpret=interpret,
         name="grouped_matmul_drhs",

@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import fit_block
+from tpudiag.kernels.tiling import block_bytes, fit_block, vmem_limit
 
 # Production shape: a Llama-3-8B MLP up/gate projection (K 4096 -> N 14336). Decode batches are
 # M 16-128 tokens (HBM-bound: the int8 weights are the traffic); prefill is M 2048 (MXU-bound).
@@ -72,18 +72,15 @@ def _check_shapes(x, w, scales):
         raise ValueError(f"x must be floating point, got {x.dtype}")
 
 
-def _vmem_limit(bm, bn, bk, xb, ob):
-    """Scoped VMEM for one grid step, or None when the compiler's default (16 MiB on v5e) is enough.
-
-    Inputs and output are double-buffered by the Pallas pipeline; plus the f32 accumulator and the
-    dequantized w tile: up to 4 + 2 bytes per weight (v5e's VPU has no bf16 ALU, so int8 -> bf16
-    goes through f32; the dx kernel's scale multiply is in f32).
-    """
-    need = 2 * (bm * bk * xb + bk * bn + 4 * bn + bm * bn * ob) + 4 * bm * bn + 6 * bk * bn
-    if need <= 12 * 2**20:
-        return None
-    # 16 MiB headroom for Mosaic's own temporaries; v5e and v6e have 128 MiB of VMEM per core.
-    return min(need + 16 * 2**20, 100 * 2**20)
+def _vmem_limit(x_block, w_block, out_block, xb):
+    """Scoped VMEM for one grid step (tiling.vmem_limit): x (or g) in, int8 w in, the [1, w cols]
+    f32 scales in, the output out (all in x's dtype but w), pipelined; the f32 accumulator of the
+    output block, and the dequantized w tile the kernel makes on purpose: up to 4 + 2 bytes per
+    weight (v5e's VPU has no bf16 ALU, so int8 -> bf16 goes through f32; the dx kernel's scale
+    multiply is in f32)."""
+    blocks = (block_bytes(x_block, xb) + block_bytes(w_block, 1) + block_bytes((1, w_block[1]), 4)
+              + block_bytes(out_block, xb))
+    return vmem_limit(blocks, scratch=block_bytes(out_block, 4) + block_bytes(w_block, 4) + block_bytes(w_block, 2))
 
 
 def _select_f32(keep, a):
@@ -199,7 +196,7 @@ def _forward(x, w, scales, block_sizes: BlockSizes, interpret):
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
         # M and N tiles are independent (megacore chips may split them); K carries the accumulator.
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
-                                             vmem_limit_bytes=_vmem_limit(bm, bn, bk, xb, xb)),
+                                             vmem_limit_bytes=_vmem_limit((bm, bk), (bk, bn), (bm, bn), xb)),
         cost_estimate=cost,
         interpret=interpret,
         name="tpudiag_int8_matmul",
@@ -227,7 +224,7 @@ def _backward_dx(g, w, scales, block_sizes: BlockSizes, interpret):
         out_specs=pl.BlockSpec((bm, bk), lambda i, kk, j: (i, kk)),
         scratch_shapes=[pltpu.VMEM((bm, bk), jnp.float32)],
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
-                                             vmem_limit_bytes=_vmem_limit(bm, bk, bn, gb, gb)),
+                                             vmem_limit_bytes=_vmem_limit((bm, bn), (bk, bn), (bm, bk), gb)),
         cost_estimate=cost,
         interpret=interpret,
         name="tpudiag_int8_matmul_dx",

@@ -31,6 +31,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.tiling import block_bytes, vmem_limit
 
 # Production shape the default blocks were chosen at (a Llama-3-8B-like decode step).
 PROD = dict(batch=32, q_heads=32, kv_heads=8, head_dim=128, page_size=16, context=2048)
@@ -237,6 +238,9 @@ def paged_attention(q, k_pages, v_pages, lengths, page_table, *, sm_scale: float
     cost = pl.CostEstimate(flops=4 * tokens * q_heads * head_dim, transcendentals=tokens * q_heads,
                            bytes_accessed=int(kv_bytes + qo_bytes + 4 * (lengths.size + page_table.size)))
     buf = pltpu.VMEM((2, kv_heads, ppb, page_size, head_dim), k_pages.dtype)
+    # q in and o out are pipelined; K and V are double-buffered by hand in the two slots of `buf`.
+    vmem = vmem_limit(2 * block_bytes((kv_heads, groups, head_dim), jnp.dtype(q.dtype).itemsize),
+                      scratch=2 * block_bytes((2, kv_heads, ppb, page_size, head_dim), itemsize))
     out = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(q4.shape, q.dtype),
@@ -248,7 +252,7 @@ def paged_attention(q, k_pages, v_pages, lengths, page_table, *, sm_scale: float
             scratch_shapes=[buf, buf, pltpu.SemaphoreType.DMA((2, 2)), pltpu.SMEM((2,), jnp.int32)]),
         # "arbitrary": steps run in order on one core, which the cross-step prefetch relies on
         # (v5e and v6e have one TensorCore per chip, so nothing is lost to megacore).
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",), vmem_limit_bytes=vmem),
         cost_estimate=cost,
         interpret=_interpret_mode(interpret),
         name="tpudiag_paged_attention",

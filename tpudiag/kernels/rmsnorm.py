@@ -20,6 +20,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.tiling import block_bytes, vmem_limit
 
 # Sublane tiling: a vreg is 8 sublanes x 128 lanes of 32-bit values, or 16 x 128 of packed bf16. Row blocks
 # are multiples of 8, and the kernels walk their block in sub-blocks of one vreg row-group (8 rows f32, 16 bf16).
@@ -94,9 +95,9 @@ def _vmem_bytes(rows: int, d: int, itemsize: int) -> int:
     return 2 * 4 * rows * d * itemsize
 
 
-def _compiler_params(rows, d, itemsize):
-    limit = max(32 * 1024 * 1024, int(1.5 * _vmem_bytes(rows, d, itemsize)) + (8 << 20))
-    return pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=min(limit, 100 * 2**20))
+def _compiler_params(blocks: int, scratch: int = 0):
+    """`blocks`, `scratch`: bytes as tiling.vmem_limit takes them."""
+    return pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=vmem_limit(blocks, scratch))
 
 
 # ---------------------------------------------------------------------------------------------- forward
@@ -136,7 +137,8 @@ def _fwd_call(x2, r2, weight, eps, bs: BlockSizes, interpret):
         in_specs=[row_spec, row_spec, pl.BlockSpec((1, d), lambda i: (0, 0))],  # weight: same block, fetched once
         out_specs=[row_spec, row_spec],
         out_shape=[jax.ShapeDtypeStruct((n, d), x2.dtype), jax.ShapeDtypeStruct((n, d), x2.dtype)],
-        compiler_params=_compiler_params(rows, d, isz),
+        # x, residual in and normed, new_residual out, each [rows, D]; the [1, D] weight
+        compiler_params=_compiler_params(4 * block_bytes((rows, d), isz) + block_bytes((1, d), weight.dtype.itemsize)),
         cost_estimate=pl.CostEstimate(
             flops=6 * n * d, transcendentals=n,
             # the minimum: read x and residual, write normed and new_residual, read weight once
@@ -192,6 +194,7 @@ def _bwd_call(h2, weight, g2, gh2, eps, bs: BlockSizes, interpret):
     isz = h2.dtype.itemsize
     rows, sub = _fit_rows(bs.block_rows_bwd, n, d, isz)
     nb = pl.cdiv(n, rows)
+    acc_rows = _SUBLANES if sub % _SUBLANES == 0 else sub
     row_spec = pl.BlockSpec((rows, d), lambda i: (i, 0))
     dh, dw_parts = pl.pallas_call(
         functools.partial(rmsnorm_bwd_kernel, eps=eps, sub=sub, n_rows=n),
@@ -199,8 +202,10 @@ def _bwd_call(h2, weight, g2, gh2, eps, bs: BlockSizes, interpret):
         in_specs=[row_spec, pl.BlockSpec((1, d), lambda i: (0, 0)), row_spec, row_spec],
         out_specs=[row_spec, pl.BlockSpec((None, 1, d), lambda i: (i, 0, 0))],
         out_shape=[jax.ShapeDtypeStruct((n, d), h2.dtype), jax.ShapeDtypeStruct((nb, 1, d), jnp.float32)],
-        scratch_shapes=[pltpu.VMEM((_SUBLANES if sub % _SUBLANES == 0 else sub, d), jnp.float32)],
-        compiler_params=_compiler_params(rows, d, isz),
+        scratch_shapes=[pltpu.VMEM((acc_rows, d), jnp.float32)],
+        # h, g, gh in and dh out, each [rows, D]; the [1, D] weight in and dweight partial out
+        compiler_params=_compiler_params(4 * block_bytes((rows, d), isz) + block_bytes((1, d), weight.dtype.itemsize)
+                                         + block_bytes((1, d), 4), scratch=block_bytes((acc_rows, d), 4)),
         cost_estimate=pl.CostEstimate(
             flops=12 * n * d, transcendentals=n,
             # read h, d(normed), d(new_residual); write d(x) once (it is also d(residual)); weight; partials

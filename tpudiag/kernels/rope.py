@@ -26,6 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.tiling import block_bytes, vmem_limit
 
 _SUBLANES = 8  # f32 vreg: 8 sublanes x 128 lanes; the position axis of the cos/sin tiles sits on sublanes
 _VMEM_BUDGET = 48 * 1024 * 1024  # of the 128 MiB VMEM on v5e/v6e (64 MiB on v7x); the block halves above it
@@ -163,13 +164,18 @@ def _call(q, k, tables_or_pos, lane, *, from_tables, adjoint, bs: BlockSizes, in
             tspec = pl.BlockSpec((None, blk, d), lambda i, j: (i, j, 0))
         in_specs, lead = [tspec, tspec], (cos, sin)
         extra_bytes = 2 * b * s * d * cos.dtype.itemsize  # an [S, D] table is fetched again per batch row
+        lead_bytes = 2 * block_bytes((blk, d), cos.dtype.itemsize)
         transcendentals = 0
     else:
         pos3 = tables_or_pos.reshape(b, s, 1)  # positions on sublanes, next to the [bs, D] angle tile
         in_specs, lead = [pl.BlockSpec((None, blk, 1), lambda i, j: (i, j, 0))], (pos3,)
         extra_bytes = b * s * 4
+        lead_bytes = block_bytes((blk, 1), pos3.dtype.itemsize)
         transcendentals = 2 * b * s * d
-    vmem = _vmem_bytes(blk, h, kvh, d, isz)
+    # q, k in and out, the positions or tables, the [2, D] lane constants; three f32 temporaries (x, rolled,
+    # out) of the larger of the q and k blocks, made on purpose: v5e's VPU has no bf16 ALU.
+    vmem = vmem_limit(2 * block_bytes((blk, h, d), isz) + 2 * block_bytes((blk, kvh, d), isz) + lead_bytes
+                      + block_bytes((2, d), 4), scratch=3 * block_bytes((blk, max(h, kvh), d), 4))
     return pl.pallas_call(
         functools.partial(rope_kernel, from_tables=from_tables, adjoint=adjoint),
         grid=grid,
@@ -178,7 +184,7 @@ def _call(q, k, tables_or_pos, lane, *, from_tables, adjoint, bs: BlockSizes, in
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            vmem_limit_bytes=min(100 << 20, max(32 << 20, int(1.5 * vmem) + (8 << 20)))),
+            vmem_limit_bytes=vmem),
         cost_estimate=pl.CostEstimate(
             flops=3 * (q.size + k.size), transcendentals=transcendentals,
             # the minimum: read q and k once, write them once, plus the positions (or tables)

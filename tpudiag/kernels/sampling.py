@@ -64,7 +64,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import scoped_vmem_limit
+from tpudiag.kernels.tiling import block_bytes, vmem_limit
 
 # Production shape and parameters the default blocks were chosen at: a decode step of a 128k-vocab LM.
 PROD = dict(batch=64, vocab=131072, dtype="float32", k=64, p=0.9, temperature=0.8)
@@ -388,6 +388,9 @@ def sample(logits, u, *, k: int | None = None, p: float = 1.0, temperature: floa
     kernel = functools.partial(sampling_kernel, vocab=vocab, k=k, p=float(p), inv_temp=1.0 / float(temperature),
                                m=m, per_iter=per_iter, unroll=not interpret)
     n = batch * vocab
+    # u in and the ids out are [rows, 1] columns beside the logits block
+    vmem = vmem_limit(2 * block_bytes((rows, 1), 4) + block_bytes((rows, vb), logits.dtype.itemsize),
+                      scratch=block_bytes((vb // (per_iter * _LANES), rows, _LANES), 4) + block_bytes((rows, 1), 4))
     out = pl.pallas_call(
         kernel,
         grid=(pl.cdiv(batch, rows),),
@@ -396,8 +399,7 @@ def sample(logits, u, *, k: int | None = None, p: float = 1.0, temperature: floa
         out_shape=jax.ShapeDtypeStruct((batch, 1), jnp.int32),
         scratch_shapes=[pltpu.VMEM((vb // (per_iter * _LANES), rows, _LANES), jnp.float32),
                         pltpu.VMEM((rows, 1), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",),
-                                             vmem_limit_bytes=scoped_vmem_limit(rows * vb * logits.dtype.itemsize)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=vmem),
         # The logits are read from HBM once: pass A (2m - 1 ops) and pass B (~6 ops, one exp) per element.
         cost_estimate=pl.CostEstimate(flops=(2 * m + 5) * n, transcendentals=n,
                                       bytes_accessed=n * logits.dtype.itemsize + batch * 8),
@@ -494,7 +496,7 @@ def _boundary_distances(x, u, k, p, temperature):
     return p_dist, u_dist
 
 
-def _case_args(batch, vocab, dtype, k, p, temperature, scale=2.0, seed_rows=None):
+def _case_args(batch, vocab, dtype, k, p, temperature, scale=2.0):
     """make_args for one case: fresh normal logits x scale and uniform u, redrawn (rows, then u) until
     every decision clears the boundaries by _MARGIN, so that exact comparison is meaningful."""
     def make(key):

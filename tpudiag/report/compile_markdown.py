@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tpudiag.report.markdown import _esc
-from tpudiag.report.units import fmt_bytes, fmt_s, fusion_summary_lines, short_source
+from tpudiag.report.units import fmt_bytes, fmt_int, fmt_s, fusion_summary_lines, short_source
 
 
 def render_compile_markdown(doc: dict, top: int = 10) -> str:
@@ -25,9 +25,8 @@ def render_compile_markdown(doc: dict, top: int = 10) -> str:
                 "| op | opcode | est. time | bound by | cycles | FLOPs | bytes | source | what limits it |",
                 "|---|---|---:|---|---:|---:|---:|---|---|"]
         for o in m["ops"][:top]:
-            cycles = f"{o['estimated_cycles']:,}" if o["estimated_cycles"] is not None else "-"
             out.append(f"| `{_esc(o['name'])}` | {o['opcode']} | {fmt_s(o['estimated_s'])} | {o['bound_by']} | "
-                       f"{cycles} | {o['flops']:,} | {fmt_bytes(o['bytes_accessed'])} | "
+                       f"{fmt_int(o['estimated_cycles'])} | {fmt_int(o['flops'])} | {fmt_bytes(o['bytes_accessed'])} | "
                        f"{_esc(short_source(o['source']))} | {_esc(o['limit'])} |")
         if m.get("fusions"):
             out += ["", "```", *fusion_summary_lines(m["fusions"]), "```"]

@@ -8,8 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tpudiag.report.units import fmt_bytes, fmt_s, fusion_summary_lines, short_source
-
+from tpudiag.report.units import fmt_bytes, fmt_ghz, fmt_int, fmt_pct, fmt_s, fusion_summary_lines, short_source
 
 
 def _busiest(util: dict | None, n: int = 2) -> Text:
@@ -18,7 +17,7 @@ def _busiest(util: dict | None, n: int = 2) -> Text:
         return Text("-", style="bright_black")
     text = Text()
     for slot, value in sorted(util.items(), key=lambda kv: -kv[1])[:n]:
-        text.append(f"{slot} {value:.0%} ", style="green" if value >= 0.5 else "")
+        text.append(f"{slot} {fmt_pct(value, 0)} ", style="green" if value >= 0.5 else "")
     return text
 
 
@@ -32,7 +31,7 @@ def render_compile_terminal(doc: dict, console: Console, top: int = 10, modules:
     head.append(doc["status"], style="green" if doc["status"] == "ok" else "bold red")
     per = "chip" if t.get("devices_per_chip", 1) == 1 else f"device (1/{t['devices_per_chip']} chip)"
     head.append(f"\n{t['peak_bf16_flops_per_s'] / 1e12:.0f} TFLOP/s bf16, {t['hbm_bytes_per_s'] / 1e9:.0f} GB/s HBM, "
-                f"{t['hbm_bytes'] / 2**30:.0f} GiB per {per}; clock {t['clock_hz'] / 1e9:.2f} GHz")
+                f"{t['hbm_bytes'] / 2**30:.0f} GiB per {per}; clock {fmt_ghz(t['clock_hz'])}")
     if t.get("note"):
         head.append(f"\n{t['note']}", style="yellow")
     console.print(Panel(head, title="tpudiag compile", title_align="left"))
@@ -60,9 +59,9 @@ def render_compile_terminal(doc: dict, console: Console, top: int = 10, modules:
             wrap = col in ("op", "limit")
             ops.add_column(col, justify=just, no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
         for o in m["ops"][:top]:
-            cycles = f"{o['estimated_cycles']:,}" if o["estimated_cycles"] is not None else "-"
-            ops.add_row(o["name"], fmt_s(o["estimated_s"]), o["limit"], cycles, fmt_bytes(o["bytes_accessed"]),
-                        _busiest(o.get("utilization")), short_source(o["source"], keep=1))
+            ops.add_row(o["name"], fmt_s(o["estimated_s"]), o["limit"], fmt_int(o["estimated_cycles"]),
+                        fmt_bytes(o["bytes_accessed"]), _busiest(o.get("utilization")),
+                        short_source(o["source"], keep=1))
         console.print(ops)
         if m.get("fusions"):
             for line in fusion_summary_lines(m["fusions"], top=2):

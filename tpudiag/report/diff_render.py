@@ -17,7 +17,6 @@ from tpudiag.report.markdown import _esc
 from tpudiag.report.units import fmt_bytes, fmt_s
 
 MARKS = {"added": "+", "removed": "-", "changed": "~", "moved": ">", "unchanged": " "}
-_COUNTS = ("added", "removed", "changed", "moved", "unchanged")
 _OPERANDS_CHARS = 100  # an added op's operand list beyond this is cut (a root tuple has hundreds)
 
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 import html
 import math
 
-from tpudiag.config import DEFAULT_CONFIG
-from tpudiag.report.units import BREAKDOWN_PARTS, fmt_bytes, fmt_pct, fmt_s, short_source
+from tpudiag.report.units import BREAKDOWN_PARTS, clip, fmt_bytes, fmt_count, fmt_ghz, fmt_pct, fmt_s, short_source
 
 # One colour per breakdown part; the same hues as the terminal report.
 _PART_COLORS = {"compute": "#2e9e4f", "memory": "#e0a106", "communication": "#b0449a", "host": "#1f9bb5",
@@ -67,12 +66,6 @@ def _h(x) -> str:
     return html.escape("" if x is None else str(x), quote=True)
 
 
-def _clip(text: str, chars: int) -> str:
-    """A name cut to fit a picture (tables and tooltips keep it whole)."""
-    text = "" if text is None else str(text)
-    return text if len(text) <= chars else text[:chars - 1] + "\u2026"
-
-
 def _text_w(text: str, size: float = 12) -> float:
     """Rough rendered width of `text` in px (no font metrics offline; 0.6 em per character)."""
     return 0.6 * size * len(text)
@@ -80,16 +73,6 @@ def _text_w(text: str, size: float = 12) -> float:
 
 def _cat_color(category: str | None) -> str:
     return _CATEGORY_COLORS.get(category or "", _OTHER_COLOR)
-
-
-def _fmt_count(n: float | None, unit: str) -> str:
-    """1.97e14 -> `197 T<unit>`: FLOPs, FLOP/s, B/s and the roofline's axis labels."""
-    if n is None:
-        return "-"
-    for prefix, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {prefix}{unit}"
-    return f"{n:.3g} {unit}".rstrip()
 
 
 def _svg(width: float, height: float, label: str, body: list[str]) -> str:
@@ -184,9 +167,9 @@ def _compile_header(doc: dict) -> list[str]:
            f' ({doc["totals"]["failed"]} failed) &middot; estimated TPU time {_h(fmt_s(doc["totals"]["estimated_s"]))}'
            " (sum of the modules, one execution each)</p>",
            f'<p class="meta">target <b>{_h(t["chip"])}</b> ({_h(t["topology"])}, {_h(t["chips"])} chips): '
-           f'{_h(_fmt_count(t["peak_bf16_flops_per_s"], "FLOP/s"))} bf16, '
-           f'{_h(fmt_bytes(t["hbm_bytes"]))} HBM per {_h(per)} at {_h(_fmt_count(t["hbm_bytes_per_s"], "B/s"))}, '
-           f'clock {t["clock_hz"] / 1e9:.2f} GHz</p>']
+           f'{_h(fmt_count(t["peak_bf16_flops_per_s"], "FLOP/s"))} bf16, '
+           f'{_h(fmt_bytes(t["hbm_bytes"]))} HBM per {_h(per)} at {_h(fmt_count(t["hbm_bytes_per_s"], "B/s"))}, '
+           f'clock {fmt_ghz(t["clock_hz"])}</p>']
     if t.get("note"):
         out.append(f'<p class="meta">{_h(t["note"])}</p>')
     shadow = src.get("shadow_run")
@@ -206,7 +189,7 @@ def _compile_header(doc: dict) -> list[str]:
 # ------------------------------------------------------------------------------------------- breakdown
 
 
-def _profile_breakdown(doc: dict) -> list[str]:
+def _profile_breakdown(doc: dict, top_compiles: int) -> list[str]:
     bd, share = doc["breakdown"], doc["breakdown_share"]
     out = ['<section id="breakdown"><h2>Where the time went</h2>']
     if share.get("idle") is None:
@@ -220,7 +203,7 @@ def _profile_breakdown(doc: dict) -> list[str]:
     if doc.get("compile"):
         rows = [[f"<code>{_h(c['function'])}</code>", _h(c["compiles"]), _h(fmt_s(c["tracing_s"])),
                  _h(fmt_s(c["lowering_s"])), _h(fmt_s(c["backend_compile_s"])), _h(fmt_s(c["total_s"]))]
-                for c in doc["compile"][:DEFAULT_CONFIG.top_compiles]]
+                for c in doc["compile"][:top_compiles]]
         out.append(f"<h3>Compilation: {_h(fmt_s(doc['totals'].get('compile_s')))} in the whole run</h3>")
         out.append(_table([("function", False), ("compiles", True), ("tracing", True), ("lowering", True),
                            ("backend", True), ("total", True)], rows))
@@ -240,7 +223,7 @@ def _compile_breakdown(doc: dict) -> list[str]:
     mods = [m for m in doc["modules"] if m["totals"] and m["totals"].get("estimated_s")]
     colors = {m["name"]: _MODULE_COLORS[i % len(_MODULE_COLORS)] for i, m in enumerate(mods)}
     if total and mods:
-        parts = [(_clip(m["name"], 24), m["totals"]["estimated_s"] / total, colors[m["name"]],
+        parts = [(clip(m["name"], 24), m["totals"]["estimated_s"] / total, colors[m["name"]],
                   f"{m['name']} {fmt_s(m['totals']['estimated_s'])}") for m in mods]
         out.append(_stacked_bar(parts, f"estimated TPU time by module, {fmt_s(total)} in all"))
         out.append(_legend([(colors[m["name"]], f"<code>{_h(m['name'])}</code> {_h(fmt_s(m['totals']['estimated_s']))}")
@@ -267,8 +250,8 @@ def _compile_breakdown(doc: dict) -> list[str]:
 # --------------------------------------------------------------------------------------------- top ops
 
 
-def _profile_top_ops(doc: dict) -> list[str]:
-    ops = doc["ops"][:DEFAULT_CONFIG.top_ops]
+def _profile_top_ops(doc: dict, top: int) -> list[str]:
+    ops = doc["ops"][:top]
     out = [f'<section id="top-ops"><h2>Top ops by self time ({len(ops)} of {len(doc["ops"])})</h2>']
     if not ops:
         return out + ['<p class="muted">No op executed in the traced window.</p></section>']
@@ -306,7 +289,7 @@ def _compile_top_ops(doc: dict) -> list[str]:
         for o in ops:
             tip = f"{o['name']}: {fmt_s(o['estimated_s'])} estimated ({o['limit']})"
             rows.append([f"<code>{_h(o['name'])}</code>", _h(o["category"]), _h(fmt_s(o["estimated_s"])),
-                         _h(o["limit"]), _h(_fmt_count(o["flops"], "FLOP")), _h(fmt_bytes(o["bytes_accessed"])),
+                         _h(o["limit"]), _h(fmt_count(o["flops"], "FLOP")), _h(fmt_bytes(o["bytes_accessed"])),
                          _hbar(o["estimated_s"] / top if top else 0, _BOUND_COLORS.get(o["bound_by"], _OTHER_COLOR),
                                tip),
                          f'<span class="mono" title="{_h(o["source"])}">{_h(short_source(o["source"]))}</span>'])
@@ -359,7 +342,7 @@ def _timeline(doc: dict, rows: list[dict] | None) -> list[str]:
     for i, lane in enumerate(shown):
         y = axis_h + i * lane_h
         body.append(f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{lane_h - 2}" fill="#fafafa"/>'
-                    f'<text x="{label_w - 8}" y="{y + lane_h / 2 + 4:.0f}" text-anchor="end">{_h(_clip(lane, 30))}'
+                    f'<text x="{label_w - 8}" y="{y + lane_h / 2 + 4:.0f}" text-anchor="end">{_h(clip(lane, 30))}'
                     f"<title>{_h(lane)}</title></text>")
     # Parents before the ops nested in them (a while before its body), so the inner ops are drawn on top.
     for r in sorted(rows, key=lambda r: (r["start_s"], -r["duration_s"])):
@@ -372,7 +355,7 @@ def _timeline(doc: dict, rows: list[dict] | None) -> list[str]:
         body.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{lane_h - 2 - 2 * pad}" '
                     f'fill="{_cat_color(r["category"])}" stroke="#fff" stroke-width="0.5">'
                     f"<title>{_h(tip)}</title></rect>")
-        name = _clip(r["op"], 30)
+        name = clip(r["op"], 30)
         if w > _text_w(name, 11) + 6:
             body.append(f'<text x="{x + 3:.1f}" y="{y + lane_h / 2}" style="font-size:11px">{_h(name)}</text>')
     which = f"step {next(iter(steps))}" if len(steps) == 1 and None not in steps else "the given op instances"
@@ -431,11 +414,11 @@ def _roofline(doc: dict) -> list[str]:
     for e in range(x_lo, x_hi + 1):
         x = px(10.0 ** e)
         body.append(f'<line x1="{x:.1f}" y1="{mt}" x2="{x:.1f}" y2="{mt + ph}" stroke="#e8e8e8"/>'
-                    f'<text x="{x:.1f}" y="{mt + ph + 18}" text-anchor="middle">{_h(_fmt_count(10.0 ** e, ""))}</text>')
+                    f'<text x="{x:.1f}" y="{mt + ph + 18}" text-anchor="middle">{_h(fmt_count(10.0 ** e, ""))}</text>')
     for e in range(y_lo, y_hi + 1):
         y = py(10.0 ** e)
         body.append(f'<line x1="{ml}" y1="{y:.1f}" x2="{ml + pw}" y2="{y:.1f}" stroke="#e8e8e8"/>'
-                    f'<text x="{ml - 8}" y="{y + 4:.1f}" text-anchor="end">{_h(_fmt_count(10.0 ** e, ""))}</text>')
+                    f'<text x="{ml - 8}" y="{y + 4:.1f}" text-anchor="end">{_h(fmt_count(10.0 ** e, ""))}</text>')
     body.append(f'<text x="{ml + pw / 2}" y="{mt + ph + 40}" text-anchor="middle">arithmetic intensity '
                 "(FLOP per byte of HBM traffic, log)</text>"
                 f'<text transform="translate(18 {mt + ph / 2}) rotate(-90)" text-anchor="middle">'
@@ -445,22 +428,22 @@ def _roofline(doc: dict) -> list[str]:
     body.append(f'<polyline points="{px(x_start):.1f},{py(bw * x_start):.1f} {px(ridge):.1f},{py(peak):.1f} '
                 f'{px(10.0 ** x_hi):.1f},{py(peak):.1f}" fill="none" stroke="#b3261e" stroke-width="2.5"/>')
     body.append(f'<text x="{px(10.0 ** x_hi) - 6:.1f}" y="{py(peak) - 8:.1f}" text-anchor="end" style="fill:#b3261e">'
-                f'peak {_h(_fmt_count(peak, "FLOP/s"))} bf16</text>')
+                f'peak {_h(fmt_count(peak, "FLOP/s"))} bf16</text>')
     slope_x = 10 ** ((math.log10(x_start) + math.log10(ridge)) / 2)
     body.append(f'<text x="{px(slope_x) + 8:.1f}" y="{py(bw * slope_x) - 8:.1f}" style="fill:#b3261e" '
-                f'text-anchor="end">HBM {_h(_fmt_count(bw, "B/s"))}</text>')
+                f'text-anchor="end">HBM {_h(fmt_count(bw, "B/s"))}</text>')
     body.append(f'<line x1="{px(ridge):.1f}" y1="{py(peak):.1f}" x2="{px(ridge):.1f}" y2="{mt + ph}" stroke="#b3261e" '
                 f'stroke-dasharray="4 4"/><text x="{px(ridge) + 4:.1f}" y="{mt + ph - 6}" style="fill:#b3261e">'
                 f"ridge {ridge:.0f} FLOP/B</text>")
     for ai, rate, mod, o in pts:
         tip = (f"{o['name']} ({mod}, {o['category']}): {fmt_s(o['estimated_s'])} estimated, {o['limit']}; "
-               f"{_fmt_count(o['flops'], 'FLOP')}, {fmt_bytes(o['bytes_accessed'])}, {ai:.3g} FLOP/B, "
-               f"{_fmt_count(rate, 'FLOP/s')}")
+               f"{fmt_count(o['flops'], 'FLOP')}, {fmt_bytes(o['bytes_accessed'])}, {ai:.3g} FLOP/B, "
+               f"{fmt_count(rate, 'FLOP/s')}")
         color = _BOUND_COLORS.get(o["bound_by"], _OTHER_COLOR)
         body.append(f'<circle cx="{px(ai):.1f}" cy="{py(rate):.1f}" r="5" fill="{color}" fill-opacity="0.75" '
                     f'stroke="#333" stroke-width="0.6"><title>{_h(tip)}</title></circle>')
     for ai, rate, mod, o in sorted(pts, key=lambda p: -p[3]["estimated_s"])[:_ROOFLINE_LABELS]:
-        name = _clip(f"{o['name']} ({mod})", 40)  # one name can recur in several modules
+        name = clip(f"{o['name']} ({mod})", 40)  # one name can recur in several modules
         x = px(ai) + 8
         anchor = "start" if x + _text_w(name, 11) < ml + pw else "end"
         body.append(f'<text x="{x if anchor == "start" else px(ai) - 8:.1f}" y="{py(rate) - 6:.1f}" '
@@ -516,7 +499,7 @@ def _suggestions() -> list[str]:
             "figures into what to change.</p></section>"]
 
 
-def render_html(doc: dict, timeline_rows: list[dict] | None = None) -> str:
+def render_html(doc: dict, timeline_rows: list[dict] | None = None, top_ops: int = 15, top_compiles: int = 10) -> str:
     """One self-contained HTML page for a `tpudiag.report/1` or `tpudiag.compile/1` document.
 
     `timeline_rows` (profile documents only): the op instances of one step, each a dict
@@ -524,6 +507,8 @@ def render_html(doc: dict, timeline_rows: list[dict] | None = None) -> str:
     step number, shown in the caption). `start_s` is from any common origin (the trace window's
     start, as in the timeline frame); the picture starts at the earliest row. `line` is the trace
     line (thread or stream), one lane each. Without them the timeline section says why it is empty.
+    `top_ops`, `top_compiles`: rows of the profile's op and compilation tables (the caller passes
+    the configured counts; the defaults are `tpudiag.config`'s).
     """
     is_compile = doc["schema"].startswith("tpudiag.compile/")
     if is_compile:
@@ -531,7 +516,8 @@ def render_html(doc: dict, timeline_rows: list[dict] | None = None) -> str:
         head, breakdown, top = _compile_header(doc), _compile_breakdown(doc), _compile_top_ops(doc)
     else:
         title = f"tpudiag profile: {doc.get('program') or doc.get('artifacts', {}).get('xplane') or '?'}"
-        head, breakdown, top = _profile_header(doc), _profile_breakdown(doc), _profile_top_ops(doc)
+        head = _profile_header(doc)
+        breakdown, top = _profile_breakdown(doc, top_compiles), _profile_top_ops(doc, top_ops)
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>{_h(title)}</title>", f"<style>{_CSS}</style></head><body>", '<header id="header">']

@@ -12,14 +12,9 @@ from rich.table import Table
 from rich.text import Text
 
 from tpudiag.report.markdown import _esc
+from tpudiag.report.units import fmt_cycles, fmt_ghz
 
 LIST_SCHEMA = "tpudiag.kernels/1"
-
-
-def _cycles(n) -> str:
-    if n is None:
-        return "-"
-    return f"{n / 1e6:.2f}M" if n >= 1e6 else (f"{n / 1e3:.1f}k" if n >= 1e3 else str(n))
 
 
 def _ratio(r, goal=None) -> str:
@@ -108,13 +103,13 @@ def _bench_rows(doc: dict):
 def render_bench(doc: dict, console: Console) -> None:
     t = doc["target"]
     console.print(Text(f"kernels bench on {t['chip']} ({t['topology']}): corrected estimated cycles per call "
-                       f"(largest of static estimate, HBM floor, compute floor; clock {t['clock_hz'] / 1e9:.2f} GHz)"))
+                       f"(largest of static estimate, HBM floor, compute floor; clock {fmt_ghz(t['clock_hz'])})"))
     table = Table(show_edge=False)
     for col in ("kernel", "shape", "ours", "XLA", "vs XLA", "JAX kernel", "vs JAX"):
         table.add_column(col, overflow="fold", justify="left" if col in ("kernel", "shape") else "right")
     for r, _, _ in _bench_rows(doc):
-        table.add_row(Text(r["name"]), Text(r["shape"]), _cycles(r["kernel_cycles"]), _cycles(r["xla_cycles"]),
-                      _ratio(r["ratio_vs_xla"], r["goal_vs_xla"]), _cycles(r.get("jax_cycles")),
+        table.add_row(Text(r["name"]), Text(r["shape"]), fmt_cycles(r["kernel_cycles"]), fmt_cycles(r["xla_cycles"]),
+                      _ratio(r["ratio_vs_xla"], r["goal_vs_xla"]), fmt_cycles(r.get("jax_cycles")),
                       _ratio(r.get("ratio_vs_jax"), r.get("goal_vs_jax")))
     console.print(table)
     for r, floors, errors in _bench_rows(doc):
@@ -138,8 +133,8 @@ def render_bench_markdown(doc: dict) -> str:
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for r, _, _ in _bench_rows(doc):
         lines.append(f"| {_esc(r['name'])} | {_esc(r['shape'])} | {_esc(r['blocks'] or '-')} | "
-                     f"{_cycles(r['kernel_cycles'])} | {_cycles(r['xla_cycles'])} | "
-                     f"{_ratio(r['ratio_vs_xla'], r['goal_vs_xla'])} | {_cycles(r.get('jax_cycles'))} | "
+                     f"{fmt_cycles(r['kernel_cycles'])} | {fmt_cycles(r['xla_cycles'])} | "
+                     f"{_ratio(r['ratio_vs_xla'], r['goal_vs_xla'])} | {fmt_cycles(r.get('jax_cycles'))} | "
                      f"{_ratio(r.get('ratio_vs_jax'), r.get('goal_vs_jax'))} |")
     notes = [(r["name"], floors, errors) for r, floors, errors in _bench_rows(doc) if floors or errors]
     if notes:

@@ -1,4 +1,6 @@
-"""Human formatting of the units carried in names (`_s`, `_ns`, `bytes`)."""
+"""Human formatting of the units carried in names (`_s`, `_ns`, `bytes`, `cycles`, `_hz`), and of the
+counts, shares and names the renderers show. The one set of formatters every renderer uses; each
+shows None as "-"."""
 
 from __future__ import annotations
 
@@ -18,8 +20,43 @@ def fmt_s(seconds: float | None) -> str:
     return f"{seconds * 1e9:.0f} ns"
 
 
-def fmt_pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+def fmt_pct(x: float | None, digits: int = 1) -> str:
+    """A fraction as a percentage: 0.825 -> `82.5%` (`82%` with digits=0)."""
+    return "-" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def fmt_count(n: float | None, unit: str) -> str:
+    """1.97e14 -> `197 T<unit>` (SI prefixes up to P, 3 significant digits): FLOPs, FLOP/s, B/s,
+    and with unit "" a bare axis label."""
+    if n is None:
+        return "-"
+    for prefix, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {prefix}{unit}"
+    return f"{n:.3g} {unit}".rstrip()
+
+
+def fmt_cycles(n: int | None) -> str:
+    """A cycle count in a narrow column: `1.34M`, `97.0k`, `512`."""
+    if n is None:
+        return "-"
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else (f"{n / 1e3:.1f}k" if n >= 1e3 else str(n))
+
+
+def fmt_int(n: int | None) -> str:
+    """An exact count with thousands separators (`1,234,567`): cycles in a table that has room."""
+    return "-" if n is None else f"{n:,}"
+
+
+def fmt_ghz(hz: float) -> str:
+    return f"{hz / 1e9:.2f} GHz"
+
+
+def clip(text: str | None, chars: int, mark: str = "\u2026") -> str:
+    """`text` cut to at most `chars` characters, the cut marked with `mark` (one ellipsis character
+    by default; "..." where the output must stay ASCII)."""
+    text = "" if text is None else str(text)
+    return text if len(text) <= chars else text[:chars - len(mark)] + mark
 
 
 def short_source(source: str | None, keep: int = 2) -> str:

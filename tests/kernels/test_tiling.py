@@ -1,0 +1,140 @@
+"""The one scoped-VMEM rule (tpudiag/kernels/tiling.py) against every bundled kernel's real blocks.
+
+The oracle does not ask the kernels what they need: it traces each kernel (and its gradient, where it
+has one) at its production shape with every tuned block size, reads the block shapes, memory spaces
+and scratch shapes out of each `pallas_call` in the jaxpr, counts them as Mosaic lays them out in
+VMEM (each pipelined block twice, the two minor dims padded to whole 8 x 128 tiles of 32-bit words),
+and checks the `vmem_limit_bytes` the kernel passed: at least that need, twice it plus the headroom
+(up to the cap), never under the floor and never over the cap. Tracing only: nothing is compiled.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from tpudiag.kernels import tiling
+from tpudiag.kernels.registry import all_specs
+
+MIB = 1 << 20
+
+
+# ----------------------------------------------------------------------------------------- the rule
+
+
+def test_block_bytes_pads_the_two_minor_dims_to_whole_tiles():
+    assert tiling.block_bytes((512, 4096), 2) == 512 * 4096 * 2  # already whole tiles
+    assert tiling.block_bytes((512, 1), 4) == 512 * 128 * 4  # a column takes whole 128-lane rows
+    assert tiling.block_bytes((8, 128), 2) == 16 * 128 * 2  # bf16 packs 16 rows per tile
+    assert tiling.block_bytes((8, 128), 1) == 32 * 128  # int8 32
+    assert tiling.block_bytes((1, 4096), 4) == 8 * 4096 * 4
+    assert tiling.block_bytes((2, 8, 4, 128), 2) == 2 * 8 * 16 * 128 * 2  # leading dims multiply
+    assert tiling.block_bytes((300,), 4) == 8 * 384 * 4  # a 1-D block is one row
+
+
+def test_vmem_limit_is_twice_the_need_plus_headroom_between_floor_and_cap():
+    assert tiling.vmem_need(10 * MIB, 3 * MIB) == 23 * MIB
+    assert tiling.vmem_limit(10 * MIB, 3 * MIB) == 2 * 23 * MIB + tiling.VMEM_HEADROOM_BYTES
+    assert tiling.vmem_limit(MIB) == tiling.VMEM_FLOOR_BYTES == 16 * MIB
+    assert tiling.vmem_limit(30 * MIB) == tiling.VMEM_CAP_BYTES == 100 * MIB  # 128 MiB would be asked
+    assert tiling.vmem_limit(46 * MIB) == 100 * MIB  # need 92 MiB + 8 MiB headroom: just fits
+
+
+def test_blocks_past_the_cap_are_refused_naming_the_mib():
+    with pytest.raises(ValueError, match="need 93 MiB of VMEM, more than the 92 MiB"):
+        tiling.vmem_limit(46 * MIB, MIB)
+
+
+# ----------------------------------------------------------------------------- every kernel's blocks
+
+
+def _sublanes(itemsize: int) -> int:
+    return {4: 8, 2: 16, 1: 32}[itemsize]  # rows of one (sublanes x 128 lanes) 32-bit-word tile
+
+
+def _vmem_bytes(aval) -> int:
+    shape = tuple(aval.shape)
+    shape = (1,) * max(0, 2 - len(shape)) + shape
+    rows, cols = shape[-2], shape[-1]
+    n = -(-rows // _sublanes(aval.dtype.itemsize)) * _sublanes(aval.dtype.itemsize) * (-(-cols // 128) * 128)
+    for d in shape[:-2]:
+        n *= d
+    return n * aval.dtype.itemsize
+
+
+def _pallas_calls(jaxpr):
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            yield eqn
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (list, tuple)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _pallas_calls(inner)
+
+
+def _need(eqn) -> int:
+    """Pipelined blocks (DEFAULT memory space: Pallas double-buffers them in VMEM) twice, plus VMEM
+    scratch once. Blocks left in HBM (pl.ANY: the kernel DMAs them itself), SMEM and semaphores
+    take no VMEM."""
+    gm = eqn.params["grid_mapping"]
+    blocks = sum(_vmem_bytes(b.block_aval) for b in gm.block_mappings
+                 if str(b.block_aval.memory_space) in ("default", "vmem"))
+    scratch = sum(_vmem_bytes(a) for a in gm.scratch_avals if str(a.memory_space) == "vmem")
+    return 2 * blocks + scratch
+
+
+def _limit(eqn):
+    cp = eqn.params["compiler_params"]
+    cp = cp.get("mosaic_tpu", cp) if isinstance(cp, dict) else cp
+    return cp.vmem_limit_bytes
+
+
+def _with_grad(spec, fn, args):
+    if not spec.differentiable:
+        return fn
+    argnums = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
+
+    def loss(*a):
+        return sum(jnp.sum(o.astype(jnp.float32)) for o in jax.tree.leaves(fn(*a)))
+
+    return lambda *a: (fn(*a), jax.grad(loss, argnums=argnums)(*a))
+
+
+def _setups():
+    for spec in all_specs():
+        for blocks in (None, *spec.block_candidates):
+            yield spec, blocks, ""
+            if spec.name == "int8_matmul":  # tuned at decode M64 and measured at prefill M2048
+                yield spec, blocks, "m2048"
+
+
+@pytest.mark.parametrize("spec,blocks,variant", list(_setups()),
+                         ids=lambda x: x.name if hasattr(x, "bench") else (str(x) if x else "default"))
+def test_every_kernel_asks_for_what_its_blocks_need(spec, blocks, variant):
+    setup = spec.bench(blocks, m=2048) if variant else spec.bench(blocks)
+    jaxpr = jax.make_jaxpr(_with_grad(spec, setup.kernel, setup.args))(*setup.args)
+    calls = list(_pallas_calls(jaxpr.jaxpr))
+    assert calls, "no pallas_call traced"
+    for eqn in calls:
+        need, limit = _need(eqn), _limit(eqn)
+        where = f"{eqn.params['name']}: blocks and scratch need {need / MIB:.2f} MiB, limit {limit}"
+        assert limit is not None, where
+        assert need <= limit, where
+        assert limit >= min(tiling.VMEM_CAP_BYTES, 2 * need + tiling.VMEM_HEADROOM_BYTES), where
+        assert tiling.VMEM_FLOOR_BYTES <= limit <= tiling.VMEM_CAP_BYTES, where
+
+
+def test_the_oracle_sees_every_kernel_family():
+    traced = set()
+    for spec in all_specs():
+        setup = spec.bench()
+        jaxpr = jax.make_jaxpr(_with_grad(spec, setup.kernel, setup.args))(*setup.args)
+        traced |= {eqn.params["name"] for eqn in _pallas_calls(jaxpr.jaxpr)}
+    # forward and backward kernels alike
+    assert {"flash_attention_fwd", "flash_attention_dkv", "flash_attention_dq", "tpudiag_paged_attention",
+            "rmsnorm_residual_fwd", "rmsnorm_residual_bwd", "cross_entropy_fwd", "cross_entropy_bwd",
+            "topk_topp_sampling", "tpudiag_int8_matmul", "tpudiag_int8_matmul_dx", "grouped_matmul",
+            "grouped_matmul_drhs"} <= traced
+    assert traced & {"rope_qk", "rope_qk_adjoint"}
