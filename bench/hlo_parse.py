@@ -136,6 +136,7 @@ def main() -> int:
         a = parse_hlo_text(path_a.read_text(), str(path_a))
         n_a = sum(len(c.instructions) for c in a.computations.values())
         t_diff, runs_diff, cpu_diff, doc = timed(lambda: diff_modules(a, mine), args.diff_repeat)
+        doc = doc.to_dict() if hasattr(doc, "to_dict") else doc  # a model (newer trees) or its document
         summary = doc.get("summary", {}) if isinstance(doc, dict) else {}
         print(f"\ndiff_modules({args.layers - 1} layers: {n_a:,} instructions, {args.layers} layers: "
               f"{n_ours:,}), best of {args.diff_repeat} (both modules parsed beforehand)")

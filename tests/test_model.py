@@ -148,3 +148,15 @@ def test_fusion_list_round_trips_and_reads_typed(in_root):
     (report,) = result.modules
     assert report.totals.breaks == len(report.breaks) and report.totals.fusions == len(report.fusions)
     assert report.time_source == "measured" and all(b.reason == b.reasons[0] for b in report.breaks if b.reasons)
+
+
+def test_hlo_diff_round_trips_and_reads_typed(in_root):
+    from tpudiag import api
+    from tpudiag.analyze.hlo_diff_model import HloDiff
+
+    a, b = (ROOT / f"fixtures/artifacts/sized_mlp_h{h}" for h in (1024, 4096))
+    diff = api.hlo_diff(a, b, "train_step")
+    doc = json.loads(render_json(diff.to_dict()))
+    assert HloDiff.from_dict(doc, "diff.json") == diff
+    assert diff.has_changes and diff.summary.changed == sum(p.status == "changed" for p in diff.pairs)
+    assert diff.a.module == diff.b.module == "jit_train_step"

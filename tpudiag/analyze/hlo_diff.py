@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpudiag.analyze.hlo_cost import module_costs
+from tpudiag.analyze.hlo_diff_model import (CHANGE_STATUSES, SCHEMA, ComputationPair, DiffSide, DiffSummary, HloDiff,
+                                            Pair)
 from tpudiag.analyze.hlo_match import Matcher, Node, Side, match_modules
 from tpudiag.parse.hlo import HloModule
-
-SCHEMA = "tpudiag.hlo_diff/1"
 STATUSES = ("added", "removed", "changed", "moved", "unchanged")
 
 
@@ -129,7 +129,7 @@ def _side_doc(side: Side, costs: dict, times: dict | None) -> dict:
 
 
 def diff_modules(a: HloModule, b: HloModule, times_a: dict | None = None, times_b: dict | None = None,
-                 config: DiffConfig = DEFAULT_DIFF_CONFIG) -> dict:
+                 config: DiffConfig = DEFAULT_DIFF_CONFIG) -> HloDiff:
     """The `tpudiag.hlo_diff/1` document of module `a` (before) against `b` (after).
 
     `times_a`/`times_b`: seconds per instruction name (a compile report's `estimated_s`, or a
@@ -236,18 +236,26 @@ def diff_modules(a: HloModule, b: HloModule, times_a: dict | None = None, times_
         rows.append((key, row(A[x_idx], None, "removed", [])))
     rows.sort(key=lambda r: r[0])
 
-    return {
-        "schema": SCHEMA,
-        "a": _side_doc(sa, costs_a, times_a),
-        "b": _side_doc(sb, costs_b, times_b),
-        "summary": summary,
-        "computations": [{"a": ca, "b": comps.get(ca)} for ca in sa.order]
-                        + [{"a": None, "b": cb} for cb in sb.order if cb not in set(comps.values())],
-        "pairs": [r for _, r in rows],
-    }
+    return HloDiff(
+        schema=SCHEMA,
+        a=DiffSide(**_side_doc(sa, costs_a, times_a)),
+        b=DiffSide(**_side_doc(sb, costs_b, times_b)),
+        summary=DiffSummary(**summary),
+        computations=tuple(ComputationPair(a=ca, b=comps.get(ca)) for ca in sa.order)
+        + tuple(ComputationPair(a=None, b=cb) for cb in sb.order if cb not in set(comps.values())),
+        pairs=tuple(_pair(r) for _, r in rows),
+    )
+
+
+def _pair(row: dict) -> Pair:
+    def tup(v):
+        return None if v is None else tuple(v)
+
+    return Pair(**{**row, "operands_a": tup(row["operands_a"]), "operands_b": tup(row["operands_b"]),
+                   "changes": tuple(row["changes"])})
 
 
 def has_changes(doc: dict) -> bool:
-    """True when the diff found anything added, removed, changed or moved (`--fail-on-change`)."""
+    """True when a saved diff document found anything added, removed, changed or moved."""
     s = doc["summary"]
-    return any(s[k] for k in ("added", "removed", "changed", "moved"))
+    return any(s[k] for k in CHANGE_STATUSES)

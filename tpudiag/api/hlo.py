@@ -75,8 +75,8 @@ def fusion_reports(path: Path, module_name: str | None = None) -> list:
     return [build_fusion_report(m.module, m.times, m.time_source) for m in load_hlo_modules(path, module_name)]
 
 
-def hlo_diff(path_a: Path, path_b: Path, module_name: str | None = None) -> dict:
-    """`tpudiag hlo-diff A B`: one module from each side, matched structurally."""
+def hlo_diff(path_a: Path, path_b: Path, module_name: str | None = None):
+    """`tpudiag hlo-diff A B`: the `HloDiff` of one module from each side, matched structurally."""
     from tpudiag.analyze.hlo_diff import diff_modules
 
     sides = []
@@ -96,9 +96,9 @@ def fusions_list(path: Path, module_name: str | None = None):
     return FusionList(schema=LIST_SCHEMA, modules=tuple(fusion_reports(path, module_name)))
 
 
-def write_diff_html(doc: dict, path: Path) -> Path:
-    """`hlo-diff --html FILE`: the side-by-side page, written whole or not at all."""
+def write_diff_html(diff, path: Path) -> Path:
+    """`hlo-diff --html FILE`: the side-by-side page of an `HloDiff`, written whole or not at all."""
     from tpudiag.report.diff_render import render_diff_html
 
-    rundir.write_text_atomic(Path(path), render_diff_html(doc))
+    rundir.write_text_atomic(Path(path), render_diff_html(diff.to_dict()))
     return Path(path)

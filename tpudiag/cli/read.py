@@ -88,17 +88,15 @@ def hlo_diff(module_name, html_path, fail_on_change, show_all, as_json, as_md, n
     Instructions are matched by structure (opcode, shape, operands, metadata), not by name.
     """
     from tpudiag import api
-    from tpudiag.analyze.hlo_diff import has_changes
 
     fmt = output_format(as_json, as_md)
-    doc = api.hlo_diff(a, b, module_name)
+    diff = api.hlo_diff(a, b, module_name)
     if html_path:
-        api.write_diff_html(doc, html_path)
-    emit(doc, fmt, no_color=no_color, width=width, unchanged=show_all)
-    if fail_on_change and has_changes(doc):
-        s = doc["summary"]
-        raise GateFailed(f"HLO changed: {s['added']} added, {s['removed']} removed, {s['changed']} changed, "
-                         f"{s['moved']} moved")
+        api.write_diff_html(diff, html_path)
+    emit(diff, fmt, no_color=no_color, width=width, unchanged=show_all)
+    if fail_on_change and diff.has_changes:
+        s = diff.summary
+        raise GateFailed(f"HLO changed: {s.added} added, {s.removed} removed, {s.changed} changed, {s.moved} moved")
 
 
 @cli.command()
