@@ -43,7 +43,7 @@ def pristine(tmp_path_factory):
         if name == COMPILE_RUN:  # as api.compile_target writes them
             doc = report.to_dict()
             rundir.write_json_atomic(run / rundir.REPORT, doc)
-            rundir.write_text_atomic(run / rundir.REPORT_MD, render_compile_markdown(doc))
+            rundir.write_text_atomic(run / rundir.REPORT_MD, render_compile_markdown(report))
         else:
             api.write_report(report, run)
     return root

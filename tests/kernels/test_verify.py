@@ -81,9 +81,10 @@ def test_mismatches_of_shape_finiteness_and_integers_are_named():
 
 
 def test_junit_has_one_testcase_per_case_and_the_failure_text():
-    good, bad = verify_spec(FIRST, seed=5).to_dict(), verify_spec(_perturbed(1.05), seed=5).to_dict()
-    doc = {**bad, "cases": good["cases"] + bad["cases"], "passed": 1, "failed": 1}
-    root = ET.fromstring(render_junit(doc))
+    good, bad = verify_spec(FIRST, seed=5), verify_spec(_perturbed(1.05), seed=5)
+    both = dataclasses.replace(bad, cases=good.cases + bad.cases)
+    assert (both.passed, len(both.failures)) == (1, 1)
+    root = ET.fromstring(render_junit(both))
     cases = root.findall(".//testcase")
     assert len(cases) == 2 and root.get("failures") == "1"
     assert cases[0].find("failure") is None and "kernel vs reference" in cases[1].find("failure").get("message")

@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import ARTIFACTS
 from tpudiag import api
+from tpudiag.analyze.compile_model import CompileReport
 from tpudiag.analyze.timeline import step_op_rows
 from tpudiag.analyze.tpu_estimate import SECTION, build_tpu_estimate
 from tpudiag.report.html import render_html
@@ -43,7 +44,12 @@ def decoder():
 
 @pytest.fixture(scope="module")
 def compiled():
+    """The compile run's document; `CompileReport.from_dict` gives the page its model."""
     return api.load_report(ARTIFACTS / "compile_v5e_collective").to_dict()
+
+
+def _compile_page(doc: dict) -> str:
+    return render_html(CompileReport.from_dict(doc, "report.json"))
 
 
 def _section(page: str, name: str) -> str:
@@ -90,7 +96,7 @@ def test_profile_page_is_self_contained_with_every_section(decoder):
 
 
 def test_compile_page_plots_every_op_with_flops_under_the_chips_ceilings(compiled):
-    page = render_html(compiled)
+    page = _compile_page(compiled)
     _check_self_contained(page)
     for name in SECTIONS[1:]:
         assert f'<section id="{name}">' in page
@@ -143,7 +149,7 @@ def test_names_from_the_program_and_the_compiler_stay_text(decoder, compiled):
     failed = cdoc["modules"][1]  # as a module the TPU compiler refused: no ops, no totals, no fusions
     failed.update(status="failed", error=f"compiler said {EVIL}", ops=[], totals=None)
     del failed["fusions"]
-    for page in (render_html(doc, rows), render_html(cdoc)):
+    for page in (render_html(doc, rows), _compile_page(cdoc)):
         _check_self_contained(page)
         assert html.escape(EVIL) in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
         assert "alert(1)</script>" not in page
@@ -200,7 +206,7 @@ def _png_scanlines(data: bytes) -> tuple[int, int, set[bytes]]:
                     reason=f"{CHROMIUM} is absent (apt-get install chromium): the headless-browser check needs it")
 def test_a_real_browser_renders_the_page(decoder, compiled, tmp_path):
     report, rows = decoder
-    for name, page in (("profile", render_html(report.to_dict(), rows)), ("compile", render_html(compiled))):
+    for name, page in (("profile", render_html(report.to_dict(), rows)), ("compile", _compile_page(compiled))):
         src, png = tmp_path / f"{name}.html", tmp_path / f"{name}.png"
         src.write_text(page)
         t0 = time.monotonic()

@@ -40,6 +40,16 @@ class OpEstimate(Model):
     loop_depth: int | None
     limit: str
 
+    @property
+    def arithmetic_intensity(self) -> float | None:
+        """FLOPs per byte accessed; None for an op that moves no bytes or does no FLOPs."""
+        return self.flops / self.bytes_accessed if self.flops > 0 and self.bytes_accessed > 0 else None
+
+    @property
+    def achieved_flops_per_s(self) -> float | None:
+        """FLOPs over the estimated time: where the op sits on the roofline."""
+        return self.flops / self.estimated_s if self.flops > 0 and self.estimated_s > 0 else None
+
 
 @dataclass(frozen=True)
 class ModuleTotals(Model):
@@ -78,6 +88,19 @@ class ModuleReport(Model):
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def estimated_s(self) -> float | None:
+        return self.totals.estimated_s if isinstance(self.totals, ModuleTotals) else None
+
+    @property
+    def memory(self) -> dict[str, Any]:
+        return self.totals.memory if self.totals is not None else {}
+
+    @property
+    def fits(self) -> bool:
+        """Whether the module fits the device's HBM (True where nothing says otherwise)."""
+        return bool(self.memory.get("fits", True))
+
 
 @dataclass(frozen=True)
 class CompileTarget(Model):
@@ -95,6 +118,11 @@ class CompileTarget(Model):
     ici_bytes_per_s: float
     ici_ring_bytes_per_s: float
     note: str | None
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """Arithmetic intensity where the HBM slope meets the bf16 peak (the roofline's ridge)."""
+        return self.peak_bf16_flops_per_s / self.hbm_bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -118,6 +146,17 @@ class CompileReport(Model):
 
     def with_artifacts(self, artifacts: dict[str, str]) -> CompileReport:
         return replace(self, artifacts=artifacts)
+
+    @property
+    def ranked_modules(self) -> tuple[ModuleReport, ...]:
+        """Modules with ops, slowest (estimated) first: the order the reports show them in."""
+        return tuple(sorted((m for m in self.modules if m.ops), key=lambda m: -(m.estimated_s or 0.0)))
+
+    @property
+    def module_shares(self) -> tuple[tuple[ModuleReport, float], ...]:
+        """(module, its fraction of the estimated total) for the modules with an estimated time."""
+        total = self.totals.estimated_s
+        return tuple((m, m.estimated_s / total) for m in self.modules if m.estimated_s) if total else ()
 
     @property
     def failed_modules(self) -> tuple[ModuleReport, ...]:

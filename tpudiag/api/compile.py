@@ -73,7 +73,7 @@ def _write_compile_report(report, rd: RunDir):
     report = report.with_artifacts({"run_dir": str(rd.path), "report": rundir.REPORT, "modules": "modules"})
     doc = report.to_dict()
     rd.write_json(rundir.REPORT, doc)
-    rd.write_text(rundir.REPORT_MD, render_compile_markdown(doc))
+    rd.write_text(rundir.REPORT_MD, render_compile_markdown(report))
     return report
 
 

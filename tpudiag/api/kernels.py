@@ -67,7 +67,7 @@ def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path:
     if junit_path is not None:
         from tpudiag.report.kernels_render import render_junit
 
-        rundir.write_text_atomic(Path(junit_path), render_junit(result.to_dict()))
+        rundir.write_text_atomic(Path(junit_path), render_junit(result))
     return result
 
 

@@ -184,13 +184,13 @@ def html_report(report) -> str:
     """The self-contained HTML page (docs/html-report.md) of a profile or compile report; a profile
     page gets one step's timeline (the median step). For `--html FILE` and the CI bundle."""
     from tpudiag.analyze.profile_report import ProfileReport
-
     from tpudiag.analyze.timeline import step_op_rows
     from tpudiag.report.html import render_html
 
-    doc = report.to_dict()
-    rows = step_op_rows(report.timeline, doc["steps"]["rows"]) if isinstance(report, ProfileReport) else None
-    return render_html(doc, rows)
+    rows = None
+    if isinstance(report, ProfileReport):
+        rows = step_op_rows(report.timeline, [r.to_dict() for r in report.steps.rows])
+    return render_html(report, rows)
 
 
 def write_html(report, path: Path) -> Path:

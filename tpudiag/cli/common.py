@@ -29,7 +29,9 @@ def output_format(as_json: bool, as_md: bool = False) -> str:
 
 
 def _renderers(schema: str):
-    """(markdown renderer, terminal renderer) for a result's schema; each takes (doc, **options)."""
+    """(markdown renderer, terminal renderer, takes the model) for a result's schema. Each renderer
+    takes (result, **options), the terminal one a console too; a renderer that does not take the
+    model gets its document."""
     from tpudiag.report import compare_render, diff_render, fusions_render, kernels_render
 
     if schema.startswith("tpudiag.report/"):
@@ -37,12 +39,12 @@ def _renderers(schema: str):
         from tpudiag.report.terminal import render_terminal
 
         return (lambda d, top=15, top_compiles=10: render_markdown(d, top, top_compiles),
-                lambda d, c, top=15, top_compiles=10: render_terminal(d, c, top, top_compiles))
+                lambda d, c, top=15, top_compiles=10: render_terminal(d, c, top, top_compiles), False)
     if schema.startswith("tpudiag.compile/"):
         from tpudiag.report.compile_markdown import render_compile_markdown
         from tpudiag.report.compile_terminal import render_compile_terminal
 
-        return render_compile_markdown, render_compile_terminal
+        return render_compile_markdown, render_compile_terminal, True
     if schema.startswith("tpudiag.fusions_list/"):
         def md(d, top=15):
             return "\n".join(fusions_render.render_fusions_markdown(m, top) for m in d["modules"])
@@ -50,24 +52,25 @@ def _renderers(schema: str):
         def text(d, c, top=15):
             for m in d["modules"]:
                 fusions_render.render_fusions_terminal(m, c, top)
-        return md, text
+        return md, text, False
     if schema.startswith("tpudiag.hlo_diff/"):
         return (lambda d, unchanged=False: diff_render.render_diff_markdown(d),
-                lambda d, c, unchanged=False: click.echo(diff_render.render_diff_text(d, unchanged=unchanged), nl=False))
+                lambda d, c, unchanged=False: click.echo(diff_render.render_diff_text(d, unchanged=unchanged), nl=False),
+                False)
     if schema.startswith("tpudiag.compare/"):
-        return compare_render.render_compare_markdown, compare_render.render_compare_terminal
+        return compare_render.render_compare_markdown, compare_render.render_compare_terminal, False
     if schema.startswith("tpudiag.kernels-verify/"):
-        return None, kernels_render.render_verify
+        return None, kernels_render.render_verify, True
     if schema.startswith("tpudiag.kernels-bench/"):
-        return (lambda d: kernels_render.render_bench_markdown(d)), kernels_render.render_bench
+        return kernels_render.render_bench_markdown, kernels_render.render_bench, True
     if schema.startswith("tpudiag.kernels/"):  # the list, or one kernel's card
         return None, lambda d, c: (kernels_render.render_list(d, c) if "kernels" in d
-                                   else kernels_render.render_show(d, c))
+                                   else kernels_render.render_show(d, c)), False
     raise UsageError(f"no renderer for schema {schema!r}")
 
 
 def emit(result, fmt: str, *, no_color: bool = False, width: int | None = None, **options) -> None:
-    """Print a result (a model with `to_dict()`, or its document) to stdout as `fmt`: JSON exactly
+    """Print a result (a model with `to_dict()`, or a document) to stdout as `fmt`: JSON exactly
     as `report.json` holds it, GitHub Markdown, or the terminal report; `options` go to the renderer
     (`top=`, `unchanged=`)."""
     doc = result.to_dict() if hasattr(result, "to_dict") else result
@@ -76,13 +79,14 @@ def emit(result, fmt: str, *, no_color: bool = False, width: int | None = None, 
 
         click.echo(render_json(doc), nl=False)
         return
-    md, text = _renderers(doc["schema"])
+    md, text, takes_model = _renderers(doc["schema"])
+    subject = result if takes_model else doc
     if fmt == "md":
         if md is None:
             raise UsageError(f"{doc['schema']} has no Markdown form")
-        click.echo(md(doc, **options), nl=False)
+        click.echo(md(subject, **options), nl=False)
     else:
-        text(doc, console(no_color, width), **options)
+        text(subject, console(no_color, width), **options)
 
 
 def output_options(schema: str):

@@ -52,6 +52,16 @@ class CaseResult:
     def ok(self) -> bool:
         return self.error is None and bool(self.checks) and all(c.ok for c in self.checks)
 
+    @property
+    def worst_ratio(self) -> float | None:
+        """The largest error/tolerance ratio of the case's checks (<= 1 passes); None without checks."""
+        return max((c.worst_ratio for c in self.checks), default=None)
+
+    @property
+    def why(self) -> str:
+        """What failed: the error raised, or each failing check with its detail."""
+        return self.error or "; ".join(f"{k.what}: {k.detail}" for k in self.checks if not k.ok)
+
     def to_dict(self) -> dict:
         return {"kernel": self.kernel, "case": self.label, "dtype": self.dtype, "shapes": self.shapes,
                 "ok": self.ok, "error": self.error, "seconds": round(self.seconds, 3),
@@ -72,16 +82,25 @@ class VerifyResult:
     def failures(self) -> list[CaseResult]:
         return [c for c in self.cases if not c.ok]
 
+    @property
+    def passed(self) -> int:
+        return sum(c.ok for c in self.cases)
+
+    def by_kernel(self) -> dict[str, list[CaseResult]]:
+        """The cases of each kernel, in the order they ran."""
+        out: dict[str, list[CaseResult]] = {}
+        for c in self.cases:
+            out.setdefault(c.kernel, []).append(c)
+        return out
+
     def summary(self) -> str:
-        lines = [f"{sum(c.ok for c in self.cases)}/{len(self.cases)} cases passed (seed {self.seed})"]
-        for c in self.failures:
-            why = c.error or "; ".join(f"{k.what}: {k.detail}" for k in c.checks if not k.ok)
-            lines.append(f"FAIL {c.kernel} [{c.label}]: {why}")
+        lines = [f"{self.passed}/{len(self.cases)} cases passed (seed {self.seed})"]
+        lines += [f"FAIL {c.kernel} [{c.label}]: {c.why}" for c in self.failures]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return {"schema": VERIFY_SCHEMA, "ok": self.ok, "seed": self.seed,
-                "passed": sum(c.ok for c in self.cases), "failed": len(self.failures),
+                "passed": self.passed, "failed": len(self.failures),
                 "cases": [c.to_dict() for c in self.cases], "tolerances": self.tolerances}
 
 

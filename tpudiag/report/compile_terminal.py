@@ -1,4 +1,4 @@
-"""Renders a `tpudiag.compile/1` document for the terminal: per-module table, then per module the
+"""Renders a `CompileReport` (tpudiag.compile/1) for the terminal: per-module table, then per module the
 top ops by estimated TPU time with slot-utilization bars and a one-line "what limits this op"."""
 
 from __future__ import annotations
@@ -21,61 +21,58 @@ def _busiest(util: dict | None, n: int = 2) -> Text:
     return text
 
 
-def render_compile_terminal(doc: dict, console: Console, top: int = 10, modules: int = 3) -> None:
-    """`modules`: how many modules (the slowest by estimated time) get an op table; the rest are
-    in the module table and in report.json / --md."""
-    t = doc["target"]
+def render_compile_terminal(report, console: Console, top: int = 10, modules: int = 3) -> None:
+    """A `CompileReport` (tpudiag.compile/1). `modules`: how many modules (the slowest by estimated
+    time) get an op table; the rest are in the module table and in report.json / --md."""
+    t = report.target
     head = Text()
-    head.append(f"{doc['source'].get('input', '?')}", style="bold")
-    head.append(f"   target {t['chip']} ({t['topology']}, {t['chips']} chips)   status ")
-    head.append(doc["status"], style="green" if doc["status"] == "ok" else "bold red")
-    per = "chip" if t.get("devices_per_chip", 1) == 1 else f"device (1/{t['devices_per_chip']} chip)"
-    head.append(f"\n{t['peak_bf16_flops_per_s'] / 1e12:.0f} TFLOP/s bf16, {t['hbm_bytes_per_s'] / 1e9:.0f} GB/s HBM, "
-                f"{t['hbm_bytes'] / 2**30:.0f} GiB per {per}; clock {fmt_ghz(t['clock_hz'])}")
-    if t.get("note"):
-        head.append(f"\n{t['note']}", style="yellow")
+    head.append(f"{report.source.get('input', '?')}", style="bold")
+    head.append(f"   target {t.chip} ({t.topology}, {t.chips} chips)   status ")
+    head.append(report.status, style="green" if report.status == "ok" else "bold red")
+    per = "chip" if t.devices_per_chip == 1 else f"device (1/{t.devices_per_chip} chip)"
+    head.append(f"\n{t.peak_bf16_flops_per_s / 1e12:.0f} TFLOP/s bf16, {t.hbm_bytes_per_s / 1e9:.0f} GB/s HBM, "
+                f"{t.hbm_bytes / 2**30:.0f} GiB per {per}; clock {fmt_ghz(t.clock_hz)}")
+    if t.note:
+        head.append(f"\n{t.note}", style="yellow")
     console.print(Panel(head, title="tpudiag compile", title_align="left"))
 
     table = Table(title="Modules", title_justify="left", show_edge=False)
     for col, just in (("module", "left"), ("status", "left"), ("est. TPU time", "right"), ("XLA optimal", "right"),
                       ("peak HBM", "right"), ("ops", "right"), ("static profile", "left")):
         table.add_column(col, justify=just, overflow="fold" if col in ("status", "static profile") else "ellipsis")
-    for m in doc["modules"]:
-        tot = m["totals"] or {}
-        mem = tot.get("memory") or {}
-        fits = mem.get("fits", True)
-        table.add_row(m["name"], "ok" if m["status"] == "ok" else Text(f"failed: {m['error']}", style="red"),
-                      fmt_s(tot.get("estimated_s")), fmt_s(tot.get("xla_optimal_s")),
-                      Text(fmt_bytes(mem.get("peak_hbm_bytes")), style="" if fits else "bold red") if tot else "-",
-                      str(tot.get("ops", "-")), m["static_profile"])
+    for m in report.modules:
+        tot = m.totals
+        full = getattr(tot, "estimated_s", None) is not None  # a compiled module, not only its memory
+        table.add_row(m.name, "ok" if m.ok else Text(f"failed: {m.error}", style="red"),
+                      fmt_s(m.estimated_s), fmt_s(tot.xla_optimal_s if full else None),
+                      Text(fmt_bytes(m.memory.get("peak_hbm_bytes")), style="" if m.fits else "bold red") if tot else "-",
+                      str(tot.ops) if full else "-", m.static_profile)
     console.print(table)
 
-    ranked = sorted((m for m in doc["modules"] if m["ops"]), key=lambda m: -m["totals"]["estimated_s"])
+    ranked = report.ranked_modules
     for m in ranked[:modules]:
         console.print()
-        ops = Table(title=f"{m['name']}: top ops by estimated TPU time", title_justify="left", show_edge=False)
+        ops = Table(title=f"{m.name}: top ops by estimated TPU time", title_justify="left", show_edge=False)
         for col, just in (("op", "left"), ("est.", "right"), ("limit", "left"), ("cycles", "right"),
                           ("bytes", "right"), ("busiest slots", "left"), ("source", "left")):
             wrap = col in ("op", "limit")
             ops.add_column(col, justify=just, no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
-        for o in m["ops"][:top]:
-            ops.add_row(o["name"], fmt_s(o["estimated_s"]), o["limit"], fmt_int(o["estimated_cycles"]),
-                        fmt_bytes(o["bytes_accessed"]), _busiest(o.get("utilization")),
-                        short_source(o["source"], keep=1))
+        for o in m.ops[:top]:
+            ops.add_row(o.name, fmt_s(o.estimated_s), o.limit, fmt_int(o.estimated_cycles),
+                        fmt_bytes(o.bytes_accessed), _busiest(o.utilization), short_source(o.source, keep=1))
         console.print(ops)
-        if m.get("fusions"):
-            for line in fusion_summary_lines(m["fusions"], top=2):
+        if m.fusions:
+            for line in fusion_summary_lines(m.fusions, top=2):
                 console.print(Text(line, style="bright_black"))
-        for f in m.get("findings", []):
+        for f in m.findings:
             console.print(Text(f"note: {f}", style="yellow"))
     if len(ranked) > modules:
         console.print(Text(f"\n{len(ranked) - modules} more module(s): `tpudiag report --md` or report.json has every op",
                            style="bright_black"))
-    for m in doc["modules"]:
-        if m["status"] != "ok":
-            console.print(Text(f"{m['name']}: failed to compile: {m['error']}", style="red"))
+    for m in report.failed_modules:
+        console.print(Text(f"{m.name}: failed to compile: {m.error}", style="red"))
     console.print()
-    console.print(Text(f"Artifacts  {doc.get('artifacts', {}).get('run_dir', '')}", style="bold"))
+    console.print(Text(f"Artifacts  {(report.artifacts or {}).get('run_dir', '')}", style="bold"))
 
 
 def render_targets_terminal(rows: list[dict], console: Console) -> None:

@@ -217,17 +217,16 @@ def _profile_breakdown(doc: dict, top_compiles: int) -> list[str]:
     return out + ["</section>"]
 
 
-def _compile_breakdown(doc: dict) -> list[str]:
+def _compile_breakdown(doc: dict, report) -> list[str]:
     out = ['<section id="breakdown"><h2>Where the estimated TPU time goes</h2>']
-    total = doc["totals"]["estimated_s"]
-    mods = [m for m in doc["modules"] if m["totals"] and m["totals"].get("estimated_s")]
-    colors = {m["name"]: _MODULE_COLORS[i % len(_MODULE_COLORS)] for i, m in enumerate(mods)}
-    if total and mods:
-        parts = [(clip(m["name"], 24), m["totals"]["estimated_s"] / total, colors[m["name"]],
-                  f"{m['name']} {fmt_s(m['totals']['estimated_s'])}") for m in mods]
+    total = report.totals.estimated_s
+    shares = report.module_shares
+    colors = {m.name: _MODULE_COLORS[i % len(_MODULE_COLORS)] for i, (m, _) in enumerate(shares)}
+    if shares:
+        parts = [(clip(m.name, 24), share, colors[m.name], f"{m.name} {fmt_s(m.estimated_s)}") for m, share in shares]
         out.append(_stacked_bar(parts, f"estimated TPU time by module, {fmt_s(total)} in all"))
-        out.append(_legend([(colors[m["name"]], f"<code>{_h(m['name'])}</code> {_h(fmt_s(m['totals']['estimated_s']))}")
-                            for m in mods]))
+        out.append(_legend([(colors[m.name], f"<code>{_h(m.name)}</code> {_h(fmt_s(m.estimated_s))}")
+                            for m, _ in shares]))
         out.append('<p class="muted">one execution of each module; static estimates and roofline floors, '
                    "not measurements</p>")
     rows = []
@@ -270,14 +269,9 @@ def _profile_top_ops(doc: dict, top: int) -> list[str]:
     return out + ["</section>"]
 
 
-def _ranked_modules(doc: dict) -> list[dict]:
-    """The compile run's modules with ops, slowest (estimated) first, as the terminal report picks them."""
-    return sorted((m for m in doc["modules"] if m["ops"]), key=lambda m: -m["totals"]["estimated_s"])
-
-
-def _compile_top_ops(doc: dict) -> list[str]:
+def _compile_top_ops(report) -> list[str]:
     out = ['<section id="top-ops"><h2>Top ops by estimated TPU time</h2>']
-    ranked = _ranked_modules(doc)
+    ranked = [m.to_dict() for m in report.ranked_modules]
     if not ranked:
         return out + ['<p class="muted">No module compiled.</p></section>']
     for m in ranked[:_TOP_MODULES]:
@@ -376,9 +370,10 @@ def _decades(lo: float, hi: float) -> tuple[int, int]:
     return math.floor(math.log10(lo)), math.ceil(math.log10(hi))
 
 
-def _roofline(doc: dict) -> list[str]:
+def _roofline(doc: dict, report=None) -> list[str]:
+    """`report`: the `CompileReport` of a compile page (its ops' intensities and rates are the model's)."""
     out = ['<section id="roofline"><h2>Roofline</h2>']
-    if not doc["schema"].startswith("tpudiag.compile/"):
+    if report is None:
         if doc.get("tpu_estimate"):
             where = doc.get("artifacts", {}).get("tpu_compile", "tpu")
             msg = (f"The roofline needs each op's FLOPs, bytes and estimated time, which are in the compile run of "
@@ -389,12 +384,13 @@ def _roofline(doc: dict) -> list[str]:
         return out + [f'<p class="note">{msg}</p></section>']
     t = doc["target"]
     peak, bw = t["peak_bf16_flops_per_s"], t["hbm_bytes_per_s"]
-    ridge = peak / bw
+    ridge = report.target.ridge_flops_per_byte
     pts, left_out = [], 0
-    for m in doc["modules"]:
-        for o in m["ops"]:
-            if o["flops"] > 0 and o["bytes_accessed"] > 0 and o["estimated_s"] > 0:
-                pts.append((o["flops"] / o["bytes_accessed"], o["flops"] / o["estimated_s"], m["name"], o))
+    for m in report.modules:
+        for o in m.ops:
+            ai, rate = o.arithmetic_intensity, o.achieved_flops_per_s
+            if ai is not None and rate is not None:
+                pts.append((ai, rate, m.name, o.to_dict()))
             else:
                 left_out += 1
     if not pts:
@@ -464,12 +460,12 @@ def _roofline(doc: dict) -> list[str]:
 # -------------------------------------------------------------------------------------- fusion breaks
 
 
-def _fusions(doc: dict) -> list[str]:
+def _fusions(doc: dict, report=None) -> list[str]:
     out = ['<section id="fusions"><h2>Fusion breaks</h2>',
            '<p class="muted">A fusion break is a tensor one kernel writes to memory and another reads back '
            "(<code>tpudiag fusions RUN</code> lists them all).</p>"]
-    if doc["schema"].startswith("tpudiag.compile/"):
-        summaries = [m["fusions"] for m in _ranked_modules(doc)[:_TOP_MODULES] if m.get("fusions")]
+    if report is not None:
+        summaries = [m.fusions for m in report.ranked_modules[:_TOP_MODULES] if m.fusions]
     else:
         summaries = doc.get("fusions") or []
     if not summaries:
@@ -499,8 +495,9 @@ def _suggestions() -> list[str]:
             "figures into what to change.</p></section>"]
 
 
-def render_html(doc: dict, timeline_rows: list[dict] | None = None, top_ops: int = 15, top_compiles: int = 10) -> str:
-    """One self-contained HTML page for a `tpudiag.report/1` or `tpudiag.compile/1` document.
+def render_html(result, timeline_rows: list[dict] | None = None, top_ops: int = 15, top_compiles: int = 10) -> str:
+    """One self-contained HTML page for a `ProfileReport` (or its `tpudiag.report/1` document) or a
+    `CompileReport` (its rankings, shares and roofline figures are the model's own).
 
     `timeline_rows` (profile documents only): the op instances of one step, each a dict
     `{"op", "module", "category", "line", "start_s", "duration_s"}` and optionally `"step"` (the
@@ -510,10 +507,12 @@ def render_html(doc: dict, timeline_rows: list[dict] | None = None, top_ops: int
     `top_ops`, `top_compiles`: rows of the profile's op and compilation tables (the caller passes
     the configured counts; the defaults are `tpudiag.config`'s).
     """
-    is_compile = doc["schema"].startswith("tpudiag.compile/")
-    if is_compile:
+    doc = result.to_dict() if hasattr(result, "to_dict") else result
+    compile_report = result if doc["schema"].startswith("tpudiag.compile/") else None
+    if compile_report is not None:
         title = f"tpudiag compile: {doc.get('source', {}).get('input', '?')}"
-        head, breakdown, top = _compile_header(doc), _compile_breakdown(doc), _compile_top_ops(doc)
+        head, breakdown, top = _compile_header(doc), _compile_breakdown(doc, compile_report), \
+            _compile_top_ops(compile_report)
     else:
         title = f"tpudiag profile: {doc.get('program') or doc.get('artifacts', {}).get('xplane') or '?'}"
         head = _profile_header(doc)
@@ -522,7 +521,8 @@ def render_html(doc: dict, timeline_rows: list[dict] | None = None, top_ops: int
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>{_h(title)}</title>", f"<style>{_CSS}</style></head><body>", '<header id="header">']
     out += head + ["</header>"]
-    out += breakdown + top + _timeline(doc, timeline_rows) + _roofline(doc) + _fusions(doc) + _suggestions()
+    out += breakdown + top + _timeline(doc, timeline_rows) + _roofline(doc, compile_report) + _fusions(doc, compile_report)
+    out += _suggestions()
     out.append(f'<footer><p class="muted">{_h(doc["schema"])} &middot; rendered by tpudiag; the page has no script '
                "and fetches nothing.</p></footer>")
     out.append("</body></html>")

@@ -1,6 +1,7 @@
-"""Renders the `tpudiag kernels` documents: the kernel list, one kernel's card, a verify result
-(tpudiag.kernels-verify/1) and a bench result (tpudiag.kernels-bench/1), for the terminal (rich),
-as GitHub Markdown, and a verify result as JUnit XML. They format what the documents hold.
+"""Renders the `tpudiag kernels` results: the kernel list and one kernel's card (documents), a
+`VerifyResult` (tpudiag.kernels-verify/1) and a `KernelBench` (tpudiag.kernels-bench/1), for the
+terminal (rich), as GitHub Markdown, and a verify result as JUnit XML. They format what the models
+hold; the figures (worst ratios, failure counts) are the models' own.
 """
 
 from __future__ import annotations
@@ -47,96 +48,94 @@ def render_show(k: dict, console: Console) -> None:
     console.print(Text(k["usage"].rstrip()))
 
 
-def render_verify(doc: dict, console: Console) -> None:
+def render_verify(result, console: Console) -> None:
+    """A `VerifyResult` (tpudiag.kernels-verify/1)."""
     table = Table(show_edge=False)
     for col in ("kernel", "case", "dtype", "result", "worst err/tol", "s"):
         table.add_column(col, overflow="fold", justify="right" if col in ("worst err/tol", "s") else "left")
-    for c in doc["cases"]:
-        worst = max((k["worst_ratio"] for k in c["checks"]), default=None)
-        table.add_row(Text(c["kernel"]), Text(c["case"]), c["dtype"],
-                      Text("ok", style="green") if c["ok"] else Text("FAIL", style="bold red"),
-                      "-" if worst is None else f"{worst:.3g}", f"{c['seconds']:.1f}")
+    for c in result.cases:
+        worst = c.worst_ratio
+        table.add_row(Text(c.kernel), Text(c.label), c.dtype,
+                      Text("ok", style="green") if c.ok else Text("FAIL", style="bold red"),
+                      "-" if worst is None else f"{worst:.3g}", f"{round(c.seconds, 3):.1f}")
     console.print(table)
-    for c in doc["cases"]:
-        if not c["ok"]:
-            why = c["error"] or "; ".join(f"{k['what']}: {k['detail']}" for k in c["checks"] if not k["ok"])
-            console.print(Text(f"FAIL {c['kernel']} [{c['case']}] ({c['shapes']}): {why}", style="red"))
-    verdict = "all passed" if doc["ok"] else f"{doc['failed']} failed"
-    console.print(Text(f"{doc['passed']}/{doc['passed'] + doc['failed']} cases, {verdict} "
-                       f"(seed {doc['seed']}; rerun with --seed {doc['seed']})",
-                       style="green" if doc["ok"] else "bold red"))
+    for c in result.failures:
+        console.print(Text(f"FAIL {c.kernel} [{c.label}] ({c.shapes}): {c.why}", style="red"))
+    failed = len(result.failures)
+    verdict = "all passed" if result.ok else f"{failed} failed"
+    console.print(Text(f"{result.passed}/{result.passed + failed} cases, {verdict} "
+                       f"(seed {result.seed}; rerun with --seed {result.seed})",
+                       style="green" if result.ok else "bold red"))
 
 
-def render_junit(doc: dict) -> str:
-    """JUnit XML: one testsuite per kernel, one testcase per case."""
-    suites: dict[str, list[dict]] = {}
-    for c in doc["cases"]:
-        suites.setdefault(c["kernel"], []).append(c)
+def render_junit(result) -> str:
+    """A `VerifyResult` as JUnit XML: one testsuite per kernel, one testcase per case."""
     out = ['<?xml version="1.0" encoding="utf-8"?>',
-           f'<testsuites name="tpudiag kernels verify" tests="{len(doc["cases"])}" failures="{doc["failed"]}">']
-    for name, cases in suites.items():
-        fails = sum(not c["ok"] for c in cases)
+           f'<testsuites name="tpudiag kernels verify" tests="{len(result.cases)}" failures="{len(result.failures)}">']
+    for name, cases in result.by_kernel().items():
+        fails = sum(not c.ok for c in cases)
         out.append(f'  <testsuite name={quoteattr(name)} tests="{len(cases)}" failures="{fails}" '
-                   f'time="{sum(c["seconds"] for c in cases):.3f}">')
+                   f'time="{sum(round(c.seconds, 3) for c in cases):.3f}">')
         for c in cases:
             out.append(f'    <testcase classname={quoteattr("tpudiag.kernels." + name)} '
-                       f'name={quoteattr(c["case"] + " " + c["dtype"])} time="{c["seconds"]:.3f}">')
-            if not c["ok"]:
-                why = c["error"] or "; ".join(f"{k['what']}: {k['detail']}" for k in c["checks"] if not k["ok"])
-                out.append(f'      <failure message={quoteattr(why[:300])}>{escape(why)} '
-                           f'(shapes {escape(c["shapes"])}, seed {doc["seed"]})</failure>')
+                       f'name={quoteattr(c.label + " " + c.dtype)} time="{round(c.seconds, 3):.3f}">')
+            if not c.ok:
+                out.append(f'      <failure message={quoteattr(c.why[:300])}>{escape(c.why)} '
+                           f'(shapes {escape(c.shapes)}, seed {result.seed})</failure>')
             out.append("    </testcase>")
         out.append("  </testsuite>")
     out.append("</testsuites>")
     return "\n".join(out) + "\n"
 
 
-def _bench_rows(doc: dict):
-    for r in doc["kernels"]:
-        v = r["variants"]
-        floors = ", ".join(f"{name} {f['ops_floor_only']}/{f['ops']} ops at floor"
-                           for name, f in v.items() if f["status"] == "ok" and f["ops_floor_only"])
-        errors = "; ".join(f"{name}: {f['error']}" for name, f in v.items() if f["status"] != "ok")
+def _bench_rows(bench):
+    for r in bench.kernels:
+        v = r.variants
+        floors = ", ".join(f"{name} {f.ops_floor_only}/{f.ops} ops at floor"
+                           for name, f in v.items() if f.status == "ok" and f.ops_floor_only)
+        errors = "; ".join(f"{name}: {f.error}" for name, f in v.items() if f.status != "ok")
         yield r, floors, errors
 
 
-def render_bench(doc: dict, console: Console) -> None:
-    t = doc["target"]
+def render_bench(bench, console: Console) -> None:
+    """A `KernelBench` (tpudiag.kernels-bench/1)."""
+    t = bench.target
     console.print(Text(f"kernels bench on {t['chip']} ({t['topology']}): corrected estimated cycles per call "
                        f"(largest of static estimate, HBM floor, compute floor; clock {fmt_ghz(t['clock_hz'])})"))
     table = Table(show_edge=False)
     for col in ("kernel", "shape", "ours", "XLA", "vs XLA", "JAX kernel", "vs JAX"):
         table.add_column(col, overflow="fold", justify="left" if col in ("kernel", "shape") else "right")
-    for r, _, _ in _bench_rows(doc):
-        table.add_row(Text(r["name"]), Text(r["shape"]), fmt_cycles(r["kernel_cycles"]), fmt_cycles(r["xla_cycles"]),
-                      _ratio(r["ratio_vs_xla"], r["goal_vs_xla"]), fmt_cycles(r.get("jax_cycles")),
-                      _ratio(r.get("ratio_vs_jax"), r.get("goal_vs_jax")))
+    for r, _, _ in _bench_rows(bench):
+        table.add_row(Text(r.name), Text(r.shape), fmt_cycles(r.kernel_cycles), fmt_cycles(r.xla_cycles),
+                      _ratio(r.ratio_vs_xla, r.goal_vs_xla), fmt_cycles(r.jax_cycles),
+                      _ratio(r.ratio_vs_jax, r.goal_vs_jax))
     console.print(table)
-    for r, floors, errors in _bench_rows(doc):
+    for r, floors, errors in _bench_rows(bench):
         if floors:
-            console.print(Text(f"{r['name']}: {floors} (no static estimate: counted at the roofline floor)",
+            console.print(Text(f"{r.name}: {floors} (no static estimate: counted at the roofline floor)",
                                style="yellow"))
         if errors:
-            console.print(Text(f"{r['name']}: {errors}", style="red"))
-    goals = f"goals: <= {doc['kernels'][0]['goal_vs_xla']:.2f}x XLA, <= 1.00x JAX's kernel" if doc["kernels"] else ""
-    missed = f"; missed by {', '.join(doc['goals_missed'])}" if doc["goals_missed"] else ""
+            console.print(Text(f"{r.name}: {errors}", style="red"))
+    goals = f"goals: <= {bench.kernels[0].goal_vs_xla:.2f}x XLA, <= 1.00x JAX's kernel" if bench.kernels else ""
+    missed = f"; missed by {', '.join(bench.goals_missed)}" if bench.goals_missed else ""
     console.print(Text(goals + missed))
-    console.print(Text(f"run directory: {doc['artifacts']['run_dir']}"))
+    console.print(Text(f"run directory: {(bench.artifacts or {}).get('run_dir', '')}"))
 
 
-def render_bench_markdown(doc: dict) -> str:
-    t = doc["target"]
+def render_bench_markdown(bench) -> str:
+    """A `KernelBench` (tpudiag.kernels-bench/1) as Markdown."""
+    t = bench.target
     lines = [f"### tpudiag kernels bench: {t['chip']} ({t['topology']})", "",
              "Corrected estimated cycles per call: per op, the largest of the TPU compiler's static estimate, "
              "the HBM floor and the compute floor, summed. Estimates, not TPU measurements.", "",
              "| kernel | shape | blocks | ours | XLA | vs XLA | JAX kernel | vs JAX |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
-    for r, _, _ in _bench_rows(doc):
-        lines.append(f"| {_esc(r['name'])} | {_esc(r['shape'])} | {_esc(r['blocks'] or '-')} | "
-                     f"{fmt_cycles(r['kernel_cycles'])} | {fmt_cycles(r['xla_cycles'])} | "
-                     f"{_ratio(r['ratio_vs_xla'], r['goal_vs_xla'])} | {fmt_cycles(r.get('jax_cycles'))} | "
-                     f"{_ratio(r.get('ratio_vs_jax'), r.get('goal_vs_jax'))} |")
-    notes = [(r["name"], floors, errors) for r, floors, errors in _bench_rows(doc) if floors or errors]
+    for r, _, _ in _bench_rows(bench):
+        lines.append(f"| {_esc(r.name)} | {_esc(r.shape)} | {_esc(r.blocks or '-')} | "
+                     f"{fmt_cycles(r.kernel_cycles)} | {fmt_cycles(r.xla_cycles)} | "
+                     f"{_ratio(r.ratio_vs_xla, r.goal_vs_xla)} | {fmt_cycles(r.jax_cycles)} | "
+                     f"{_ratio(r.ratio_vs_jax, r.goal_vs_jax)} |")
+    notes = [(r.name, floors, errors) for r, floors, errors in _bench_rows(bench) if floors or errors]
     if notes:
         lines.append("")
         lines += [f"- {_esc(n)}: {_esc('; '.join(x for x in (f, e) if x))}" for n, f, e in notes]
