@@ -32,12 +32,16 @@ def test_profile_report_round_trips(path):
 def test_profile_report_with_a_tpu_estimate_round_trips(in_root):
     from tpudiag import api
 
+    from tpudiag.analyze.tpu_estimate import build_tpu_estimate
+
     report = api.load_report(ROOT / "fixtures" / "artifacts" / "mlp")
-    est = report.with_tpu_estimate({"status": "ok", "modules": []}, "tpu")
+    compiled = api.load_report(ROOT / "fixtures" / "artifacts" / "compile_v5e_collective")
+    est = report.with_tpu_estimate(build_tpu_estimate(report.timeline, report.steps.count, compiled), "tpu")
     doc = est.to_dict()
-    assert doc["tpu_estimate"] == {"status": "ok", "modules": []} and doc["artifacts"]["tpu_compile"] == "tpu"
+    assert doc["tpu_estimate"]["target"]["topology"] == "v5e:2x4" and doc["artifacts"]["tpu_compile"] == "tpu"
     assert "tpu_estimate" not in report.to_dict(), "a section only some runs have is left out, not null"
-    assert ProfileReport.from_dict(doc).to_dict() == doc
+    again = ProfileReport.from_dict(json.loads(render_json(doc)))
+    assert again.to_dict() == doc and again.tpu_estimate.step.count == report.steps.count
 
 
 @pytest.mark.parametrize("edit,message", [

@@ -158,10 +158,10 @@ def test_names_from_the_program_and_the_compiler_stay_text(decoder, compiled):
 def test_profile_with_a_tpu_estimate_points_at_its_compile_run(decoder, compiled):
     """A `profile --target` report has a target but no per-op FLOPs: the roofline is in its compile run."""
     report, rows = decoder
-    doc = copy.deepcopy(report.to_dict())
-    doc[SECTION] = build_tpu_estimate(report.timeline, doc["steps"]["count"], compiled)
-    doc["artifacts"]["tpu_compile"] = "tpu"
-    page = render_html(doc, rows)
+    estimate = build_tpu_estimate(report.timeline, report.steps.count, CompileReport.from_dict(compiled))
+    with_target = report.with_tpu_estimate(estimate, "tpu")
+    doc = with_target.to_dict()
+    page = render_html(with_target, rows)
     _check_self_contained(page)
     roof = _section(page, "roofline")
     assert "<circle" not in roof and "RUN/tpu" in roof

@@ -20,6 +20,7 @@ from tpudiag.analyze.breakdown import ns_to_s as _s
 from tpudiag.analyze.compiles import compile_intervals, compile_table
 from tpudiag.analyze.fusions import build_fusion_report, fusion_summary
 from tpudiag.analyze.timeline import aggregate_ops, build_timeline, step_table
+from tpudiag.analyze.tpu_estimate import TpuEstimate
 from tpudiag.manifest import Manifest
 from tpudiag.model import Model
 from tpudiag.parse.xplane import Trace
@@ -126,11 +127,11 @@ class ProfileReport(Model):
     versions: dict[str, str | None]
     fusions: tuple[dict[str, Any], ...]  # analyze.fusions.fusion_summary documents
     warnings: tuple[str, ...]
-    tpu_estimate: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})  # profile --target
+    tpu_estimate: TpuEstimate | None = field(default=None, metadata={"omit_none": True})  # profile --target
     timeline: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_FRAME)
     op_frame: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_FRAME)
 
-    def with_tpu_estimate(self, section: dict, compile_dir: str) -> ProfileReport:
+    def with_tpu_estimate(self, section: TpuEstimate, compile_dir: str) -> ProfileReport:
         """The same report with `profile --target`'s estimate and the compile run it came from."""
         return replace(self, tpu_estimate=section, artifacts={**self.artifacts, "tpu_compile": compile_dir})
 

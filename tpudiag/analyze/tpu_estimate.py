@@ -1,8 +1,8 @@
 """`profile --target`: the measured CPU run next to the TPU compiler's estimate of the same computations.
 
-Input: the profile's op timeline (TIMELINE frame), its steps, and the `tpudiag.compile/1` document
-of the run's own jitted computations compiled for a TPU target. Output: the `tpu_estimate`
-section of the profile report:
+Input: the profile's op timeline (TIMELINE frame), its steps, and the `CompileReport` of the run's
+own jitted computations compiled for a TPU target. Output: the `TpuEstimate` model, the
+`tpu_estimate` section of the profile report:
 
 - per module: executions in the trace (distinct run ids), measured CPU op time, the estimated TPU
   time of one execution and of all of them;
@@ -18,12 +18,54 @@ compile, each paired with its CPU program id by compile order (`_pair_compiles`)
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import pandas as pd
 
 from tpudiag.analyze.breakdown import ns_to_s
+from tpudiag.analyze.compile_model import CompileReport, CompileTarget, ModuleReport
+from tpudiag.model import Model
 
 SECTION = "tpu_estimate"
+NOTE = ("TPU times are the TPU compiler's static estimates and roofline floors, not measurements; "
+        "loop bodies count once per execution")
+
+
+@dataclass(frozen=True)
+class TpuModuleRow(Model):
+    name: str
+    program_id: int | None  # the CPU program this compile pairs with; None where the pairing is unknown
+    executions: float  # a share of the function's runs where unpaired
+    cpu_self_s: float
+    tpu_estimated_s: float | None  # one execution
+    tpu_estimated_total_s: float | None  # all executions in the trace
+    status: str
+    error: str | None
+
+
+@dataclass(frozen=True)
+class TpuStep(Model):
+    count: int
+    tpu_estimated_s: float | None
+
+
+@dataclass(frozen=True)
+class TpuLine(Model):
+    source: str
+    cpu_self_s: float
+    tpu_estimated_s: float
+
+
+@dataclass(frozen=True)
+class TpuEstimate(Model):
+    """The measured CPU run beside the TPU compiler's estimate of the same computations."""
+
+    target: CompileTarget
+    status: str
+    modules: tuple[TpuModuleRow, ...]
+    step: TpuStep
+    lines: tuple[TpuLine, ...]
+    note: str
 
 
 def _executions(tl: pd.DataFrame, key: str) -> pd.Series:
@@ -36,7 +78,7 @@ def _executions(tl: pd.DataFrame, key: str) -> pd.Series:
     return known.reindex(fallback.index).fillna(fallback).astype("int64")
 
 
-def _pair_compiles(compile_doc: dict, tl: pd.DataFrame) -> list[tuple[dict, int | None]]:
+def _pair_compiles(report: CompileReport, tl: pd.DataFrame) -> list[tuple[ModuleReport, int | None]]:
     """Each compiled module with the CPU program id it corresponds to.
 
     Both sides list a function's compiles in compile order (the IR dump numbers them, XLA's
@@ -44,9 +86,9 @@ def _pair_compiles(compile_doc: dict, tl: pd.DataFrame) -> list[tuple[dict, int 
     Where the counts differ the pairing is unknown (None) and the module's runs are split evenly.
     """
     ids = {name: sorted(g.unique().tolist()) for name, g in tl.groupby("module")["program_id"]} if len(tl) else {}
-    by_name: dict[str, list[dict]] = defaultdict(list)
-    for m in compile_doc["modules"]:
-        by_name[m["name"]].append(m)
+    by_name: dict[str, list[ModuleReport]] = defaultdict(list)
+    for m in report.modules:
+        by_name[m.name].append(m)
     out = []
     for name, mods in by_name.items():
         pids = ids.get(name, [])
@@ -55,7 +97,7 @@ def _pair_compiles(compile_doc: dict, tl: pd.DataFrame) -> list[tuple[dict, int 
     return out
 
 
-def build_tpu_estimate(timeline: pd.DataFrame, step_count: int, compile_doc: dict) -> dict:
+def build_tpu_estimate(timeline: pd.DataFrame, step_count: int, report: CompileReport) -> TpuEstimate:
     tl = timeline
     in_steps = tl[tl["step"] >= 0] if len(tl) else tl
     runs_pid, runs_name = _executions(tl, "program_id"), _executions(tl, "module")
@@ -63,44 +105,36 @@ def build_tpu_estimate(timeline: pd.DataFrame, step_count: int, compile_doc: dic
     cpu_pid = tl.groupby("program_id")["self_ns"].sum() if len(tl) else pd.Series(dtype="int64")
     cpu_name = tl.groupby("module")["self_ns"].sum() if len(tl) else pd.Series(dtype="int64")
     cpu_lines = tl[tl["source"].notna()].groupby(["program_id", "source"])["self_ns"].sum() if len(tl) else None
-    pairs = _pair_compiles(compile_doc, tl)
+    pairs = _pair_compiles(report, tl)
     same_name = defaultdict(int)
     for m, _ in pairs:
-        same_name[m["name"]] += 1
+        same_name[m.name] += 1
 
     modules, lines, step_tpu_s = [], defaultdict(lambda: [0.0, 0.0]), 0.0
     for m, pid in pairs:
-        share = 1 / same_name[m["name"]]  # unpaired compiles split their function's runs evenly
-        runs = int(runs_pid.get(pid, 0)) if pid is not None else runs_name.get(m["name"], 0) * share
-        in_step = int(step_pid.get(pid, 0)) if pid is not None else step_name.get(m["name"], 0) * share
-        cpu_ns = cpu_pid.get(pid, 0) if pid is not None else cpu_name.get(m["name"], 0) * share
-        per = m["totals"]["estimated_s"] if m["status"] == "ok" else None
-        modules.append({
-            "name": m["name"], "program_id": pid, "executions": round(runs, 3) if pid is None else runs,
-            "cpu_self_s": ns_to_s(cpu_ns), "tpu_estimated_s": per,
-            "tpu_estimated_total_s": None if per is None else round(per * runs, 12),
-            "status": m["status"], "error": m["error"],
-        })
+        share = 1 / same_name[m.name]  # unpaired compiles split their function's runs evenly
+        runs = int(runs_pid.get(pid, 0)) if pid is not None else runs_name.get(m.name, 0) * share
+        in_step = int(step_pid.get(pid, 0)) if pid is not None else step_name.get(m.name, 0) * share
+        cpu_ns = cpu_pid.get(pid, 0) if pid is not None else cpu_name.get(m.name, 0) * share
+        per = m.estimated_s if m.ok else None
+        modules.append(TpuModuleRow(
+            name=m.name, program_id=pid, executions=round(runs, 3) if pid is None else runs,
+            cpu_self_s=ns_to_s(cpu_ns), tpu_estimated_s=per,
+            tpu_estimated_total_s=None if per is None else round(per * runs, 12), status=m.status, error=m.error))
         if per is not None and step_count:
             step_tpu_s += per * in_step / step_count
         if per is None or not runs:
             continue
-        for o in m["ops"]:
-            if o["source"]:
-                lines[o["source"]][1] += o["estimated_s"] * runs
+        for o in m.ops:
+            if o.source:
+                lines[o.source][1] += o.estimated_s * runs
         if pid is not None and cpu_lines is not None:
             for (p, source), ns in cpu_lines.items():
                 if p == pid:
                     lines[source][0] += ns * 1e-9
-    modules.sort(key=lambda r: (-(r["tpu_estimated_total_s"] or 0), r["name"]))
-    line_rows = sorted(({"source": src, "cpu_self_s": round(cpu, 9), "tpu_estimated_s": round(tpu, 12)}
-                        for src, (cpu, tpu) in lines.items()), key=lambda r: (-r["tpu_estimated_s"], r["source"]))
-    return {
-        "target": compile_doc["target"],
-        "status": compile_doc["status"],
-        "modules": modules,
-        "step": {"count": step_count, "tpu_estimated_s": round(step_tpu_s, 12) if step_count else None},
-        "lines": line_rows,
-        "note": "TPU times are the TPU compiler's static estimates and roofline floors, not measurements; "
-                "loop bodies count once per execution",
-    }
+    modules.sort(key=lambda r: (-(r.tpu_estimated_total_s or 0), r.name))
+    line_rows = sorted((TpuLine(source=src, cpu_self_s=round(cpu, 9), tpu_estimated_s=round(tpu, 12))
+                        for src, (cpu, tpu) in lines.items()), key=lambda r: (-r.tpu_estimated_s, r.source))
+    return TpuEstimate(target=report.target, status=report.status, modules=tuple(modules),
+                       step=TpuStep(count=step_count, tpu_estimated_s=round(step_tpu_s, 12) if step_count else None),
+                       lines=tuple(line_rows), note=NOTE)

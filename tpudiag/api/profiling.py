@@ -131,9 +131,8 @@ def analyze_run(run: Path, xplane: Path | None = None) -> "ProfileReport":
         from tpudiag.analyze.tpu_estimate import build_tpu_estimate
         from tpudiag.api.compile import analyze_compile_run
 
-        compile_doc = analyze_compile_run(run / TPU_DIR).to_dict()
-        report = report.with_tpu_estimate(build_tpu_estimate(report.timeline, report.steps.count, compile_doc),
-                                          TPU_DIR)
+        compiled = analyze_compile_run(run / TPU_DIR)
+        report = report.with_tpu_estimate(build_tpu_estimate(report.timeline, report.steps.count, compiled), TPU_DIR)
     return report
 
 
