@@ -23,7 +23,6 @@ from tpudiag.analyze.categorize import index_module
 from tpudiag.analyze.fusions import build_fusion_report, fusion_summary
 from tpudiag.analyze.hlo_cost import module_costs
 from tpudiag.parse.hlo import RUNS_CALLEES, HloModule, Instruction
-from tpudiag.parse.shapes import parse_shape
 from tpudiag.targets import Target
 
 from tpudiag.analyze.compile_model import (SCHEMA, CompileReport, CompileTarget, CompileTotals, MemoryOnlyTotals,
@@ -75,7 +74,7 @@ _COLLECTIVE_BASES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
 
 def _result_bytes(instr: Instruction) -> int:
     """The collective's result: for `X-start` ops the output tuple's second element (operands, results, ...)."""
-    shape = parse_shape(instr.shape)
+    shape = instr.parsed_shape
     if instr.opcode.endswith("-start") and shape.is_tuple and len(shape.tuple_shapes) >= 2:
         return shape.tuple_shapes[1].bytes
     return shape.bytes
@@ -92,7 +91,7 @@ def ici_bytes(module: HloModule, instr: Instruction, n: int) -> float:
     if base == "all-reduce":
         return 2 * (n - 1) / n * out
     if base == "reduce-scatter":
-        inputs = sum(parse_shape(x.shape).bytes for x in map(module.instruction, instr.operands) if x is not None)
+        inputs = sum(x.parsed_shape.bytes for x in map(module.instruction, instr.operands) if x is not None)
         return (n - 1) / n * inputs
     if base in ("all-gather", "all-to-all", "ragged-all-to-all"):
         return (n - 1) / n * out

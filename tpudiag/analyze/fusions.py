@@ -107,11 +107,11 @@ def _bytes_out(module: HloModule, fusion: Instruction) -> int:
     if fusion.fusion_kind == "kCustom":
         for i in body.instructions:
             if i.opcode == "gather":
-                return parse_shape(i.shape).bytes
+                return i.parsed_shape.bytes
             if i.opcode == "scatter":
                 n = len(i.operands) // 2
-                return sum(parse_shape(_defined(module, o).shape).bytes for o in i.operands[n + 1:2 * n + 1])
-    out = parse_shape(fusion.shape)
+                return sum(_defined(module, o).parsed_shape.bytes for o in i.operands[n + 1:2 * n + 1])
+    out = fusion.parsed_shape
     root = body.root
     written = 0
     for k, leaf in enumerate(out.tuple_shapes if out.is_tuple else (out,)):
@@ -119,7 +119,7 @@ def _bytes_out(module: HloModule, fusion: Instruction) -> int:
         if out.is_tuple and root.opcode == "tuple" and k < len(root.operands):
             producer = _defined(module, root.operands[k])
         if not leaf.is_tuple and producer.opcode == "dynamic-update-slice":
-            written += parse_shape(_defined(module, producer.operands[1]).shape).bytes
+            written += _defined(module, producer.operands[1]).parsed_shape.bytes
         else:
             written += leaf.bytes
     return written
@@ -333,8 +333,8 @@ class _Graph:
             elif op == "get-tuple-element":
                 todo.append((self.by_name(instr.operands[0]), (instr.index,) + p, holder, hops, direct))
             elif op == "reduce":
-                out = _leaf(parse_shape(instr.shape), p)
-                src = parse_shape(self.by_name(instr.operands[0]).shape)
+                out = _leaf(instr.parsed_shape, p)
+                src = self.by_name(instr.operands[0]).parsed_shape
                 if out is not None and src.elements > out.elements:
                     return instr, holder, direct
             elif op == "parameter":
@@ -388,13 +388,13 @@ class _Graph:
     def iteration_spaces(self, instr: Instruction) -> list[tuple[str, int]]:
         """(shape, elements) of what the instruction loops over: each array output, and for a reduce
         (alone, or inside a fusion) its input, which is what a reduction's loop runs over."""
-        out = parse_shape(instr.shape)
+        out = instr.parsed_shape
         spaces = [(_plain(s), s.elements) for s in out.leaves() if s.is_array]
         reduces = [instr] if instr.opcode == "reduce" else [
             i for i in (_fused_instructions(self.module, instr) if instr.opcode == "fusion" else ())
             if i.opcode == "reduce"]
         for r in reduces:
-            src = parse_shape(self.by_name(r.operands[0]).shape)
+            src = self.by_name(r.operands[0]).parsed_shape
             spaces.append((_plain(src), src.elements))
         seen, unique = set(), []
         for t, n in spaces:
@@ -457,7 +457,7 @@ def _explain(g: _Graph, producer: Instruction, leaf: Shape, use: _Use, readers: 
     found = origin() if bcast is not None else None
     if found:
         red, holder, direct = found
-        src = _plain(parse_shape(g.by_name(red.operands[0]).shape))
+        src = _plain(g.by_name(red.operands[0]).parsed_shape)
         what = f"reduce `{red.name}` ({src} -> {_plain(leaf)})"
         if red is producer:
             said = f"`{producer.name}` is a reduce ({src} -> {_plain(leaf)})"
@@ -466,7 +466,7 @@ def _explain(g: _Graph, producer: Instruction, leaf: Shape, use: _Use, readers: 
         else:
             said = f"`{producer.name}` derives elementwise from {what} in `{holder.name}`"
         reasons.append(REDUCE_BROADCAST)
-        evidence.append(f"{said}; `{c.name}` broadcasts it (`{bcast.name}` -> {_plain(parse_shape(bcast.shape))})")
+        evidence.append(f"{said}; `{c.name}` broadcasts it (`{bcast.name}` -> {_plain(bcast.parsed_shape)})")
     if len(readers) > 1:
         reasons.append(SEVERAL_USERS)
         evidence.append(f"{len(readers)} users: {_names(readers)}")
@@ -490,7 +490,7 @@ def fusion_breaks(module: HloModule) -> list[dict]:
         for producer in module.computations[comp_name].instructions:
             if not g.is_producer(producer):
                 continue
-            out = parse_shape(producer.shape)
+            out = producer.parsed_shape
             for path in _leaf_paths(out):
                 leaf = _leaf(out, path)
                 uses, escapes = g.uses(producer, path)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from tpudiag.errors import ParseError
 from tpudiag.parse.hlo import HloModule, Instruction, WindowDim
-from tpudiag.parse.shapes import Shape, parse_shape
+from tpudiag.parse.shapes import Shape
 
 FMA_FLOPS = 2  # XLA's kFmaFlops: a multiply-add is two FLOPs
 
@@ -119,7 +119,7 @@ class _Coster:
 
     def shape(self, instr: Instruction) -> Shape:
         try:
-            return parse_shape(instr.shape)
+            return instr.parsed_shape
         except ValueError as e:
             raise ParseError(self.module.path, f"instruction {instr.name}: {e}", line=instr.line or None) from None
 

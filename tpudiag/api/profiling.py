@@ -76,7 +76,7 @@ def _run_root_of(xplane: Path) -> Path | None:
     return None
 
 
-def analyze_run(run: Path, xplane: Path | None = None) -> "ProfileReport":
+def analyze_run(run: Path, xplane: Path | None = None, manifest=None) -> "ProfileReport":
     """Analyze a run directory from its artifacts (never re-runs the program).
 
     `xplane`: which of the run's traces to report (default: the last one).
@@ -87,7 +87,7 @@ def analyze_run(run: Path, xplane: Path | None = None) -> "ProfileReport":
     from tpudiag.parse.xplane import read_xplane
 
     run = Path(run)
-    manifest = rundir.read_manifest(run)
+    manifest = manifest or rundir.read_manifest(run)  # read once: a caller that has it passes it
     warnings = []
     xplanes = rundir.find_xplanes(run / rundir.TRACE_DIR)
     if xplane is not None:
@@ -159,11 +159,12 @@ def load_report(target: Path):
 
     target = Path(target)
     if rundir.is_run_dir(target):
-        if rundir.read_manifest(target).is_compile:
+        manifest = rundir.read_manifest(target)
+        if manifest.is_compile:
             from tpudiag.api.compile import analyze_compile_run
 
             return analyze_compile_run(target)
-        return analyze_run(target)
+        return analyze_run(target, manifest=manifest)
     if target.is_dir() and not any(target.iterdir()):
         raise InputError(f"{target}: empty directory (expected a tpudiag run directory or an .xplane.pb)")
     return analyze_xplane(locate_xplane(target))

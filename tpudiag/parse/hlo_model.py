@@ -44,6 +44,13 @@ class Instruction:
         return ascii_int(self.literal, None) if self.opcode == "parameter" else None
 
     @cached_property
+    def parsed_shape(self):
+        """The instruction's shape as a `parse.shapes.Shape`, parsed once."""
+        from tpudiag.parse.shapes import parse_shape
+
+        return parse_shape(self.shape)
+
+    @cached_property
     def attributes(self) -> dict[str, str]:
         """Every attribute as printed, by name: `{"dimensions": "{1,0}", "calls": "%fused.3",
         "metadata": "{op_name=...}", "backend_config": "{...}"}`."""
