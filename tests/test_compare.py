@@ -36,7 +36,7 @@ def compare_reports(*args, **kwargs) -> dict:
 
 @lru_cache(maxsize=None)
 def _loaded(name: str) -> str:
-    return json.dumps(load_for_compare(ARTIFACTS / name))
+    return json.dumps(load_for_compare(ARTIFACTS / name).to_dict())
 
 
 def doc(name: str) -> dict:
@@ -252,11 +252,11 @@ def test_a_corrupt_report_file_is_a_typed_error_naming_it(tmp_path, content, err
 def test_a_truncated_document_is_a_parse_error_naming_the_missing_field():
     broken = doc("mlp_steps8_b")
     del broken["steps"]["rows"]
-    with pytest.raises(ParseError, match=r"^cur\.json: not a complete tpudiag.report/1 document: no `steps.rows`"):
+    with pytest.raises(ParseError, match=r"^cur\.json: steps\.rows: missing$"):
         compare_reports(doc("mlp_steps8_a"), broken, None, 0.05, base_path="a", cur_path="cur.json")
     broken = doc("mlp_steps8_b")
     broken["ops"][0]["self_s"] = "fast"
-    with pytest.raises(ParseError, match=r"ops\[0\]\.self_s is 'fast'"):
+    with pytest.raises(ParseError, match=r"^cur\.json: ops\[0\]\.self_s: expected a number, got 'fast'$"):
         compare_reports(doc("mlp_steps8_a"), broken, None, 0.05, base_path="a", cur_path="cur.json")
 
 
@@ -366,3 +366,14 @@ def test_runs_made_by_different_jax_versions_compare_with_a_warning(in_root):
             "0.0.50.1): compiler changes are part of the difference") in doc["warnings"]
     same = compare_reports(load_for_compare(base), load_for_compare(base), None, 0.05)
     assert not any("tool versions" in w for w in same["warnings"])
+
+
+def test_a_saved_report_with_a_bad_field_is_refused_where_it_is_read(tmp_path, capsys):
+    broken = doc("mlp_steps8_b")
+    broken["steps"]["rows"][0]["duration_s"] = None
+    path = tmp_path / "report.json"
+    path.write_text(render_json(broken))
+    with pytest.raises(ParseError, match=r"report\.json: steps\.rows\[0\]\.duration_s: expected a number, got None$"):
+        load_for_compare(path)
+    rc, out, err = run_main(["compare", str(ARTIFACTS / "mlp_steps8_a"), str(path)], capsys)
+    assert rc == 3 and not out and err.count("\n") == 1 and "steps.rows[0].duration_s" in err

@@ -1,7 +1,8 @@
 """`tpudiag compare BASE CUR`: did CUR get slower (or bigger) than BASE, beyond the noise?
 
-Input: two report documents, each a `tpudiag.report/1` (profile run) or a `tpudiag.compile/1`
-(compile run), already loaded (the caller does the I/O), and the metric to compare:
+Input: two reports, each a `ProfileReport` (tpudiag.report/1) or a `CompileReport`
+(tpudiag.compile/1), or their documents (read into the models once, a bad field a ParseError
+naming it), already loaded (the caller does the I/O), and the metric to compare:
 
 - `device_time` (profile runs): the headline is the median step time when both runs have at
   least `min_steps` steps, else the total op self time; rows are per-module and per-op self time.
@@ -10,7 +11,7 @@ Input: two report documents, each a `tpudiag.report/1` (profile run) or a `tpudi
   section (`profile --target`; headline: the estimated step time; rows: modules and source lines).
 - `peak_memory` (compile runs): peak HBM bytes (headline: the largest module's; rows: modules).
 
-Output: a `tpudiag.compare/1` document (docs/compare.md) with both sides' identity, the headline
+Output: a `Comparison` (tpudiag.compare/1, docs/compare.md) with both sides' identity, the headline
 (base, cur, delta, delta_pct, spread, regression), module and op rows matched by (module, name),
 and the list of regressions. Only the headline decides `regression` (and so the exit code): per-op
 times on a noisy host move by tens of percent between two runs of the same program, and the
@@ -26,7 +27,7 @@ Runs of different programs (basename of `program`, or of a compile's `source.inp
 device counts, TPU targets or kinds (profile vs compile) are refused with a `UsageError` naming
 both sides and the difference, unless `force=True` (then the difference is a warning).
 
-No I/O: reading run directories or JSON files is the caller's job (api.py).
+No I/O: reading run directories or JSON files is the caller's job (api/compare.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import PurePath
 
 from tpudiag.analyze.compare_model import SCHEMA, ChangeRow, Comparison, Headline, Regression, Side
+from tpudiag.analyze.compile_model import CompileReport
+from tpudiag.analyze.profile_report import ProfileReport
 from tpudiag.errors import ParseError, UsageError
 PROFILE_SCHEMA = "tpudiag.report/1"
 COMPILE_SCHEMA = "tpudiag.compile/1"
@@ -93,53 +96,46 @@ def parse_max_regression(text) -> float:
     return value
 
 
-def default_metric(base: dict) -> str:
+def default_metric(base) -> str:
     """`device_time` for a profile run, `tpu_time` for a compile run."""
-    return "tpu_time" if isinstance(base, dict) and base.get("schema") == COMPILE_SCHEMA else "device_time"
+    return "tpu_time" if isinstance(_as_model(base, "base"), CompileReport) else "device_time"
 
 
-# ---------------------------------------------------------------- reading the documents
+# ---------------------------------------------------------------- reading the reports
 
 
-def _need(doc: dict, label: str, *keys):
-    """doc[k1][k2]..., or a ParseError naming the document and the missing field."""
-    value = doc
-    for i, k in enumerate(keys):
-        if not isinstance(value, dict) or k not in value:
-            raise ParseError(label, f"not a complete {doc.get('schema')} document: no `{'.'.join(keys[:i + 1])}`")
-        value = value[k]
-    return value
-
-
-def _number(value, label: str, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ParseError(label, f"{what} is {value!r}, expected a number")
-    return value
+def _as_model(report, label: str):
+    """A `ProfileReport` or `CompileReport`: as given, or read from its document once (a bad document
+    is a ParseError naming the label and the field)."""
+    if isinstance(report, (ProfileReport, CompileReport)):
+        return report
+    schema = report.get("schema") if isinstance(report, dict) else None
+    if schema == PROFILE_SCHEMA:
+        return ProfileReport.from_dict(report, label)
+    if schema == COMPILE_SCHEMA:
+        return CompileReport.from_dict(report, label)
+    raise ParseError(label, f"schema {schema!r} is not {PROFILE_SCHEMA} or {COMPILE_SCHEMA}")
 
 
 def _basename(program) -> str | None:
     return PurePath(str(program).replace("\\", "/")).name if program else None
 
 
-def _identity(doc, label: str) -> dict:
-    schema = doc.get("schema") if isinstance(doc, dict) else None
-    if schema == PROFILE_SCHEMA:
-        est = doc.get("tpu_estimate") or {}
-        return {"path": label, "schema": schema, "kind": "profile", "program": doc.get("program"),
-                "argv": doc.get("argv"), "status": doc.get("status"), "reason": doc.get("reason"),
-                "backend": _need(doc, label, "backend"), "devices": len(doc.get("devices") or []),
-                "target": (est.get("target") or {}).get("topology"),
-                "steps": int(_need(doc, label, "steps", "count"))}
-    if schema == COMPILE_SCHEMA:
-        return {"path": label, "schema": schema, "kind": "compile", "program": (doc.get("source") or {}).get("input"),
-                "argv": None, "status": doc.get("status"), "reason": None, "backend": "tpu", "devices": None,
-                "target": _need(doc, label, "target", "topology"), "steps": None}
-    raise ParseError(label, f"schema {schema!r} is not {PROFILE_SCHEMA} or {COMPILE_SCHEMA}")
+def _identity(report, label: str) -> dict:
+    if isinstance(report, ProfileReport):
+        est = report.tpu_estimate
+        return {"path": label, "schema": PROFILE_SCHEMA, "kind": "profile", "program": report.program,
+                "argv": report.argv, "status": report.status, "reason": report.reason, "backend": report.backend,
+                "devices": len(report.devices), "target": est.target.topology if est else None,
+                "steps": report.steps.count}
+    return {"path": label, "schema": COMPILE_SCHEMA, "kind": "compile", "program": report.source.get("input"),
+            "argv": None, "status": report.status, "reason": None, "backend": "tpu", "devices": None,
+            "target": report.target.topology, "steps": None}
 
 
-def _versions(doc) -> dict:
-    versions = doc.get("versions") if isinstance(doc, dict) else None
-    return versions if isinstance(versions, dict) else {}
+def _versions(report) -> dict:
+    """jax, jaxlib, libtpu... of the run (profile reports record them; compile reports do not)."""
+    return (report.versions or {}) if isinstance(report, ProfileReport) else {}
 
 
 def _differences(b: dict, c: dict, metric: str) -> list[str]:
@@ -177,73 +173,62 @@ class _Side:
     total_estimate: float | None = None  # a profile's total TPU estimate, when `total` is its step estimate
 
 
-def _device_time(doc: dict, ident: dict) -> _Side:
+def _device_time(report, ident: dict) -> _Side:
     label = ident["path"]
     if ident["kind"] != "profile":
         raise UsageError(f"{label}: device_time needs a profile run; this is a compile run "
                          "(compare compile runs with --metric tpu_time or peak_memory)")
     modules, ops, occ = {}, {}, {}
-    for i, o in enumerate(_need(doc, label, "ops")):
-        if not isinstance(o, dict) or not {"module", "name", "self_s"} <= o.keys():
-            raise ParseError(label, f"ops[{i}] lacks module, name or self_s")
-        self_s = _number(o["self_s"], label, f"ops[{i}].self_s")
-        key = (o["module"], o["name"])  # program ids differ between runs; (module, name) does not
-        ops[key] = ops.get(key, 0.0) + self_s
-        occ[key] = occ.get(key, 0) + int(o.get("occurrences") or 0)
-        modules[o["module"]] = modules.get(o["module"], 0.0) + self_s
-    steps = tuple(_number(r.get("duration_s") if isinstance(r, dict) else None, label, f"steps.rows[{i}].duration_s")
-                  for i, r in enumerate(_need(doc, label, "steps", "rows")))
-    total = _number(_need(doc, label, "totals", "op_self_s"), label, "totals.op_self_s")
-    return _Side(total, "total_op_time", steps, modules, ops, occ, ())
+    for o in report.ops:
+        key = (o.module, o.name)  # program ids differ between runs; (module, name) does not
+        ops[key] = ops.get(key, 0.0) + o.self_s
+        occ[key] = occ.get(key, 0) + o.occurrences
+        modules[o.module] = modules.get(o.module, 0.0) + o.self_s
+    steps = tuple(r.duration_s for r in report.steps.rows)
+    return _Side(report.totals.op_self_s, "total_op_time", steps, modules, ops, occ, ())
 
 
-def _tpu_time(doc: dict, ident: dict) -> _Side:
+def _tpu_time(report, ident: dict) -> _Side:
     label = ident["path"]
     if ident["kind"] == "profile":
-        est = doc.get("tpu_estimate")
+        est = report.tpu_estimate
         if not est:
             raise UsageError(f"{label}: no TPU estimate in this profile run (profile it with --target, or compare "
                              "compile runs)")
         modules, notes = {}, []
-        for m in est.get("modules", []):
-            if m.get("tpu_estimated_s") is None:
-                notes.append(f"{label}: module {m.get('name')} has no TPU estimate ({m.get('status')}); left out")
+        for m in est.modules:
+            if m.tpu_estimated_s is None:
+                notes.append(f"{label}: module {m.name} has no TPU estimate ({m.status}); left out")
                 continue
-            modules[m["name"]] = modules.get(m["name"], 0.0) + m["tpu_estimated_s"]
-        ops = {(None, r["source"]): r["tpu_estimated_s"] for r in est.get("lines", [])}
-        step = (est.get("step") or {}).get("tpu_estimated_s")
-        total = sum(m.get("tpu_estimated_total_s") or 0.0 for m in est.get("modules", []))
-        if step is not None:
-            return _Side(step, "tpu_step_estimate", (), modules, ops, {}, tuple(notes), total)
+            modules[m.name] = modules.get(m.name, 0.0) + m.tpu_estimated_s
+        ops = {(None, r.source): r.tpu_estimated_s for r in est.lines}
+        total = sum(m.tpu_estimated_total_s or 0.0 for m in est.modules)
+        if est.step.tpu_estimated_s is not None:
+            return _Side(est.step.tpu_estimated_s, "tpu_step_estimate", (), modules, ops, {}, tuple(notes), total)
         return _Side(total, "tpu_total_estimate", (), modules, ops, {}, tuple(notes))
     modules, ops, notes = {}, {}, []
-    for i, m in enumerate(_need(doc, label, "modules")):
-        name = m.get("name", f"modules[{i}]")
-        if m.get("status") != "ok" or not m.get("totals"):
-            notes.append(f"{label}: module {name} failed to compile ({m.get('error')}); left out")
+    for m in report.modules:
+        if not m.ok or m.estimated_s is None:
+            notes.append(f"{label}: module {m.name} failed to compile ({m.error}); left out")
             continue
-        value = _number((m["totals"] or {}).get("estimated_s"), label, f"modules[{i}].totals.estimated_s")
-        modules[name] = modules.get(name, 0.0) + value  # a function compiled at two shapes: summed
-        for j, o in enumerate(m.get("ops") or []):
-            key = (name, o.get("name"))
-            ops[key] = ops.get(key, 0.0) + _number(o.get("estimated_s"), label, f"modules[{i}].ops[{j}].estimated_s")
+        modules[m.name] = modules.get(m.name, 0.0) + m.estimated_s  # a function compiled at two shapes: summed
+        for o in m.ops:
+            ops[(m.name, o.name)] = ops.get((m.name, o.name), 0.0) + o.estimated_s
     return _Side(sum(modules.values()), "tpu_total_estimate", (), modules, ops, {}, tuple(notes))
 
 
-def _peak_memory(doc: dict, ident: dict) -> _Side:
+def _peak_memory(report, ident: dict) -> _Side:
     label = ident["path"]
     if ident["kind"] != "compile":
         raise UsageError(f"{label}: peak_memory needs a compile run (tpudiag compile); a profile run has no HBM "
                          "figures")
     modules, notes = {}, []
-    for i, m in enumerate(_need(doc, label, "modules")):
-        name = m.get("name", f"modules[{i}]")
-        peak = ((m.get("totals") or {}).get("memory") or {}).get("peak_hbm_bytes")
-        if m.get("status") != "ok" or peak is None:
-            notes.append(f"{label}: module {name} has no peak HBM figure ({m.get('error') or m.get('status')}); "
-                         "left out")
+    for m in report.modules:
+        peak = m.memory.get("peak_hbm_bytes")
+        if not m.ok or peak is None:
+            notes.append(f"{label}: module {m.name} has no peak HBM figure ({m.error or m.status}); left out")
             continue
-        modules[name] = max(modules.get(name, 0), int(_number(peak, label, f"modules[{i}].totals.memory.peak_hbm_bytes")))
+        modules[m.name] = max(modules.get(m.name, 0), int(peak))
     # Modules run one after another: the program needs the largest module's peak, not the sum.
     return _Side(max(modules.values(), default=0), "peak_hbm_largest_module", (), modules, {}, {}, tuple(notes))
 
@@ -324,15 +309,17 @@ def compare_reports(base: dict, cur: dict, metric: str | None, max_regression: f
     each document's `artifacts.run_dir`). Raises UsageError for runs that are not comparable
     (unless `force`) or a metric a side lacks; ParseError for a document missing a field.
     """
-    metric = metric or default_metric(base)
+    metric = metric or default_metric(base if not isinstance(base, dict) else _as_model(base, base_path or "base"))
     if metric not in METRICS:
         raise UsageError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
     if not (isinstance(max_regression, (int, float)) and math.isfinite(max_regression) and max_regression >= 0):
         raise UsageError(f"max_regression {max_regression!r}: must be a finite fraction >= 0 (0.05 = 5%)")
     labels = []
     for doc, given, side in ((base, base_path, "base"), (cur, cur_path, "cur")):
-        run_dir = (doc.get("artifacts") or {}).get("run_dir") if isinstance(doc, dict) else None
-        labels.append(str(given or run_dir or side))
+        artifacts = doc.artifacts if isinstance(doc, (ProfileReport, CompileReport)) else (
+            doc.get("artifacts") if isinstance(doc, dict) else None)
+        labels.append(str(given or (artifacts or {}).get("run_dir") or side))
+    base, cur = _as_model(base, labels[0]), _as_model(cur, labels[1])
     bid, cid = _identity(base, labels[0]), _identity(cur, labels[1])
     warnings = []
     diffs = _differences(bid, cid, metric)
@@ -379,11 +366,11 @@ def compare_reports(base: dict, cur: dict, metric: str | None, max_regression: f
         warnings.append("only one side has an estimated TPU step time: the headline is the total estimate")
     if metric == "tpu_time" and bid["kind"] == cid["kind"] == "compile":
         # "ok", "off" or "dropped: why": static cycles on one side, roofline floors on the other.
-        how = {m.get("name"): str(m.get("static_profile", "")).split(":")[0] for m in base.get("modules", [])}
-        for m in cur.get("modules", []):
-            was, now = how.get(m.get("name")), str(m.get("static_profile", "")).split(":")[0]
+        how = {m.name: m.static_profile.split(":")[0] for m in base.modules}
+        for m in cur.modules:
+            was, now = how.get(m.name), m.static_profile.split(":")[0]
             if was is not None and was != now:
-                warnings.append(f"module {m.get('name')}: static cycle profile {was} in base, {now} in cur; the "
+                warnings.append(f"module {m.name}: static cycle profile {was} in base, {now} in cur; the "
                                 "estimates were made differently")
 
     delta = c_value - b_value

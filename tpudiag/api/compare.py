@@ -10,9 +10,10 @@ from pathlib import Path
 from tpudiag.errors import InputError
 
 
-def load_for_compare(path: Path) -> dict:
-    """`tpudiag compare`'s input: a run directory (re-analyzed, as `tpudiag report` does; profile or
-    compile) or a report JSON file (`tpudiag.report/1` or `tpudiag.compile/1`, read as written)."""
+def load_for_compare(path: Path):
+    """`tpudiag compare`'s input as a `ProfileReport` or `CompileReport`: a run directory (re-analyzed,
+    as `tpudiag report` does) or a report JSON file (`tpudiag.report/1` or `tpudiag.compile/1`, read
+    as written and checked field by field once)."""
     import json
 
     from tpudiag.analyze.compare import COMPILE_SCHEMA, PROFILE_SCHEMA
@@ -24,7 +25,7 @@ def load_for_compare(path: Path) -> dict:
     if path.is_dir():
         from tpudiag.api.profiling import load_report
 
-        return load_report(path).to_dict()
+        return load_report(path)
     try:
         doc = json.loads(path.read_bytes())
     except json.JSONDecodeError as e:
@@ -37,7 +38,13 @@ def load_for_compare(path: Path) -> dict:
     if schema not in (PROFILE_SCHEMA, COMPILE_SCHEMA):
         raise InputError(f"{path}: not a tpudiag profile or compile report (schema {schema!r}; expected "
                          f"{PROFILE_SCHEMA} or {COMPILE_SCHEMA})")
-    return doc
+    if schema == PROFILE_SCHEMA:
+        from tpudiag.analyze.profile_report import ProfileReport
+
+        return ProfileReport.from_dict(doc, str(path))
+    from tpudiag.analyze.compile_model import CompileReport
+
+    return CompileReport.from_dict(doc, str(path))
 
 
 def compare_runs(base: Path, cur: Path, metric: str | None = None, max_regression: float = 0.05,
