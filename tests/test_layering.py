@@ -107,3 +107,11 @@ _LINE_LIMIT, _KERNEL_LINE_LIMIT = 600, 620
 def test_files_stay_short(path):
     limit = _KERNEL_LINE_LIMIT if path.parent.name == "kernels" else _LINE_LIMIT
     assert len(path.read_text().splitlines()) <= limit, f"{path.relative_to(PKG)}: split it"
+
+
+@pytest.mark.parametrize("path", sorted([*(PKG / "capture").glob("*.py"), *(PKG / "parse").glob("*.py")]),
+                         ids=lambda p: str(p.relative_to(PKG)))
+def test_capture_and_parse_reach_no_further_down_the_flow(path):
+    """capture/ runs and records, parse/ reads: neither analyzes, renders, nor calls back into api/cli."""
+    assert not {m for m in _tpudiag_imports(path) if m.startswith(("tpudiag.analyze", "tpudiag.report",
+                                                                    "tpudiag.api", "tpudiag.cli"))}
