@@ -8,10 +8,12 @@ Every error a user can cause (a bad path, a corrupt trace, a program that fails)
 from __future__ import annotations
 
 
-def one_line(e: BaseException, limit: int = 400) -> str:
-    """`Type: first line of the message`, cut to `limit` characters: how a caught failure is shown
-    in a report row."""
-    text = f"{type(e).__name__}: {e}".strip()
+def one_line(e: BaseException, limit: int = 400, typed: bool = True) -> str:
+    """`Type: first line of the message` (just the first line with `typed=False`; the type's name
+    for an empty message), cut to `limit` characters: how a caught failure is shown in a report row
+    or a manifest's reason."""
+    message = str(e).strip()
+    text = f"{type(e).__name__}: {message}".strip() if typed or not message else message
     return (text.splitlines() or [type(e).__name__])[0][:limit]
 
 

@@ -22,6 +22,8 @@ import time
 import traceback
 from pathlib import Path
 
+from tpudiag.errors import one_line
+
 
 class _Recorder:
     """Appends one JSON line per jax.monitoring event; `end_ns` is wall-clock (epoch) time."""
@@ -202,7 +204,7 @@ def main() -> None:
         sys.stderr.write("tpudiag: program interrupted; writing what was captured\n")
     except BaseException as e:  # the program's own error, including SyntaxError in the script
         sys.stderr.write(_program_traceback(e, script))
-        status.update(exit_code=1, reason=f"program raised {type(e).__name__}: {e}".splitlines()[0][:300],
+        status.update(exit_code=1, reason="program raised " + one_line(e, 285),
                       exception=type(e).__name__)
     finally:
         # A second Ctrl-C must not cut the trace write short.

@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from tpudiag.errors import InputError, ParseError, Terminated, TpudiagError
+from tpudiag.errors import InputError, ParseError, Terminated, TpudiagError, one_line
 from tpudiag.manifest import SCHEMA as MANIFEST_SCHEMA
 from tpudiag.manifest import Manifest
 
@@ -169,7 +169,7 @@ class RunDir:
                 code, reason = 130, "interrupted (Ctrl-C)"
             else:
                 code = getattr(exc, "exit_code", 1)
-                reason = f"tpudiag failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"[:300]
+                reason = f"tpudiag failed: {one_line(exc, 284, typed=False)}"
             self.manifest.update(status="failed", exit_code=code, reason=reason)
         elif not self._finished:
             self.manifest.update(status="ok", exit_code=0, reason=None)
