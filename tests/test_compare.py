@@ -20,6 +20,7 @@ from tests.conftest import ARTIFACTS
 from tpudiag import api
 from tpudiag.analyze.compare import SCHEMA, default_metric, parse_max_regression
 from tpudiag.analyze.compare import compare_reports as _compare_reports
+from tpudiag.analyze.compare_model import Comparison
 from tpudiag.cli import cli, main
 from tpudiag.errors import InputError, ParseError, UsageError
 from tpudiag.report.compare_render import render_compare_markdown, render_compare_terminal, render_compare_verdict
@@ -44,9 +45,14 @@ def doc(name: str) -> dict:
     return json.loads(_loaded(name))
 
 
+def comparison(base: str, cur: str, metric=None, max_regression=0.05, force=False) -> Comparison:
+    """Two fixture runs compared, as the model the renderers take."""
+    return _compare_reports(doc(base), doc(cur), metric, max_regression, force,
+                            base_path=f"fixtures/artifacts/{base}", cur_path=f"fixtures/artifacts/{cur}")
+
+
 def compare(base: str, cur: str, metric=None, max_regression=0.05, force=False) -> dict:
-    return compare_reports(doc(base), doc(cur), metric, max_regression, force,
-                           base_path=f"fixtures/artifacts/{base}", cur_path=f"fixtures/artifacts/{cur}")
+    return comparison(base, cur, metric, max_regression, force).to_dict()
 
 
 def _steps(name: str) -> list[float]:
@@ -286,24 +292,25 @@ def test_json_rendering_round_trips_and_is_sorted():
 
 
 def test_markdown_shows_the_verdict_headline_and_top_ops():
-    d = compare("sized_mlp_h1024", "sized_mlp_h4096")
-    md = render_compare_markdown(d, top=3)
+    c = comparison("sized_mlp_h1024", "sized_mlp_h4096")
+    d = c.to_dict()
+    md = render_compare_markdown(c, top=3)
     assert md.startswith("## tpudiag compare: **REGRESSION**")
     assert "| median step time | 3.09 ms | 10.28 ms | +7.19 ms | +232.7% | 1.72 ms |" in md
     assert f"`{d['ops'][0]['name']}` | {d['ops'][0]['module']}" in md and f"{len(d['ops']) - 3} more" in md
     assert "only the headline decides the exit code" in md
-    ok = render_compare_markdown(compare("mlp_steps8_a", "mlp_steps8_b"))
+    ok = render_compare_markdown(comparison("mlp_steps8_a", "mlp_steps8_b"))
     assert ok.startswith("## tpudiag compare: no regression (within the measured spread)")
 
 
 def test_terminal_and_verdict_line():
-    d = compare("mlp_steps8_a", "sized_mlp_h1024", force=True)
+    c = comparison("mlp_steps8_a", "sized_mlp_h1024", force=True)
     console = Console(no_color=True, width=120, highlight=False, soft_wrap=False, record=True)
-    render_compare_terminal(d, console, top=5)
+    render_compare_terminal(c, console, top=5)
     text = console.export_text()
     assert "tpudiag compare" in text and "forced" in text and "Ops by change (5 of" in text
     assert "warning: compared despite: program mlp.py vs sized_mlp.py" in text
-    line = render_compare_verdict(compare("sized_mlp_h1024", "sized_mlp_h4096"))
+    line = render_compare_verdict(comparison("sized_mlp_h1024", "sized_mlp_h4096"))
     assert line == ("REGRESSION: median step time 3.09 ms -> 10.28 ms (+7.19 ms, +232.7%); max regression 5%, "
                     "spread 1.72 ms")
 

@@ -393,13 +393,19 @@ def test_document_and_renderers(parsed):
     assert doc["totals"]["breaks"] == len(breaks) and doc["totals"]["break_bytes"] == sum(b["bytes"] for b in breaks)
 
     console = Console(width=200, color_system=None, record=True, force_terminal=False, file=io.StringIO())
-    render_fusions_terminal(doc, console, top=3)
+    report = build_fusion_report(module)
+    render_fusions_terminal(report, console, top=3)
     text = console.export_text()
     assert "tpudiag fusions: jit_step" in text
     assert "fusion#2 → abs_reduce_fusion" in text and "reason not inferable" in text
     assert f"{len(breaks) - 3} more breaks in the JSON" in text and "S(1) is on-chip VMEM" in text
 
-    md = render_fusions_markdown(doc, top=3, level=3)
+    for f in report.fusions:  # the renderers list opcodes most frequent first, ties by name
+        ranked = f.ranked_ops
+        assert dict(ranked) == f.ops
+        assert all(n > m or (n == m and a < b) for (a, n), (b, m) in zip(ranked, ranked[1:]))
+
+    md = render_fusions_markdown(report, top=3, level=3)
     assert md.startswith("### Fusions: `jit_step`")
     table = [ln for ln in md.splitlines() if re.match(r"\| \d", ln) and "→" in ln]
     assert len(table) == 3

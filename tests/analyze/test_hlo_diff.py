@@ -220,18 +220,20 @@ def test_text_and_markdown_show_each_change():
     path = ARTIFACTS / "tpu_v5e_step/hlo/module_0000.jit_step.cl_933746096"
     a = read_hlo_file(path.with_name(path.name + ".before_optimizations.txt"))
     b = read_hlo_file(path.with_name(path.name + ".after_optimizations.txt"))
-    doc = diff_modules(a, b)
-    text = render_diff_text(doc)
+    diff = _diff_modules(a, b)
+    doc = diff.to_dict()
+    text = render_diff_text(diff)
     lines = text.splitlines()
     assert "@@ main.2 -> main.0_spmd @@" in lines
     tanh = next(p for p in doc["pairs"] if p["opcode"] == "tanh")
     assert f"  > {tanh['a']} -> {tanh['b']}  tanh  [bytes 2.0 MiB -> fused]" in lines
     assert f"        moved into fusion {tanh['fusion_b']}" in lines
     assert sum(ln.lstrip().startswith(("+ ", "- ", "~ ", "> ")) for ln in lines) == sum(_counts(doc).values())
-    md = render_diff_markdown(doc)
+    assert [p.status for p in diff.changed_pairs] == [p["status"] for p in doc["pairs"] if p["status"] != "unchanged"]
+    md = render_diff_markdown(diff)
     assert f"**{doc['summary']['added']} added, {doc['summary']['removed']} removed" in md
     assert md.count("\n| moved |") == doc["summary"]["moved"]
-    same = diff_modules(a, a)
+    same = _diff_modules(a, a)
     assert render_diff_text(same).endswith("\nno change\n") and "No change." in render_diff_markdown(same)
 
 
@@ -242,9 +244,10 @@ def test_html_is_self_contained_and_escapes_names():
     evil = "<script>alert</script>"
     renamed = re.sub(r"%tanh\.3\.clone\.1\b", "%" + evil, text)
     assert renamed != text
-    doc = diff_modules(read_hlo_file(path), parse_hlo_text(renamed, "<b onload=x>.txt"))
+    diff = _diff_modules(read_hlo_file(path), parse_hlo_text(renamed, "<b onload=x>.txt"))
+    doc = diff.to_dict()
     assert any(p["b"] == evil for p in doc["pairs"])
-    page = render_diff_html(doc)
+    page = render_diff_html(diff)
     assert "<script" not in page.lower() and "&lt;script&gt;alert&lt;/script&gt;" in page
     assert "<b onload" not in page and "&lt;b onload=x&gt;.txt" in page
     assert not re.search(r"\b(src|href)=|https?://|@import|url\(", page)  # opens offline: nothing to fetch

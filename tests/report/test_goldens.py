@@ -64,12 +64,12 @@ def test_terminal_renders_a_report_of_a_run_that_could_not_be_analyzed():
     from tpudiag.parse import frames
     from tpudiag.report.terminal import render_terminal
 
-    doc = build_profile_report(_empty_trace(), {}, frames.empty_frame(frames.COMPILES), 0,
-                               Manifest(schema="tpudiag.manifest/1", kind="profile", status="failed",
-                                        reason="killed by SIGKILL", exit_code=137),
-                               {"run_dir": "RUN"}, ["analysis failed: x"]).to_dict()
+    report = build_profile_report(_empty_trace(), {}, frames.empty_frame(frames.COMPILES), 0,
+                                  Manifest(schema="tpudiag.manifest/1", kind="profile", status="failed",
+                                           reason="killed by SIGKILL", exit_code=137),
+                                  {"run_dir": "RUN"}, ["analysis failed: x"])
     out = io.StringIO()
-    render_terminal(doc, Console(file=out, width=100, no_color=True))
+    render_terminal(report, Console(file=out, width=100, no_color=True))
     assert "killed by SIGKILL" in out.getvalue() and "RUN" in out.getvalue()
 
 

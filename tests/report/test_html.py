@@ -1,5 +1,5 @@
 """The HTML report (report/html.py) on the real fixture runs: self-contained, every section there,
-every program or compiler name escaped, the figures the documents' own, and a real headless
+every program or compiler name escaped, the figures the models' own, and a real headless
 browser (Debian's chromium) renders it to a screenshot that is not blank."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import ARTIFACTS
 from tpudiag import api
 from tpudiag.analyze.compile_model import CompileReport
+from tpudiag.analyze.profile_report import ProfileReport
 from tpudiag.analyze.timeline import step_op_rows
 from tpudiag.analyze.tpu_estimate import SECTION, build_tpu_estimate
 from tpudiag.report.html import render_html
@@ -66,7 +67,7 @@ def _check_self_contained(page: str) -> None:
 def test_profile_page_is_self_contained_with_every_section(decoder):
     report, rows = decoder
     doc = report.to_dict()
-    page = render_html(doc, rows)
+    page = render_html(report, rows)
     _check_self_contained(page)
     for name in ("breakdown", "top-ops", "timeline", "roofline", "fusions", "suggestions"):
         assert f'<section id="{name}">' in page
@@ -149,7 +150,7 @@ def test_names_from_the_program_and_the_compiler_stay_text(decoder, compiled):
     failed = cdoc["modules"][1]  # as a module the TPU compiler refused: no ops, no totals, no fusions
     failed.update(status="failed", error=f"compiler said {EVIL}", ops=[], totals=None)
     del failed["fusions"]
-    for page in (render_html(doc, rows), _compile_page(cdoc)):
+    for page in (render_html(ProfileReport.from_dict(doc), rows), _compile_page(cdoc)):
         _check_self_contained(page)
         assert html.escape(EVIL) in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
         assert "alert(1)</script>" not in page
@@ -170,8 +171,9 @@ def test_profile_with_a_tpu_estimate_points_at_its_compile_run(decoder, compiled
 
 
 def test_failed_run_without_rows_says_so(decoder):
-    doc = api.load_report(ARTIFACTS / "raises").to_dict()
-    page = render_html(doc)
+    failed = api.load_report(ARTIFACTS / "raises")
+    doc = failed.to_dict()
+    page = render_html(failed)
     _check_self_contained(page)
     assert doc["status"] == "failed" and doc["reason"]
     header = page[page.index('<header id="header">'):page.index("</header>")]
@@ -179,7 +181,7 @@ def test_failed_run_without_rows_says_so(decoder):
     assert "No timeline" in _section(page, "timeline")
     # A profile with steps but no rows given: the page says the renderer was given none.
     report, _ = decoder
-    assert "no op instances of a step were given" in _section(render_html(report.to_dict()), "timeline")
+    assert "no op instances of a step were given" in _section(render_html(report), "timeline")
 
 
 def _png_scanlines(data: bytes) -> tuple[int, int, set[bytes]]:
@@ -206,7 +208,7 @@ def _png_scanlines(data: bytes) -> tuple[int, int, set[bytes]]:
                     reason=f"{CHROMIUM} is absent (apt-get install chromium): the headless-browser check needs it")
 def test_a_real_browser_renders_the_page(decoder, compiled, tmp_path):
     report, rows = decoder
-    for name, page in (("profile", render_html(report.to_dict(), rows)), ("compile", _compile_page(compiled))):
+    for name, page in (("profile", render_html(report, rows)), ("compile", _compile_page(compiled))):
         src, png = tmp_path / f"{name}.html", tmp_path / f"{name}.png"
         src.write_text(page)
         t0 = time.monotonic()

@@ -30,6 +30,11 @@ class FusionRow(Model):
     time_s: float | None
     time_source: str | None
 
+    @property
+    def ranked_ops(self) -> tuple[tuple[str, int], ...]:
+        """(opcode, count) inside the fusion, the most frequent first (ties by name)."""
+        return tuple(sorted(self.ops.items(), key=lambda kv: (-kv[1], kv[0])))
+
 
 @dataclass(frozen=True)
 class FusionBreak(Model):

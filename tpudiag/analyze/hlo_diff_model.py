@@ -88,3 +88,8 @@ class HloDiff(Model):
     def has_changes(self) -> bool:
         """Anything added, removed, changed or moved (`--fail-on-change`)."""
         return any(getattr(self.summary, k) for k in CHANGE_STATUSES)
+
+    @property
+    def changed_pairs(self) -> tuple[Pair, ...]:
+        """The pairs added, removed, changed or moved, in program order."""
+        return tuple(p for p in self.pairs if p.status != "unchanged")

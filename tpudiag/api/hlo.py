@@ -100,5 +100,5 @@ def write_diff_html(diff, path: Path) -> Path:
     """`hlo-diff --html FILE`: the side-by-side page of an `HloDiff`, written whole or not at all."""
     from tpudiag.report.diff_render import render_diff_html
 
-    rundir.write_text_atomic(Path(path), render_diff_html(diff.to_dict()))
+    rundir.write_text_atomic(Path(path), render_diff_html(diff))
     return Path(path)

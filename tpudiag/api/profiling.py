@@ -176,7 +176,7 @@ def write_report(report, run: Path) -> Path:
 
     path = Path(run) / rundir.REPORT
     rundir.write_json_atomic(path, report.to_dict())
-    rundir.write_text_atomic(Path(run) / rundir.REPORT_MD, render_markdown(report.to_dict()))
+    rundir.write_text_atomic(Path(run) / rundir.REPORT_MD, render_markdown(report))
     return path
 
 

@@ -38,27 +38,28 @@ def _renderers(schema: str):
         from tpudiag.report.markdown import render_markdown
         from tpudiag.report.terminal import render_terminal
 
-        return (lambda d, top=15, top_compiles=10: render_markdown(d, top, top_compiles),
-                lambda d, c, top=15, top_compiles=10: render_terminal(d, c, top, top_compiles), False)
+        return (lambda r, top=15, top_compiles=10: render_markdown(r, top, top_compiles),
+                lambda r, c, top=15, top_compiles=10: render_terminal(r, c, top, top_compiles), True)
     if schema.startswith("tpudiag.compile/"):
         from tpudiag.report.compile_markdown import render_compile_markdown
         from tpudiag.report.compile_terminal import render_compile_terminal
 
         return render_compile_markdown, render_compile_terminal, True
     if schema.startswith("tpudiag.fusions_list/"):
-        def md(d, top=15):
-            return "\n".join(fusions_render.render_fusions_markdown(m, top) for m in d["modules"])
+        def md(result, top=15):
+            return "\n".join(fusions_render.render_fusions_markdown(m, top) for m in result.modules)
 
-        def text(d, c, top=15):
-            for m in d["modules"]:
+        def text(result, c, top=15):
+            for m in result.modules:
                 fusions_render.render_fusions_terminal(m, c, top)
-        return md, text, False
+        return md, text, True
     if schema.startswith("tpudiag.hlo_diff/"):
-        return (lambda d, unchanged=False: diff_render.render_diff_markdown(d),
-                lambda d, c, unchanged=False: click.echo(diff_render.render_diff_text(d, unchanged=unchanged), nl=False),
-                False)
+        return (lambda diff, unchanged=False: diff_render.render_diff_markdown(diff),
+                lambda diff, c, unchanged=False: click.echo(diff_render.render_diff_text(diff, unchanged=unchanged),
+                                                            nl=False),
+                True)
     if schema.startswith("tpudiag.compare/"):
-        return compare_render.render_compare_markdown, compare_render.render_compare_terminal, False
+        return compare_render.render_compare_markdown, compare_render.render_compare_terminal, True
     if schema.startswith("tpudiag.kernels-verify/"):
         return None, kernels_render.render_verify, True
     if schema.startswith("tpudiag.kernels-bench/"):

@@ -31,7 +31,7 @@ def report(html_path, as_json, as_md, no_color, width, target):
     loaded = api.load_report(target)
     if html_path:
         api.write_html(loaded, html_path)
-    if loaded.to_dict()["schema"].startswith("tpudiag.compile/"):
+    if loaded.schema.startswith("tpudiag.compile/"):
         emit(loaded, fmt, no_color=no_color, width=width, top=10)
     else:
         emit(loaded, fmt, no_color=no_color, width=width, top=DEFAULT_CONFIG.top_ops,
@@ -124,7 +124,7 @@ def compare(metric, max_regression, force, top, as_json, as_md, no_color, width,
     result = api.compare_runs(base, cur, metric, parse_max_regression(max_regression), force)
     emit(result, fmt, no_color=no_color, width=width, top=top)
     if result.regression:
-        raise GateFailed(render_compare_verdict(result.to_dict()))
+        raise GateFailed(render_compare_verdict(result))
 
 
 @cli.command()

@@ -1,9 +1,9 @@
-"""Renders a `tpudiag.compare/1` document (analyze/compare.py): a one-line verdict, the terminal
-report (rich) and GitHub Markdown (for `$GITHUB_STEP_SUMMARY`).
+"""Renders a `Comparison` (tpudiag.compare/1, analyze/compare_model.py): a one-line verdict, the
+terminal report (rich) and GitHub Markdown (for `$GITHUB_STEP_SUMMARY`).
 
 Each shows both sides, the headline with its verdict and spread, then the modules and the top
-`top` ops by absolute change. Values are seconds or bytes, as the document's `unit` says. They
-format what the document holds and compute nothing.
+`top` ops by absolute change. Values are seconds or bytes, as the comparison's `unit` says. They
+read the model's attributes and compute nothing.
 """
 
 from __future__ import annotations
@@ -51,57 +51,62 @@ def _pct(p) -> str:
     return "-" if p is None else f"{p:+.1f}%"
 
 
-def _side(ident: dict) -> str:
+def _side(side) -> str:
     """`fixtures/artifacts/x  mlp.py --steps 8  (cpu, 1 device, 8 steps)` or a compile run's target."""
-    argv = ident.get("argv") or ([ident["program"]] if ident.get("program") else [])
+    argv = side.argv or ([side.program] if side.program else [])
     what = " ".join(str(a) for a in argv) or "?"
-    if ident["kind"] == "compile":
-        extra = f"compile run, target {ident['target']}"
+    if side.kind == "compile":
+        extra = f"compile run, target {side.target}"
     else:
-        extra = f"{ident['backend']}, {ident['devices']} device(s), {ident['steps']} steps"
-        if ident.get("target"):
-            extra += f", TPU estimate for {ident['target']}"
-    status = "" if ident.get("status") in ("ok", None) else f", status {ident['status']}"
-    return f"{ident['path']}  {what}  ({extra}{status})"
+        extra = f"{side.backend}, {side.devices} device(s), {side.steps} steps"
+        if side.target:
+            extra += f", TPU estimate for {side.target}"
+    status = "" if side.status in ("ok", None) else f", status {side.status}"
+    return f"{side.path}  {what}  ({extra}{status})"
 
 
-def render_compare_verdict(doc: dict) -> str:
+def _basis(h) -> str:
+    return BASIS.get(h.basis, h.basis)
+
+
+def render_compare_verdict(comparison) -> str:
     """One line: `regression: median step time 3.09 ms -> 10.28 ms (+7.19 ms, +232.7%); max 5%, spread 1.72 ms`."""
-    h, unit = doc["headline"], doc["unit"]
-    spread = "no noise estimate" if h["spread"] is None else f"spread {_fmt(h['spread'], unit)}"
-    return (f"{VERDICT[h['verdict']]}: {BASIS.get(h['basis'], h['basis'])} {_fmt(h['base'], unit)} -> "
-            f"{_fmt(h['cur'], unit)} ({_signed(h['delta'], unit)}, {_pct(h['delta_pct'])}); max regression "
-            f"{doc['max_regression_pct']:g}%, {spread}")
+    h, unit = comparison.headline, comparison.unit
+    spread = "no noise estimate" if h.spread is None else f"spread {_fmt(h.spread, unit)}"
+    return (f"{VERDICT[h.verdict]}: {_basis(h)} {_fmt(h.base, unit)} -> "
+            f"{_fmt(h.cur, unit)} ({_signed(h.delta, unit)}, {_pct(h.delta_pct)}); max regression "
+            f"{comparison.max_regression_pct:g}%, {spread}")
 
 
-def _row_cells(r: dict, unit: str) -> list[str]:
-    return [_fmt(r["base"], unit), _fmt(r["cur"], unit), _signed(r["delta"], unit), _pct(r["delta_pct"]),
-            r["status"] + (" (flagged)" if r["flagged"] else "")]
+def _row_cells(r, unit: str) -> list[str]:
+    return [_fmt(r.base, unit), _fmt(r.cur, unit), _signed(r.delta, unit), _pct(r.delta_pct),
+            r.status + (" (flagged)" if r.flagged else "")]
 
 
-def render_compare_terminal(doc: dict, console: Console, top: int = 15) -> None:
-    h, unit = doc["headline"], doc["unit"]
+def render_compare_terminal(comparison, console: Console, top: int = 15) -> None:
+    """A `Comparison`: both sides, the headline and its verdict, the first `top` modules and ops."""
+    c = comparison
+    h, unit = c.headline, c.unit
     head = Text()
     head.append("base  ", style="bold")
-    head.append(_side(doc["base"]) + "\n")
+    head.append(_side(c.base) + "\n")
     head.append("cur   ", style="bold")
-    head.append(_side(doc["cur"]) + "\n")
-    head.append(f"metric {doc['metric']}: {BASIS.get(h['basis'], h['basis'])}   max regression "
-                f"{doc['max_regression_pct']:g}%")
-    if doc["forced"]:
+    head.append(_side(c.cur) + "\n")
+    head.append(f"metric {c.metric}: {_basis(h)}   max regression {c.max_regression_pct:g}%")
+    if c.forced:
         head.append("   forced", style="bold yellow")
     console.print(Panel(head, title="tpudiag compare", title_align="left"))
 
     line = Text()
-    line.append(f"{BASIS.get(h['basis'], h['basis'])}  {_fmt(h['base'], unit)} -> {_fmt(h['cur'], unit)}  "
-                f"{_signed(h['delta'], unit)} ({_pct(h['delta_pct'])})  ")
-    line.append("spread -" if h["spread"] is None else
-                f"spread {_fmt(h['spread'], unit)} (base {_fmt(h['base_spread'], unit)}, "
-                f"cur {_fmt(h['cur_spread'], unit)})")
+    line.append(f"{_basis(h)}  {_fmt(h.base, unit)} -> {_fmt(h.cur, unit)}  "
+                f"{_signed(h.delta, unit)} ({_pct(h.delta_pct)})  ")
+    line.append("spread -" if h.spread is None else
+                f"spread {_fmt(h.spread, unit)} (base {_fmt(h.base_spread, unit)}, "
+                f"cur {_fmt(h.cur_spread, unit)})")
     console.print(line)
-    console.print(Text(VERDICT[h["verdict"]], style=_STYLE[h["verdict"]]))
+    console.print(Text(VERDICT[h.verdict], style=_STYLE[h.verdict]))
 
-    for title, rows, with_module in (("Modules", doc["modules"], False), ("Ops", doc["ops"], True)):
+    for title, rows, with_module in (("Modules", c.modules, False), ("Ops", c.ops, True)):
         if not rows:
             continue
         console.print()
@@ -112,38 +117,40 @@ def render_compare_terminal(doc: dict, console: Console, top: int = 15) -> None:
             table.add_column(col, justify="left" if col in ("op", "module", "status") else "right",
                              overflow="ellipsis", no_wrap=True)
         for r in rows[:top]:
-            names = [r["name"] or "-", r["module"] or "-"] if with_module else [r["name"]]
+            names = [r.name or "-", r.module or "-"] if with_module else [r.name]
             cells = names + _row_cells(r, unit)
-            table.add_row(*cells, style="red" if r["flagged"] else "")
+            table.add_row(*cells, style="red" if r.flagged else "")
         console.print(table)
     console.print()
-    console.print(Text(f"note: {doc['note']}", style="bright_black"))
-    for w in doc["warnings"]:
+    console.print(Text(f"note: {c.note}", style="bright_black"))
+    for w in c.warnings:
         console.print(Text(f"warning: {w}", style="yellow"))
 
 
-def render_compare_markdown(doc: dict, top: int = 15) -> str:
-    h, unit = doc["headline"], doc["unit"]
-    verdict = VERDICT[h["verdict"]]
-    out = [f"## tpudiag compare: {'**' + verdict + '**' if h['regression'] else verdict}", "",
-           f"**Base:** `{_esc(_side(doc['base']))}`  ", f"**Cur:** `{_esc(_side(doc['cur']))}`", "",
-           f"Metric `{doc['metric']}`, max regression {doc['max_regression_pct']:g}%"
-           + (" (**forced** across: " + _esc("; ".join(doc["differences"])) + ")" if doc["forced"] else ""), "",
+def render_compare_markdown(comparison, top: int = 15) -> str:
+    """A `Comparison` as Markdown: the verdict, both sides, the headline, the first `top` modules and ops."""
+    c = comparison
+    h, unit = c.headline, c.unit
+    verdict = VERDICT[h.verdict]
+    out = [f"## tpudiag compare: {'**' + verdict + '**' if h.regression else verdict}", "",
+           f"**Base:** `{_esc(_side(c.base))}`  ", f"**Cur:** `{_esc(_side(c.cur))}`", "",
+           f"Metric `{c.metric}`, max regression {c.max_regression_pct:g}%"
+           + (" (**forced** across: " + _esc("; ".join(c.differences)) + ")" if c.forced else ""), "",
            "| | base | cur | delta | delta % | spread |", "|---|---:|---:|---:|---:|---:|",
-           f"| {BASIS.get(h['basis'], h['basis'])} | {_fmt(h['base'], unit)} | {_fmt(h['cur'], unit)} | "
-           f"{_signed(h['delta'], unit)} | {_pct(h['delta_pct'])} | {_fmt(h['spread'], unit)} |"]
-    for title, rows, with_module in (("Modules", doc["modules"], False), ("Ops", doc["ops"], True)):
+           f"| {_basis(h)} | {_fmt(h.base, unit)} | {_fmt(h.cur, unit)} | "
+           f"{_signed(h.delta, unit)} | {_pct(h.delta_pct)} | {_fmt(h.spread, unit)} |"]
+    for title, rows, with_module in (("Modules", c.modules, False), ("Ops", c.ops, True)):
         if not rows:
             continue
         out += ["", f"### {title} by change ({min(top, len(rows))} of {len(rows)})", "",
                 ("| op | module " if with_module else "| module ") + "| base | cur | delta | delta % | status |",
                 ("|---|---" if with_module else "|---") + "|---:|---:|---:|---:|---|"]
         for r in rows[:top]:
-            names = f"`{_esc(r['name'])}` | {_esc(r['module'] or '-')}" if with_module else f"`{_esc(r['name'])}`"
+            names = f"`{_esc(r.name)}` | {_esc(r.module or '-')}" if with_module else f"`{_esc(r.name)}`"
             out.append(f"| {names} | " + " | ".join(_row_cells(r, unit)) + " |")
         if len(rows) > top:
             out += ["", f"{len(rows) - top} more in the JSON document (`--json`)."]
-    out += ["", f"_{_esc(doc['note'])}_"]
-    for w in doc["warnings"]:
+    out += ["", f"_{_esc(c.note)}_"]
+    for w in c.warnings:
         out += ["", f"> **Warning:** {_esc(w)}"]
     return "\n".join(out) + "\n"

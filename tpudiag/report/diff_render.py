@@ -1,4 +1,4 @@
-"""Renders a `tpudiag.hlo_diff/1` document (analyze/hlo_diff.py) as text, Markdown or HTML.
+"""Renders an `HloDiff` (tpudiag.hlo_diff/1, analyze/hlo_diff_model.py) as text, Markdown or HTML.
 
 Text is unified-diff-like, grouped by computation: `+` added, `-` removed, `~` changed, `>` moved
 into, out of or between fusions; ops inside a fusion are indented under it; each change follows on
@@ -6,7 +6,7 @@ its own line. Markdown is the summary and the first changes as tables. HTML is o
 file (inline CSS, no script, no external asset) with the two modules side by side; every name
 that came from the program or the compiler is escaped, so an op named `<script>` stays text.
 
-They format what the document holds and compute nothing.
+They read the model's attributes and compute nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 
 from tpudiag.report.markdown import _esc
-from tpudiag.report.units import fmt_bytes, fmt_s
+from tpudiag.report.units import clip, fmt_bytes, fmt_s
 
 MARKS = {"added": "+", "removed": "-", "changed": "~", "moved": ">", "unchanged": " "}
 _OPERANDS_CHARS = 100  # an added op's operand list beyond this is cut (a root tuple has hundreds)
@@ -29,45 +29,41 @@ def _fmt_flops(n) -> str:
     return f"{int(n)} FLOP"
 
 
-def _clip(text: str, chars: int) -> str:
-    return text if len(text) <= chars else text[:chars - 3] + "..."
-
-
-def _side_rows(doc: dict) -> list[tuple[str, str, str]]:
-    a, b = doc["a"], doc["b"]
-    rows = [("instructions", str(a["instructions"]), str(b["instructions"])),
-            ("fusions", str(a["fusions"]), str(b["fusions"])),
-            ("fused instructions", str(a["fused_instructions"]), str(b["fused_instructions"])),
-            ("FLOPs", _fmt_flops(a["flops"]), _fmt_flops(b["flops"])),
-            ("bytes accessed", fmt_bytes(a["bytes_accessed"]), fmt_bytes(b["bytes_accessed"]))]
-    if a.get("time_s") is not None or b.get("time_s") is not None:
-        rows.append(("time", fmt_s(a.get("time_s")), fmt_s(b.get("time_s"))))
+def _side_rows(diff) -> list[tuple[str, str, str]]:
+    a, b = diff.a, diff.b
+    rows = [("instructions", str(a.instructions), str(b.instructions)),
+            ("fusions", str(a.fusions), str(b.fusions)),
+            ("fused instructions", str(a.fused_instructions), str(b.fused_instructions)),
+            ("FLOPs", _fmt_flops(a.flops), _fmt_flops(b.flops)),
+            ("bytes accessed", fmt_bytes(a.bytes_accessed), fmt_bytes(b.bytes_accessed))]
+    if a.time_s is not None or b.time_s is not None:
+        rows.append(("time", fmt_s(a.time_s), fmt_s(b.time_s)))
     return rows
 
 
-def _counts_line(doc: dict) -> str:
-    s = doc["summary"]
-    moved = f"{s['moved']} moved ({s['moved_into_fusions']} into fusions, {s['moved_out_of_fusions']} out of fusions)"
-    return f"{s['added']} added, {s['removed']} removed, {s['changed']} changed, {moved}, {s['unchanged']} unchanged"
+def _counts_line(diff) -> str:
+    s = diff.summary
+    moved = f"{s.moved} moved ({s.moved_into_fusions} into fusions, {s.moved_out_of_fusions} out of fusions)"
+    return f"{s.added} added, {s.removed} removed, {s.changed} changed, {moved}, {s.unchanged} unchanged"
 
 
-def _names(p: dict) -> str:
-    a, b = p["a"], p["b"]
+def _names(p) -> str:
+    a, b = p.a, p.b
     if a is None or b is None:
         return a or b
     return a if a == b else f"{a} -> {b}"
 
 
-def _figures(p: dict) -> str:
+def _figures(p) -> str:
     """`FLOPs 1 G -> 2 G, bytes ..., time ...` for what differs (or what one side has)."""
     out = []
     for label, ka, kb, fmt in (("FLOPs", "flops_a", "flops_b", _fmt_flops),
                                ("bytes", "bytes_accessed_a", "bytes_accessed_b", fmt_bytes),
                                ("time", "time_a_s", "time_b_s", fmt_s)):
-        va, vb = p.get(ka), p.get(kb)
+        va, vb = getattr(p, ka), getattr(p, kb)
         if not va and not vb and (label != "time" or va is None or vb is None):
             continue  # nothing, or zero on both sides (a matched op's 0 ns time is still shown)
-        if p["a"] is None or p["b"] is None:
+        if p.a is None or p.b is None:
             out.append(f"{label} {fmt(va if vb is None else vb)}")
         elif va is None or vb is None:  # an op inside a fusion has no figures of its own
             out.append(f"{label} {'fused' if va is None else fmt(va)} -> {'fused' if vb is None else fmt(vb)}")
@@ -76,71 +72,72 @@ def _figures(p: dict) -> str:
     return ", ".join(out)
 
 
-def _group_title(doc: dict, comp: str) -> str:
-    for c in doc.get("computations", []):
-        if c["b"] == comp and c["a"] and c["a"] != comp:
-            return f"{c['a']} -> {comp}"
+def _group_title(diff, comp: str) -> str:
+    """`comp`, or `a -> comp` where B's computation `comp` is A's under another name."""
+    for c in diff.computations:
+        if c.b == comp and c.a and c.a != comp:
+            return f"{c.a} -> {comp}"
     return comp
 
 
-def render_diff_text(doc: dict, unchanged: bool = False) -> str:
-    """The diff as text; `unchanged` also lists the ops that did not change, as context lines."""
-    a, b = doc["a"], doc["b"]
-    out = [f"tpudiag hlo-diff: A {a['module']} ({a['path']})", f"                  B {b['module']} ({b['path']})", ""]
-    rows = _side_rows(doc)
+def render_diff_text(diff, unchanged: bool = False) -> str:
+    """An `HloDiff` as text; `unchanged` also lists the ops that did not change, as context lines."""
+    a, b = diff.a, diff.b
+    out = [f"tpudiag hlo-diff: A {a.module} ({a.path})", f"                  B {b.module} ({b.path})", ""]
+    rows = _side_rows(diff)
     width = max(len(r[0]) for r in rows)
     wa = max(len(r[1]) for r in rows + [("", "A", "")])
     wb = max(len(r[2]) for r in rows + [("", "", "B")])
     out.append(f"  {'':<{width}}  {'A':>{wa}}  {'B':>{wb}}")
     out += [f"  {k:<{width}}  {va:>{wa}}  {vb:>{wb}}" for k, va, vb in rows]
-    out += ["", _counts_line(doc), "legend: + added, - removed, ~ changed, > moved (fusion membership)"]
+    out += ["", _counts_line(diff), "legend: + added, - removed, ~ changed, > moved (fusion membership)"]
     comp = None
-    for p in doc["pairs"]:
-        if p["status"] == "unchanged" and not unchanged:
+    for p in diff.pairs:
+        if p.status == "unchanged" and not unchanged:
             continue
-        if p["computation"] != comp:
-            comp = p["computation"]
-            out += ["", f"@@ {_group_title(doc, comp)} @@"]
-        fused = (p["fusion_b"] if p["b"] is not None else p["fusion_a"]) is not None
+        if p.computation != comp:
+            comp = p.computation
+            out += ["", f"@@ {_group_title(diff, comp)} @@"]
+        fused = (p.fusion_b if p.b is not None else p.fusion_a) is not None
         indent = "  " if fused else ""
-        mark = MARKS[p["status"]]
-        if p["status"] in ("added", "removed"):
-            side = "b" if p["status"] == "added" else "a"
-            literal = p.get(f"literal_{side}")
+        mark = MARKS[p.status]
+        if p.status in ("added", "removed"):
+            side = "b" if p.status == "added" else "a"
+            literal = getattr(p, f"literal_{side}")
             if literal is None:
-                literal = _clip(", ".join(p[f"operands_{side}"] or []), _OPERANDS_CHARS)
-            line = f"{indent}{mark} {p[side]} = {p[f'shape_{side}']} {p['opcode']}({literal})"
+                literal = clip(", ".join(getattr(p, f"operands_{side}") or []), _OPERANDS_CHARS, "...")
+            line = f"{indent}{mark} {getattr(p, side)} = {getattr(p, f'shape_{side}')} {p.opcode}({literal})"
         else:
-            line = f"{indent}{mark} {_names(p)}  {p['opcode']}"
-        figures = _figures(p) if p["status"] != "unchanged" else ""
+            line = f"{indent}{mark} {_names(p)}  {p.opcode}"
+        figures = _figures(p) if p.status != "unchanged" else ""
         out.append(line + (f"  [{figures}]" if figures else ""))
-        out += [f"{indent}      {c}" for c in p["changes"]]
-    if not any(doc["summary"][k] for k in ("added", "removed", "changed", "moved")):
+        out += [f"{indent}      {c}" for c in p.changes]
+    if not diff.has_changes:
         out += ["", "no change"]
     return "\n".join(out) + "\n"
 
 
-def render_diff_markdown(doc: dict, top: int = 50) -> str:
+def render_diff_markdown(diff, top: int = 50) -> str:
     """The summary, then the first `top` added/removed/changed/moved instructions in program order."""
-    a, b = doc["a"], doc["b"]
-    out = [f"## tpudiag hlo-diff: `{_esc(a['module'])}` -> `{_esc(b['module'])}`", "",
-           f"A: `{_esc(a['path'])}`  ", f"B: `{_esc(b['path'])}`", "",
+    a, b = diff.a, diff.b
+    out = [f"## tpudiag hlo-diff: `{_esc(a.module)}` -> `{_esc(b.module)}`", "",
+           f"A: `{_esc(a.path)}`  ", f"B: `{_esc(b.path)}`", "",
            "| | A | B |", "|---|---:|---:|"]
-    out += [f"| {k} | {va} | {vb} |" for k, va, vb in _side_rows(doc)]
-    out += ["", f"**{_esc(_counts_line(doc))}**"]
-    changes = [p for p in doc["pairs"] if p["status"] != "unchanged"]
+    out += [f"| {k} | {va} | {vb} |" for k, va, vb in _side_rows(diff)]
+    out += ["", f"**{_esc(_counts_line(diff))}**"]
+    changes = diff.changed_pairs
     if not changes:
         return "\n".join(out + ["", "No change."]) + "\n"
     out += ["", "| | A | B | opcode | computation | fusion (A -> B) | changes |", "|---|---|---|---|---|---|---|"]
     for p in changes[:top]:
-        fusion = " -> ".join(_esc(f or "-") for f in (p["fusion_a"], p["fusion_b"]))
-        what = "<br>".join(_esc(c) for c in p["changes"])
+        fusion = " -> ".join(_esc(f or "-") for f in (p.fusion_a, p.fusion_b))
+        what = "<br>".join(_esc(c) for c in p.changes)
         figures = _figures(p)
         if figures:
             what = (what + "<br>" if what else "") + _esc(figures)
-        out.append(f"| {p['status']} | {'`' + _esc(p['a']) + '`' if p['a'] else '-'} | "
-                   f"{'`' + _esc(p['b']) + '`' if p['b'] else '-'} | {_esc(p['opcode'])} | "
-                   f"`{_esc(p['computation'])}` | {fusion} | {what} |")
+        out.append(f"| {p.status} | {'`' + _esc(p.a) + '`' if p.a else '-'} | "
+                   f"{'`' + _esc(p.b) + '`' if p.b else '-'} | {_esc(p.opcode)} | "
+                   f"`{_esc(p.computation)}` | {fusion} | {what} |")
     if len(changes) > top:
         out += ["", f"{len(changes) - top} more in the JSON document (`--json`)."]
     return "\n".join(out) + "\n"
@@ -171,18 +168,18 @@ def _h(x) -> str:
     return html.escape("" if x is None else str(x), quote=True)
 
 
-def render_diff_html(doc: dict) -> str:
-    """One self-contained HTML page: summary, then every pair side by side (unchanged rows hidden
-    by a checkbox, no script)."""
-    a, b = doc["a"], doc["b"]
+def render_diff_html(diff) -> str:
+    """An `HloDiff` as one self-contained HTML page: summary, then every pair side by side
+    (unchanged rows hidden by a checkbox, no script)."""
+    a, b = diff.a, diff.b
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>tpudiag hlo-diff: {_h(a['module'])} vs {_h(b['module'])}</title>",
+           f"<title>tpudiag hlo-diff: {_h(a.module)} vs {_h(b.module)}</title>",
            f"<style>{_CSS}</style></head><body>",
-           f"<h1>tpudiag hlo-diff: <code>{_h(a['module'])}</code> &rarr; <code>{_h(b['module'])}</code></h1>",
-           f"<p>A: <code>{_h(a['path'])}</code><br>B: <code>{_h(b['path'])}</code></p>",
+           f"<h1>tpudiag hlo-diff: <code>{_h(a.module)}</code> &rarr; <code>{_h(b.module)}</code></h1>",
+           f"<p>A: <code>{_h(a.path)}</code><br>B: <code>{_h(b.path)}</code></p>",
            '<table class="summary"><tr><th></th><th>A</th><th>B</th></tr>']
-    out += [f"<tr><td>{_h(k)}</td><td>{_h(va)}</td><td>{_h(vb)}</td></tr>" for k, va, vb in _side_rows(doc)]
-    out += ["</table>", f"<p><b>{_h(_counts_line(doc))}</b></p>",
+    out += [f"<tr><td>{_h(k)}</td><td>{_h(va)}</td><td>{_h(vb)}</td></tr>" for k, va, vb in _side_rows(diff)]
+    out += ["</table>", f"<p><b>{_h(_counts_line(diff))}</b></p>",
             '<input type="checkbox" id="hide" checked> <label for="hide">hide unchanged</label>',
             '<table class="diff"><colgroup><col style="width:16%"><col style="width:15%"><col style="width:9%">'
             '<col style="width:6%"><col style="width:16%"><col style="width:15%"><col style="width:9%">'
@@ -190,24 +187,24 @@ def render_diff_html(doc: dict) -> str:
             "<thead><tr><th>A</th><th>shape</th><th>fusion</th><th>status</th><th>B</th><th>shape</th>"
             "<th>fusion</th><th>changes</th></tr></thead><tbody>"]
     comp = None
-    for p in doc["pairs"]:
-        if p["computation"] != comp:
-            comp = p["computation"]
-            out.append(f'<tr class="comp"><td colspan="8">{_h(_group_title(doc, comp))}</td></tr>')
-        figures = _figures(p) if p["status"] != "unchanged" else ""
-        changes = "<br>".join(_h(c) for c in p["changes"] + ([figures] if figures else []))
-        where = " ".join(x for x in (p["op_name"], p["source"]) if x)
+    for p in diff.pairs:
+        if p.computation != comp:
+            comp = p.computation
+            out.append(f'<tr class="comp"><td colspan="8">{_h(_group_title(diff, comp))}</td></tr>')
+        figures = _figures(p) if p.status != "unchanged" else ""
+        changes = "<br>".join(_h(c) for c in (*p.changes, *([figures] if figures else [])))
+        where = " ".join(x for x in (p.op_name, p.source) if x)
         cells = []
         for side in ("a", "b"):
-            name = p[side]
+            name, fusion = getattr(p, side), getattr(p, f"fusion_{side}")
             tip = f' title="{_h(where)}"' if where and name else ""
-            fused = " fused" if p[f"fusion_{side}"] else ""
-            shown = f"{_h(name)} <span class=muted>{_h(p['opcode'])}</span>" if name else ""
+            fused = " fused" if fusion else ""
+            shown = f"{_h(name)} <span class=muted>{_h(p.opcode)}</span>" if name else ""
             cells.append(f'<td class="{side} mono{fused}"{tip}>{shown}</td>'
-                         f'<td class="{side} mono">{_h(p[f"shape_{side}"])}</td>'
-                         f'<td class="{side} mono">{_h(p[f"fusion_{side}"])}</td>')
-        out.append(f'<tr class="{_h(p["status"])}">{cells[0]}'
-                   f'<td class="st">{_h(MARKS[p["status"]])} {_h(p["status"])}</td>'
+                         f'<td class="{side} mono">{_h(getattr(p, f"shape_{side}"))}</td>'
+                         f'<td class="{side} mono">{_h(fusion)}</td>')
+        out.append(f'<tr class="{_h(p.status)}">{cells[0]}'
+                   f'<td class="st">{_h(MARKS[p.status])} {_h(p.status)}</td>'
                    f'{cells[1]}<td class="ch">{changes}</td></tr>')
     out += ["</tbody></table>", "</body></html>"]
     return "\n".join(out) + "\n"

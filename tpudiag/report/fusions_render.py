@@ -1,8 +1,8 @@
-"""Renders a `tpudiag.fusions/1` document (analyze/fusions.py): the fusions of one module with what
+"""Renders a `FusionReport` (tpudiag.fusions/1, analyze/fusion_model.py): the fusions of one module with what
 they hold, move and cost, then the fusion breaks, largest tensor first, each with its reason and
 the evidence for it. Terminal (rich) and Markdown; both show the first `top` rows of each table
 (the JSON has all). Used alone by `tpudiag fusions` and as a section of the profile and compile
-reports (`title=False` / `level=3`). Nothing is computed here."""
+reports (`title=False` / `level=3`). It reads the model's attributes; nothing is computed here."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ _MEMORY_NOTE = ("S(n): the tensor was assigned to memory space n instead of defa
                 "compiler-internal")
 
 
-def _ops(ops: dict[str, int]) -> str:
-    items = sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))
+def _ops(fusion) -> str:
+    items = fusion.ranked_ops
     text = ", ".join(op if n == 1 else f"{op}×{n}" for op, n in items[:_OPS_SHOWN])
     return text + (", …" if len(items) > _OPS_SHOWN else "")
 
@@ -29,29 +29,30 @@ def _intensity(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def _edge(b: dict) -> str:
-    index = "" if b["output_index"] is None else f"#{b['output_index']}"
-    return f"{b['producer']}{index} → {b['consumer']}"
+def _edge(b) -> str:
+    index = "" if b.output_index is None else f"#{b.output_index}"
+    return f"{b.producer}{index} → {b.consumer}"
 
 
-def _memory(b: dict) -> str:
-    return "" if not b["memory_space"] else f"S({b['memory_space']})"
+def _memory(b) -> str:
+    return "" if not b.memory_space else f"S({b.memory_space})"
 
 
-def _time_header(doc: dict) -> str:
-    return f"time ({doc['time_source']})" if doc.get("time_source") else "time"
+def _time_header(report) -> str:
+    return f"time ({report.time_source})" if report.time_source else "time"
 
 
-def render_fusions_terminal(doc: dict, console: Console, top: int = 15, title: bool = True) -> None:
-    m, tot = doc["module"], doc["totals"]
+def render_fusions_terminal(report, console: Console, top: int = 15, title: bool = True) -> None:
+    """A `FusionReport`: the first `top` fusions and breaks; `title=False` leaves out the module line."""
+    m, tot = report.module, report.totals
     if title:
-        console.print(Text(f"tpudiag fusions: {m['name']}", style="bold"), Text(f"  {m['path']}", style="bright_black"))
-    console.print(f"{tot['fusions']} fusions moving {fmt_bytes(tot['fusion_bytes'])}; {tot['breaks']} fusion breaks "
-                  f"round-trip {fmt_bytes(tot['break_bytes'])} ({fmt_bytes(tot['break_bytes_default_memory'])} in "
-                  f"default memory), {tot['breaks_not_inferable']} with no inferable reason")
+        console.print(Text(f"tpudiag fusions: {m.name}", style="bold"), Text(f"  {m.path}", style="bright_black"))
+    console.print(f"{tot.fusions} fusions moving {fmt_bytes(tot.fusion_bytes)}; {tot.breaks} fusion breaks "
+                  f"round-trip {fmt_bytes(tot.break_bytes)} ({fmt_bytes(tot.break_bytes_default_memory)} in "
+                  f"default memory), {tot.breaks_not_inferable} with no inferable reason")
 
     table = Table(title="Fusions", title_justify="left", show_edge=False)
-    cols = [("fusion", "left"), ("kind", "left"), (_time_header(doc), "right"), ("in", "right"), ("out", "right"),
+    cols = [("fusion", "left"), ("kind", "left"), (_time_header(report), "right"), ("in", "right"), ("out", "right"),
             ("FLOP/B", "right"), ("ops", "left"), ("source", "left")]
     for col, just in cols:
         # One line per fusion: names and the op list are cut with an ellipsis (the JSON has them
@@ -62,13 +63,13 @@ def render_fusions_terminal(doc: dict, console: Console, top: int = 15, title: b
     def cut(text: str) -> Text:
         return Text(text, no_wrap=True, overflow="ellipsis")
 
-    for f in doc["fusions"][:top]:
-        table.add_row(cut(f["name"]), f["kind"] or "-", fmt_s(f["time_s"]), fmt_bytes(f["bytes_in"]),
-                      fmt_bytes(f["bytes_out"]), _intensity(f["arithmetic_intensity"]), cut(_ops(f["ops"])),
-                      cut(short_source(f["sources"][0] if f["sources"] else None, keep=1)))
+    for f in report.fusions[:top]:
+        table.add_row(cut(f.name), f.kind or "-", fmt_s(f.time_s), fmt_bytes(f.bytes_in),
+                      fmt_bytes(f.bytes_out), _intensity(f.arithmetic_intensity), cut(_ops(f)),
+                      cut(short_source(f.sources[0] if f.sources else None, keep=1)))
     console.print(table)
-    if len(doc["fusions"]) > top:
-        console.print(Text(f"{len(doc['fusions']) - top} more fusions in the JSON", style="bright_black"))
+    if len(report.fusions) > top:
+        console.print(Text(f"{len(report.fusions) - top} more fusions in the JSON", style="bright_black"))
 
     console.print()
     breaks = Table(title="Fusion breaks: tensors that go to memory between kernels, largest first",
@@ -76,41 +77,42 @@ def render_fusions_terminal(doc: dict, console: Console, top: int = 15, title: b
     for col, just in (("bytes", "right"), ("producer → consumer", "left"), ("tensor", "left"), ("mem", "left"),
                       ("reason", "left"), ("evidence", "left")):
         breaks.add_column(col, justify=just, overflow="fold", no_wrap=col in ("bytes", "tensor", "mem"))
-    shown = doc["breaks"][:top]
+    shown = report.breaks[:top]
     for b in shown:
-        reason = Text(b["reason"], style="bright_black" if b["reason"] == "reason not inferable" else "")
-        breaks.add_row(fmt_bytes(b["bytes"]), _edge(b), b["shape"], _memory(b), reason, b["evidence"])
+        reason = Text(b.reason, style="bright_black" if b.reason == "reason not inferable" else "")
+        breaks.add_row(fmt_bytes(b.bytes), _edge(b), b.shape, _memory(b), reason, b.evidence)
     console.print(breaks)
-    if len(doc["breaks"]) > top:
-        console.print(Text(f"{len(doc['breaks']) - top} more breaks in the JSON", style="bright_black"))
-    if any(b["memory_space"] for b in shown):
+    if len(report.breaks) > top:
+        console.print(Text(f"{len(report.breaks) - top} more breaks in the JSON", style="bright_black"))
+    if any(b.memory_space for b in shown):
         console.print(Text(_MEMORY_NOTE, style="bright_black"))
 
 
-def render_fusions_markdown(doc: dict, top: int = 15, level: int = 2) -> str:
-    m, tot = doc["module"], doc["totals"]
+def render_fusions_markdown(report, top: int = 15, level: int = 2) -> str:
+    """A `FusionReport` as Markdown under a heading of `level`: the first `top` fusions and breaks."""
+    m, tot = report.module, report.totals
     h = "#" * level
-    out = [f"{h} Fusions: `{_esc(m['name'])}`", "",
-           f"{tot['fusions']} fusions moving {fmt_bytes(tot['fusion_bytes'])}; {tot['breaks']} fusion breaks "
-           f"round-trip {fmt_bytes(tot['break_bytes'])} ({fmt_bytes(tot['break_bytes_default_memory'])} in default "
-           f"memory), {tot['breaks_not_inferable']} with no inferable reason.", "",
-           f"| fusion | kind | {_time_header(doc)} | bytes in | bytes out | FLOP/B | ops | sources |",
+    out = [f"{h} Fusions: `{_esc(m.name)}`", "",
+           f"{tot.fusions} fusions moving {fmt_bytes(tot.fusion_bytes)}; {tot.breaks} fusion breaks "
+           f"round-trip {fmt_bytes(tot.break_bytes)} ({fmt_bytes(tot.break_bytes_default_memory)} in default "
+           f"memory), {tot.breaks_not_inferable} with no inferable reason.", "",
+           f"| fusion | kind | {_time_header(report)} | bytes in | bytes out | FLOP/B | ops | sources |",
            "|---|---|---:|---:|---:|---:|---|---|"]
-    for f in doc["fusions"][:top]:
-        sources = ", ".join(_esc(short_source(s)) for s in f["sources"][:3])
-        out.append(f"| `{_esc(f['name'])}` | {f['kind'] or '-'} | {fmt_s(f['time_s'])} | {fmt_bytes(f['bytes_in'])} | "
-                   f"{fmt_bytes(f['bytes_out'])} | {_intensity(f['arithmetic_intensity'])} | {_esc(_ops(f['ops']))} | "
+    for f in report.fusions[:top]:
+        sources = ", ".join(_esc(short_source(s)) for s in f.sources[:3])
+        out.append(f"| `{_esc(f.name)}` | {f.kind or '-'} | {fmt_s(f.time_s)} | {fmt_bytes(f.bytes_in)} | "
+                   f"{fmt_bytes(f.bytes_out)} | {_intensity(f.arithmetic_intensity)} | {_esc(_ops(f))} | "
                    f"{sources} |")
-    if len(doc["fusions"]) > top:
-        out += ["", f"{len(doc['fusions']) - top} more fusions in the JSON."]
+    if len(report.fusions) > top:
+        out += ["", f"{len(report.fusions) - top} more fusions in the JSON."]
     out += ["", f"{h}# Fusion breaks, largest first", "",
             "| bytes | producer → consumer | tensor | memory | reason | evidence |", "|---:|---|---|---|---|---|"]
-    shown = doc["breaks"][:top]
+    shown = report.breaks[:top]
     for b in shown:
-        out.append(f"| {fmt_bytes(b['bytes'])} | `{_esc(_edge(b))}` | {b['shape']} | {_memory(b) or '-'} | "
-                   f"{_esc(b['reason'])} | {_esc(b['evidence'])} |")
-    if len(doc["breaks"]) > top:
-        out += ["", f"{len(doc['breaks']) - top} more breaks in the JSON."]
-    if any(b["memory_space"] for b in shown):
+        out.append(f"| {fmt_bytes(b.bytes)} | `{_esc(_edge(b))}` | {b.shape} | {_memory(b) or '-'} | "
+                   f"{_esc(b.reason)} | {_esc(b.evidence)} |")
+    if len(report.breaks) > top:
+        out += ["", f"{len(report.breaks) - top} more breaks in the JSON."]
+    if any(b.memory_space for b in shown):
         out += ["", f"> {_esc(_MEMORY_NOTE)}"]
     return "\n".join(out) + "\n"

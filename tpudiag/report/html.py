@@ -1,16 +1,18 @@
-"""Renders a `tpudiag.report/1` (profile) or `tpudiag.compile/1` document as one self-contained HTML page.
+"""Renders a `ProfileReport` (tpudiag.report/1) or a `CompileReport` (tpudiag.compile/1) as one
+self-contained HTML page.
 
-Reads the document, and for a profile optionally the op instances of one step (`timeline_rows`,
-below), which the document does not carry. Returns the page as a string: inline CSS and inline
-SVG only, no script, no font, image or link to fetch, so it opens offline and from a CI artifact.
+Reads the model's attributes, and for a profile optionally the op instances of one step
+(`timeline_rows`, below), which the report does not carry. Returns the page as a string: inline
+CSS and inline SVG only, no script, no font, image or link to fetch, so it opens offline and from
+a CI artifact.
 
 Sections: header (program, status, backend or target, warnings), where the time went (stacked bar),
 top ops (table with bars), one step's timeline (profile), a roofline scatter of the ops against the
 chip's ceilings (compile), fusion breaks, suggestions. Every string that came from the program, the
 compiler or the file system is escaped with `html.escape`, so an op named `<script>` stays text.
 
-It computes no figure: times, shares and totals are the document's. Pixel geometry (bar lengths,
-axis positions, the roofline's log coordinates) is layout, derived here from the document's fields.
+It computes no figure: times, shares, totals and rankings are the models'. Pixel geometry (bar
+lengths, axis positions, the roofline's log coordinates) is layout, derived here from the models' fields.
 """
 
 from __future__ import annotations
@@ -128,59 +130,62 @@ def _hbar(frac: float, color: str, tip: str, width: int = 220) -> str:
 # ---------------------------------------------------------------------------------------------- header
 
 
-def _profile_header(doc: dict) -> list[str]:
-    prog = doc.get("program") or doc.get("artifacts", {}).get("xplane") or "?"
-    status = doc["status"]
-    out = [f"<h1>tpudiag profile: <code>{_h(prog)}</code></h1>",
+def _profile_title(report) -> str:
+    return report.program or report.artifacts.get("xplane") or "?"
+
+
+def _profile_header(report) -> list[str]:
+    status, steps = report.status, report.steps
+    out = [f"<h1>tpudiag profile: <code>{_h(_profile_title(report))}</code></h1>",
            f'<p class="meta">status <span class="{"ok" if status == "ok" else "bad"}">{_h(status)}</span>'
-           + (f" ({_h(doc['reason'])})" if doc.get("reason") else "")
-           + (f" &middot; exit code {_h(doc['exit_code'])}" if doc.get("exit_code") not in (None, 0) else "") + "</p>",
-           f'<p class="meta">backend <b>{_h(doc["backend"])}</b> &middot; devices {len(doc["devices"])}'
-           + (f" on host <code>{_h(doc['host'])}</code>" if doc.get("host") else "")
-           + f" &middot; traced {_h(fmt_s(doc['wall_s']))}"
-           + (f" of {_h(fmt_s(doc['process_wall_s']))} process wall" if doc.get("process_wall_s") is not None else "")
-           + (f" &middot; steps {doc['steps']['count']} (median {_h(fmt_s(doc['steps']['median_s']))})"
-              if doc["steps"]["count"] else "") + "</p>"]
-    est = doc.get("tpu_estimate")
-    if est:
-        t = est["target"]
-        out.append(f'<p class="meta">TPU target <b>{_h(t["chip"])}</b> ({_h(t["topology"])}): estimated '
-                   f'{_h(fmt_s(est["step"]["tpu_estimated_s"]))} per step, status {_h(est["status"])} '
-                   f'<span class="muted">({_h(est["note"])})</span></p>')
-    if doc.get("command"):
-        out.append(f'<p class="meta muted">command <code>{_h(doc["command"])}</code></p>')
-    run_dir = doc.get("artifacts", {}).get("run_dir")
+           + (f" ({_h(report.reason)})" if report.reason else "")
+           + (f" &middot; exit code {_h(report.exit_code)}" if report.exit_code not in (None, 0) else "") + "</p>",
+           f'<p class="meta">backend <b>{_h(report.backend)}</b> &middot; devices {len(report.devices)}'
+           + (f" on host <code>{_h(report.host)}</code>" if report.host else "")
+           + f" &middot; traced {_h(fmt_s(report.wall_s))}"
+           + (f" of {_h(fmt_s(report.process_wall_s))} process wall" if report.process_wall_s is not None else "")
+           + (f" &middot; steps {steps.count} (median {_h(fmt_s(steps.median_s))})" if steps.count else "")
+           + "</p>"]
+    est = report.tpu_estimate
+    if est is not None:
+        t = est.target
+        out.append(f'<p class="meta">TPU target <b>{_h(t.chip)}</b> ({_h(t.topology)}): estimated '
+                   f'{_h(fmt_s(est.step.tpu_estimated_s))} per step, status {_h(est.status)} '
+                   f'<span class="muted">({_h(est.note)})</span></p>')
+    if report.command:
+        out.append(f'<p class="meta muted">command <code>{_h(report.command)}</code></p>')
+    run_dir = report.artifacts.get("run_dir")
     if run_dir:
         out.append(f'<p class="meta muted">run directory <code>{_h(run_dir)}</code></p>')
-    if doc.get("warnings"):
-        out.append('<ul class="warn">' + "".join(f"<li>{_h(w)}</li>" for w in doc["warnings"]) + "</ul>")
+    if report.warnings:
+        out.append('<ul class="warn">' + "".join(f"<li>{_h(w)}</li>" for w in report.warnings) + "</ul>")
     return out
 
 
-def _compile_header(doc: dict) -> list[str]:
-    t, src = doc["target"], doc.get("source", {})
-    status = doc["status"]
-    per = "chip" if t.get("devices_per_chip", 1) == 1 else f"device (1/{t['devices_per_chip']} chip)"
+def _compile_header(report) -> list[str]:
+    t, src, totals = report.target, report.source, report.totals
+    status = report.status
+    per = "chip" if t.devices_per_chip == 1 else f"device (1/{t.devices_per_chip} chip)"
     out = [f"<h1>tpudiag compile: <code>{_h(src.get('input', '?'))}</code></h1>",
            f'<p class="meta">status <span class="{"ok" if status == "ok" else "bad"}">{_h(status)}</span>'
-           f' &middot; input kind {_h(src.get("kind", "?"))} &middot; {doc["totals"]["modules"]} modules'
-           f' ({doc["totals"]["failed"]} failed) &middot; estimated TPU time {_h(fmt_s(doc["totals"]["estimated_s"]))}'
+           f' &middot; input kind {_h(src.get("kind", "?"))} &middot; {totals.modules} modules'
+           f' ({totals.failed} failed) &middot; estimated TPU time {_h(fmt_s(totals.estimated_s))}'
            " (sum of the modules, one execution each)</p>",
-           f'<p class="meta">target <b>{_h(t["chip"])}</b> ({_h(t["topology"])}, {_h(t["chips"])} chips): '
-           f'{_h(fmt_count(t["peak_bf16_flops_per_s"], "FLOP/s"))} bf16, '
-           f'{_h(fmt_bytes(t["hbm_bytes"]))} HBM per {_h(per)} at {_h(fmt_count(t["hbm_bytes_per_s"], "B/s"))}, '
-           f'clock {fmt_ghz(t["clock_hz"])}</p>']
-    if t.get("note"):
-        out.append(f'<p class="meta">{_h(t["note"])}</p>')
+           f'<p class="meta">target <b>{_h(t.chip)}</b> ({_h(t.topology)}, {_h(t.chips)} chips): '
+           f'{_h(fmt_count(t.peak_bf16_flops_per_s, "FLOP/s"))} bf16, '
+           f'{_h(fmt_bytes(t.hbm_bytes))} HBM per {_h(per)} at {_h(fmt_count(t.hbm_bytes_per_s, "B/s"))}, '
+           f'clock {fmt_ghz(t.clock_hz)}</p>']
+    if t.note:
+        out.append(f'<p class="meta">{_h(t.note)}</p>')
     shadow = src.get("shadow_run")
     if shadow and shadow.get("status") != "ok":
         out.append(f'<p class="meta bad">the script run that collected the computations: {_h(shadow.get("status"))}'
                    f' ({_h(shadow.get("reason"))})</p>')
-    run_dir = doc.get("artifacts", {}).get("run_dir")
+    run_dir = (report.artifacts or {}).get("run_dir")
     if run_dir:
         out.append(f'<p class="meta muted">run directory <code>{_h(run_dir)}</code></p>')
-    notes = [f"{m['name']}: failed: {m['error']}" for m in doc["modules"] if m["status"] != "ok"]
-    notes += [f"{m['name']}: {f}" for m in doc["modules"] for f in m.get("findings", [])]
+    notes = [f"{m.name}: failed: {m.error}" for m in report.failed_modules]
+    notes += [f"{m.name}: {f}" for m in report.modules for f in m.findings]
     if notes:
         out.append('<ul class="warn">' + "".join(f"<li>{_h(n)}</li>" for n in notes) + "</ul>")
     return out
@@ -189,35 +194,36 @@ def _compile_header(doc: dict) -> list[str]:
 # ------------------------------------------------------------------------------------------- breakdown
 
 
-def _profile_breakdown(doc: dict, top_compiles: int) -> list[str]:
-    bd, share = doc["breakdown"], doc["breakdown_share"]
+def _profile_breakdown(report, top_compiles: int) -> list[str]:
+    bd, share = report.breakdown, report.breakdown_share
     out = ['<section id="breakdown"><h2>Where the time went</h2>']
     if share.get("idle") is None:
         return out + ['<p class="muted">The trace window is empty: nothing to break down.</p></section>']
-    parts = [(label, share[label], _PART_COLORS[label], f"{label} {fmt_s(bd[key])} ({fmt_pct(share[label])})")
+    parts = [(label, share[label], _PART_COLORS[label], f"{label} {fmt_s(getattr(bd, key))} ({fmt_pct(share[label])})")
              for key, label in BREAKDOWN_PARTS]
-    out.append(_stacked_bar(parts, f"breakdown of the {fmt_s(bd['total_s'])} trace window"))
-    out.append(_legend([(_PART_COLORS[label], f"{_h(label)} <b>{_h(fmt_s(bd[key]))}</b> ({_h(fmt_pct(share[label]))})")
+    out.append(_stacked_bar(parts, f"breakdown of the {fmt_s(bd.total_s)} trace window"))
+    out.append(_legend([(_PART_COLORS[label],
+                         f"{_h(label)} <b>{_h(fmt_s(getattr(bd, key)))}</b> ({_h(fmt_pct(share[label]))})")
                         for key, label in BREAKDOWN_PARTS]))
-    out.append(f'<p class="muted">of the {_h(fmt_s(bd["total_s"]))} trace window; definitions in docs/breakdown.md</p>')
-    if doc.get("compile"):
-        rows = [[f"<code>{_h(c['function'])}</code>", _h(c["compiles"]), _h(fmt_s(c["tracing_s"])),
-                 _h(fmt_s(c["lowering_s"])), _h(fmt_s(c["backend_compile_s"])), _h(fmt_s(c["total_s"]))]
-                for c in doc["compile"][:top_compiles]]
-        out.append(f"<h3>Compilation: {_h(fmt_s(doc['totals'].get('compile_s')))} in the whole run</h3>")
+    out.append(f'<p class="muted">of the {_h(fmt_s(bd.total_s))} trace window; definitions in docs/breakdown.md</p>')
+    if report.compile:
+        rows = [[f"<code>{_h(c.function)}</code>", _h(c.compiles), _h(fmt_s(c.tracing_s)),
+                 _h(fmt_s(c.lowering_s)), _h(fmt_s(c.backend_compile_s)), _h(fmt_s(c.total_s))]
+                for c in report.compile[:top_compiles]]
+        out.append(f"<h3>Compilation: {_h(fmt_s(report.totals.compile_s))} in the whole run</h3>")
         out.append(_table([("function", False), ("compiles", True), ("tracing", True), ("lowering", True),
                            ("backend", True), ("total", True)], rows))
-    est = doc.get("tpu_estimate")
-    if est and est.get("modules"):
-        rows = [[f"<code>{_h(m['name'])}</code>", _h(m["status"]), _h(m["executions"]), _h(fmt_s(m["cpu_self_s"])),
-                 _h(fmt_s(m["tpu_estimated_s"])), _h(fmt_s(m["tpu_estimated_total_s"]))] for m in est["modules"]]
-        out.append(f"<h3>Measured here vs estimated on {_h(est['target']['topology'])}</h3>")
+    est = report.tpu_estimate
+    if est is not None and est.modules:
+        rows = [[f"<code>{_h(m.name)}</code>", _h(m.status), _h(m.executions), _h(fmt_s(m.cpu_self_s)),
+                 _h(fmt_s(m.tpu_estimated_s)), _h(fmt_s(m.tpu_estimated_total_s))] for m in est.modules]
+        out.append(f"<h3>Measured here vs estimated on {_h(est.target.topology)}</h3>")
         out.append(_table([("module", False), ("compile", False), ("runs", True), ("measured self", True),
                            ("TPU est. per run", True), ("TPU est. total", True)], rows))
     return out + ["</section>"]
 
 
-def _compile_breakdown(doc: dict, report) -> list[str]:
+def _compile_breakdown(report) -> list[str]:
     out = ['<section id="breakdown"><h2>Where the estimated TPU time goes</h2>']
     total = report.totals.estimated_s
     shares = report.module_shares
@@ -230,16 +236,14 @@ def _compile_breakdown(doc: dict, report) -> list[str]:
         out.append('<p class="muted">one execution of each module; static estimates and roofline floors, '
                    "not measurements</p>")
     rows = []
-    for m in doc["modules"]:
-        tot = m["totals"] or {}
-        mem = tot.get("memory") or {}
-        fits = mem.get("fits", True)
-        hbm = _h(fmt_bytes(mem.get("peak_hbm_bytes"))) if mem else "-"
-        status = _h("ok") if m["status"] == "ok" else f'<span class="bad">{_h("failed: " + str(m["error"]))}</span>'
-        rows.append([f"<code>{_h(m['name'])}</code>", status,
-                     _h(fmt_s(tot.get("estimated_s"))), _h(fmt_s(tot.get("xla_optimal_s"))),
-                     hbm if fits else f'<span class="bad">{hbm}</span>', _h(tot.get("ops", "-")),
-                     _h(m["static_profile"])])
+    for m in report.modules:
+        tot = m.totals
+        hbm = _h(fmt_bytes(m.memory.get("peak_hbm_bytes"))) if m.memory else "-"
+        status = _h("ok") if m.ok else f'<span class="bad">{_h("failed: " + str(m.error))}</span>'
+        rows.append([f"<code>{_h(m.name)}</code>", status,
+                     _h(fmt_s(m.estimated_s)), _h(fmt_s(getattr(tot, "xla_optimal_s", None))),
+                     hbm if m.fits else f'<span class="bad">{hbm}</span>', _h(getattr(tot, "ops", "-")),
+                     _h(m.static_profile)])
     out.append("<h3>Modules</h3>")
     out.append(_table([("module", False), ("status", False), ("est. TPU time", True), ("XLA optimal", True),
                        ("peak HBM", True), ("ops", True), ("static profile", False)], rows))
@@ -249,47 +253,46 @@ def _compile_breakdown(doc: dict, report) -> list[str]:
 # --------------------------------------------------------------------------------------------- top ops
 
 
-def _profile_top_ops(doc: dict, top: int) -> list[str]:
-    ops = doc["ops"][:top]
-    out = [f'<section id="top-ops"><h2>Top ops by self time ({len(ops)} of {len(doc["ops"])})</h2>']
+def _profile_top_ops(report, top: int) -> list[str]:
+    ops = report.ops[:top]
+    out = [f'<section id="top-ops"><h2>Top ops by self time ({len(ops)} of {len(report.ops)})</h2>']
     if not ops:
         return out + ['<p class="muted">No op executed in the traced window.</p></section>']
-    top = ops[0]["self_s"] or 0
+    top = ops[0].self_s or 0
     rows = []
     for o in ops:
-        tip = f"{o['name']}: {fmt_s(o['self_s'])} self, {fmt_pct(o['share'])} of op time"
-        rows.append([f"<code>{_h(o['name'])}</code>", _h(o["module"]), _h(o["category"]), _h(o["occurrences"]),
-                     _h(fmt_s(o["self_s"])), _h(fmt_pct(o["share"])),
-                     _hbar(o["self_s"] / top if top else 0, _cat_color(o["category"]), tip),
-                     f'<span class="mono" title="{_h(o["source"])}">{_h(short_source(o["source"]))}</span>'])
+        tip = f"{o.name}: {fmt_s(o.self_s)} self, {fmt_pct(o.share)} of op time"
+        rows.append([f"<code>{_h(o.name)}</code>", _h(o.module), _h(o.category), _h(o.occurrences),
+                     _h(fmt_s(o.self_s)), _h(fmt_pct(o.share)),
+                     _hbar(o.self_s / top if top else 0, _cat_color(o.category), tip),
+                     f'<span class="mono" title="{_h(o.source)}">{_h(short_source(o.source))}</span>'])
     out.append(_table([("op", False), ("module", False), ("category", False), ("count", True), ("self", True),
                        ("share", True), ("self time", False), ("source", False)], rows))
-    cats = list(dict.fromkeys(o["category"] for o in ops))
+    cats = list(dict.fromkeys(o.category for o in ops))
     out.append(_legend([(_cat_color(c), _h(c)) for c in cats]))
     return out + ["</section>"]
 
 
 def _compile_top_ops(report) -> list[str]:
     out = ['<section id="top-ops"><h2>Top ops by estimated TPU time</h2>']
-    ranked = [m.to_dict() for m in report.ranked_modules]
+    ranked = report.ranked_modules
     if not ranked:
         return out + ['<p class="muted">No module compiled.</p></section>']
     for m in ranked[:_TOP_MODULES]:
-        ops = m["ops"][:_COMPILE_TOP_OPS]
-        top = ops[0]["estimated_s"] or 0
-        out.append(f"<h3><code>{_h(m['name'])}</code>: {len(ops)} of {len(m['ops'])} ops, "
-                   f"{_h(fmt_s(m['totals']['estimated_s']))} estimated</h3>")
+        ops = m.ops[:_COMPILE_TOP_OPS]
+        top = ops[0].estimated_s or 0
+        out.append(f"<h3><code>{_h(m.name)}</code>: {len(ops)} of {len(m.ops)} ops, "
+                   f"{_h(fmt_s(m.estimated_s))} estimated</h3>")
         rows = []
         for o in ops:
-            tip = f"{o['name']}: {fmt_s(o['estimated_s'])} estimated ({o['limit']})"
-            rows.append([f"<code>{_h(o['name'])}</code>", _h(o["category"]), _h(fmt_s(o["estimated_s"])),
-                         _h(o["limit"]), _h(fmt_count(o["flops"], "FLOP")), _h(fmt_bytes(o["bytes_accessed"])),
-                         _hbar(o["estimated_s"] / top if top else 0, _BOUND_COLORS.get(o["bound_by"], _OTHER_COLOR),
-                               tip),
-                         f'<span class="mono" title="{_h(o["source"])}">{_h(short_source(o["source"]))}</span>'])
+            tip = f"{o.name}: {fmt_s(o.estimated_s)} estimated ({o.limit})"
+            rows.append([f"<code>{_h(o.name)}</code>", _h(o.category), _h(fmt_s(o.estimated_s)),
+                         _h(o.limit), _h(fmt_count(o.flops, "FLOP")), _h(fmt_bytes(o.bytes_accessed)),
+                         _hbar(o.estimated_s / top if top else 0, _BOUND_COLORS.get(o.bound_by, _OTHER_COLOR), tip),
+                         f'<span class="mono" title="{_h(o.source)}">{_h(short_source(o.source))}</span>'])
         out.append(_table([("op", False), ("category", False), ("est.", True), ("limit", False), ("FLOPs", True),
                            ("bytes", True), ("estimated time", False), ("source", False)], rows))
-    bounds = list(dict.fromkeys(o["bound_by"] for m in ranked[:_TOP_MODULES] for o in m["ops"][:_COMPILE_TOP_OPS]))
+    bounds = list(dict.fromkeys(o.bound_by for m in ranked[:_TOP_MODULES] for o in m.ops[:_COMPILE_TOP_OPS]))
     out.append(_legend([(_BOUND_COLORS.get(b, _OTHER_COLOR), f"bound by {_h(b)}") for b in bounds]))
     if len(ranked) > _TOP_MODULES:
         out.append(f'<p class="muted">{len(ranked) - _TOP_MODULES} more module(s) with ops: report.json has '
@@ -306,13 +309,17 @@ def _nice_step(span: float, ticks: int = 8) -> float:
     return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
 
 
-def _timeline(doc: dict, rows: list[dict] | None) -> list[str]:
+def _compile_timeline() -> list[str]:
+    return ['<section id="timeline"><h2>One step\'s timeline</h2>',
+            '<p class="muted">A compile run has no measured timeline: profile the program '
+            "(<code>tpudiag profile</code>) to see one.</p></section>"]
+
+
+def _timeline(report, rows: list[dict] | None) -> list[str]:
+    """One step of a `ProfileReport`: `rows` are its op instances (`render_html`'s `timeline_rows`)."""
     out = ['<section id="timeline"><h2>One step\'s timeline</h2>']
-    if doc["schema"].startswith("tpudiag.compile/"):
-        return out + ['<p class="muted">A compile run has no measured timeline: profile the program '
-                      "(<code>tpudiag profile</code>) to see one.</p></section>"]
     if not rows:
-        why = ("the program marks no steps (<code>jax.profiler.StepTraceAnnotation</code>)" if not doc["steps"]["count"]
+        why = ("the program marks no steps (<code>jax.profiler.StepTraceAnnotation</code>)" if not report.steps.count
                else "no op instances of a step were given to the renderer")
         return out + [f'<p class="muted">No timeline: {why}.</p></section>']
     steps = {r.get("step") for r in rows}
@@ -370,27 +377,30 @@ def _decades(lo: float, hi: float) -> tuple[int, int]:
     return math.floor(math.log10(lo)), math.ceil(math.log10(hi))
 
 
-def _roofline(doc: dict, report=None) -> list[str]:
-    """`report`: the `CompileReport` of a compile page (its ops' intensities and rates are the model's)."""
+def _profile_roofline(report) -> list[str]:
+    """A profile has no per-op FLOPs and bytes: the section says where a roofline is to be had."""
+    if report.tpu_estimate is not None:
+        where = report.artifacts.get("tpu_compile", "tpu")
+        msg = (f"The roofline needs each op's FLOPs, bytes and estimated time, which are in the compile run of "
+               f"this profile: <code>tpudiag report --html FILE RUN/{_h(where)}</code>.")
+    else:
+        msg = ("The roofline needs a TPU target: rerun with <code>tpudiag profile --target v5e</code> and open "
+               "its compile run, or <code>tpudiag compile --target v5e</code> the program.")
+    return ['<section id="roofline"><h2>Roofline</h2>', f'<p class="note">{msg}</p></section>']
+
+
+def _compile_roofline(report) -> list[str]:
+    """The ops of a `CompileReport` against its target's ceilings (intensities and rates are the model's)."""
     out = ['<section id="roofline"><h2>Roofline</h2>']
-    if report is None:
-        if doc.get("tpu_estimate"):
-            where = doc.get("artifacts", {}).get("tpu_compile", "tpu")
-            msg = (f"The roofline needs each op's FLOPs, bytes and estimated time, which are in the compile run of "
-                   f"this profile: <code>tpudiag report --html FILE RUN/{_h(where)}</code>.")
-        else:
-            msg = ("The roofline needs a TPU target: rerun with <code>tpudiag profile --target v5e</code> and open "
-                   "its compile run, or <code>tpudiag compile --target v5e</code> the program.")
-        return out + [f'<p class="note">{msg}</p></section>']
-    t = doc["target"]
-    peak, bw = t["peak_bf16_flops_per_s"], t["hbm_bytes_per_s"]
-    ridge = report.target.ridge_flops_per_byte
+    t = report.target
+    peak, bw = t.peak_bf16_flops_per_s, t.hbm_bytes_per_s
+    ridge = t.ridge_flops_per_byte
     pts, left_out = [], 0
     for m in report.modules:
         for o in m.ops:
             ai, rate = o.arithmetic_intensity, o.achieved_flops_per_s
             if ai is not None and rate is not None:
-                pts.append((ai, rate, m.name, o.to_dict()))
+                pts.append((ai, rate, m.name, o))
             else:
                 left_out += 1
     if not pts:
@@ -432,25 +442,25 @@ def _roofline(doc: dict, report=None) -> list[str]:
                 f'stroke-dasharray="4 4"/><text x="{px(ridge) + 4:.1f}" y="{mt + ph - 6}" style="fill:#b3261e">'
                 f"ridge {ridge:.0f} FLOP/B</text>")
     for ai, rate, mod, o in pts:
-        tip = (f"{o['name']} ({mod}, {o['category']}): {fmt_s(o['estimated_s'])} estimated, {o['limit']}; "
-               f"{fmt_count(o['flops'], 'FLOP')}, {fmt_bytes(o['bytes_accessed'])}, {ai:.3g} FLOP/B, "
+        tip = (f"{o.name} ({mod}, {o.category}): {fmt_s(o.estimated_s)} estimated, {o.limit}; "
+               f"{fmt_count(o.flops, 'FLOP')}, {fmt_bytes(o.bytes_accessed)}, {ai:.3g} FLOP/B, "
                f"{fmt_count(rate, 'FLOP/s')}")
-        color = _BOUND_COLORS.get(o["bound_by"], _OTHER_COLOR)
+        color = _BOUND_COLORS.get(o.bound_by, _OTHER_COLOR)
         body.append(f'<circle cx="{px(ai):.1f}" cy="{py(rate):.1f}" r="5" fill="{color}" fill-opacity="0.75" '
                     f'stroke="#333" stroke-width="0.6"><title>{_h(tip)}</title></circle>')
-    for ai, rate, mod, o in sorted(pts, key=lambda p: -p[3]["estimated_s"])[:_ROOFLINE_LABELS]:
-        name = clip(f"{o['name']} ({mod})", 40)  # one name can recur in several modules
+    for ai, rate, mod, o in sorted(pts, key=lambda p: -p[3].estimated_s)[:_ROOFLINE_LABELS]:
+        name = clip(f"{o.name} ({mod})", 40)  # one name can recur in several modules
         x = px(ai) + 8
         anchor = "start" if x + _text_w(name, 11) < ml + pw else "end"
         body.append(f'<text x="{x if anchor == "start" else px(ai) - 8:.1f}" y="{py(rate) - 6:.1f}" '
                     f'text-anchor="{anchor}" style="font-size:11px">{_h(name)}</text>')
-    out.append(f'<p class="muted">{len(pts)} ops of {len(doc["modules"])} modules on {_h(t["chip"])}; each point is '
+    out.append(f'<p class="muted">{len(pts)} ops of {len(report.modules)} modules on {_h(t.chip)}; each point is '
                "one op at its estimated time (FLOPs &divide; estimated seconds), so no op sits above the ceilings. "
                f"The {_ROOFLINE_LABELS} ops with the most estimated time are named; hover a point for its figures.</p>")
-    out.append(_svg(_PAGE_W, mt + ph + mb + 10, f"roofline of {len(pts)} ops against {t['chip']}", body))
-    bounds = list(dict.fromkeys(p[3]["bound_by"] for p in pts))
+    out.append(_svg(_PAGE_W, mt + ph + mb + 10, f"roofline of {len(pts)} ops against {t.chip}", body))
+    bounds = list(dict.fromkeys(p[3].bound_by for p in pts))
     out.append(_legend([(_BOUND_COLORS.get(b, _OTHER_COLOR), f"bound by {_h(b)}") for b in bounds]
-                       + [("#b3261e", f"{_h(t['chip'])} ceilings")]))
+                       + [("#b3261e", f"{_h(t.chip)} ceilings")]))
     if left_out:
         out.append(f'<p class="muted">{left_out} op(s) with no FLOPs or no bytes (pure data movement, '
                    "control) are not on a log-log plot.</p>")
@@ -460,14 +470,11 @@ def _roofline(doc: dict, report=None) -> list[str]:
 # -------------------------------------------------------------------------------------- fusion breaks
 
 
-def _fusions(doc: dict, report=None) -> list[str]:
+def _fusions(summaries) -> list[str]:
+    """The fusion summaries (`analyze.fusions.fusion_summary` documents) a report embeds."""
     out = ['<section id="fusions"><h2>Fusion breaks</h2>',
            '<p class="muted">A fusion break is a tensor one kernel writes to memory and another reads back '
            "(<code>tpudiag fusions RUN</code> lists them all).</p>"]
-    if report is not None:
-        summaries = [m.fusions for m in report.ranked_modules[:_TOP_MODULES] if m.fusions]
-    else:
-        summaries = doc.get("fusions") or []
     if not summaries:
         return out + ['<p class="muted">No fusion summary: the run has no HLO dump of its modules.</p></section>']
     for s in summaries:
@@ -496,10 +503,10 @@ def _suggestions() -> list[str]:
 
 
 def render_html(result, timeline_rows: list[dict] | None = None, top_ops: int = 15, top_compiles: int = 10) -> str:
-    """One self-contained HTML page for a `ProfileReport` (or its `tpudiag.report/1` document) or a
-    `CompileReport` (its rankings, shares and roofline figures are the model's own).
+    """One self-contained HTML page for a `ProfileReport` or a `CompileReport` (their rankings,
+    shares and roofline figures are the models' own).
 
-    `timeline_rows` (profile documents only): the op instances of one step, each a dict
+    `timeline_rows` (profiles only): the op instances of one step, each a dict
     `{"op", "module", "category", "line", "start_s", "duration_s"}` and optionally `"step"` (the
     step number, shown in the caption). `start_s` is from any common origin (the trace window's
     start, as in the timeline frame); the picture starts at the earliest row. `line` is the trace
@@ -507,23 +514,23 @@ def render_html(result, timeline_rows: list[dict] | None = None, top_ops: int = 
     `top_ops`, `top_compiles`: rows of the profile's op and compilation tables (the caller passes
     the configured counts; the defaults are `tpudiag.config`'s).
     """
-    doc = result.to_dict() if hasattr(result, "to_dict") else result
-    compile_report = result if doc["schema"].startswith("tpudiag.compile/") else None
-    if compile_report is not None:
-        title = f"tpudiag compile: {doc.get('source', {}).get('input', '?')}"
-        head, breakdown, top = _compile_header(doc), _compile_breakdown(doc, compile_report), \
-            _compile_top_ops(compile_report)
+    if result.schema.startswith("tpudiag.compile/"):
+        title = f"tpudiag compile: {result.source.get('input', '?')}"
+        head = _compile_header(result)
+        sections = (_compile_breakdown(result) + _compile_top_ops(result) + _compile_timeline()
+                    + _compile_roofline(result)
+                    + _fusions([m.fusions for m in result.ranked_modules[:_TOP_MODULES] if m.fusions]))
     else:
-        title = f"tpudiag profile: {doc.get('program') or doc.get('artifacts', {}).get('xplane') or '?'}"
-        head = _profile_header(doc)
-        breakdown, top = _profile_breakdown(doc, top_compiles), _profile_top_ops(doc, top_ops)
+        title = f"tpudiag profile: {_profile_title(result)}"
+        head = _profile_header(result)
+        sections = (_profile_breakdown(result, top_compiles) + _profile_top_ops(result, top_ops)
+                    + _timeline(result, timeline_rows) + _profile_roofline(result) + _fusions(result.fusions))
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>{_h(title)}</title>", f"<style>{_CSS}</style></head><body>", '<header id="header">']
     out += head + ["</header>"]
-    out += breakdown + top + _timeline(doc, timeline_rows) + _roofline(doc, compile_report) + _fusions(doc, compile_report)
-    out += _suggestions()
-    out.append(f'<footer><p class="muted">{_h(doc["schema"])} &middot; rendered by tpudiag; the page has no script '
+    out += sections + _suggestions()
+    out.append(f'<footer><p class="muted">{_h(result.schema)} &middot; rendered by tpudiag; the page has no script '
                "and fetches nothing.</p></footer>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"

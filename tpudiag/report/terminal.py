@@ -1,5 +1,6 @@
-"""Renders a `tpudiag.report/1` document for the terminal with rich: header, breakdown bar,
-top ops with source lines, compile table, and where the artifacts are."""
+"""Renders a `ProfileReport` (tpudiag.report/1) for the terminal with rich: header, breakdown bar,
+top ops with source lines, compile table, and where the artifacts are. It reads the model's
+attributes and computes nothing."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ _COLORS = {"compute": "green", "memory": "yellow", "communication": "magenta", "
 _BAR_WIDTH = 60
 
 
-def _bar(share: dict) -> Text:
+def _bar(share: dict[str, float | None]) -> Text:
     text = Text()
     if share["idle"] is None:
         return Text("(empty trace window)")
@@ -28,25 +29,25 @@ def _bar(share: dict) -> Text:
     return text
 
 
-def _header(doc: dict) -> Panel:
-    status_style = "green" if doc["status"] == "ok" else "bold red"
+def _header(report) -> Panel:
+    status_style = "green" if report.status == "ok" else "bold red"
     t = Text()
-    t.append(f"{doc.get('program') or doc['artifacts'].get('xplane', '?')}", style="bold")
+    t.append(f"{report.program or report.artifacts.get('xplane', '?')}", style="bold")
     t.append("   status ")
-    t.append(doc["status"], style=status_style)
-    if doc.get("reason"):
-        t.append(f" ({doc['reason']})", style=status_style)
-    t.append(f"\nbackend {doc['backend']}   devices {len(doc['devices'])}   traced {fmt_s(doc['wall_s'])}")
-    if doc.get("process_wall_s") is not None:
-        t.append(f" of {fmt_s(doc['process_wall_s'])} process wall")
-    if doc["steps"]["count"]:
-        t.append(f"   steps {doc['steps']['count']} (median {fmt_s(doc['steps']['median_s'])})")
+    t.append(report.status, style=status_style)
+    if report.reason:
+        t.append(f" ({report.reason})", style=status_style)
+    t.append(f"\nbackend {report.backend}   devices {len(report.devices)}   traced {fmt_s(report.wall_s)}")
+    if report.process_wall_s is not None:
+        t.append(f" of {fmt_s(report.process_wall_s)} process wall")
+    if report.steps.count:
+        t.append(f"   steps {report.steps.count} (median {fmt_s(report.steps.median_s)})")
     return Panel(t, title="tpudiag profile", title_align="left")
 
 
-def _breakdown(doc: dict) -> Group:
-    bd, share = doc["breakdown"], doc["breakdown_share"]
-    cells = [Text(f"{label} {fmt_s(bd[key])} ({fmt_pct(share[label])})", style=_COLORS[label])
+def _breakdown(report) -> Group:
+    bd, share = report.breakdown, report.breakdown_share
+    cells = [Text(f"{label} {fmt_s(getattr(bd, key))} ({fmt_pct(share[label])})", style=_COLORS[label])
              for key, label in BREAKDOWN_PARTS]
     legend = Table.grid(padding=(0, 2))
     for _ in range(3):
@@ -64,8 +65,8 @@ _OP_COLUMNS = (("op", "left", 40), ("module", "left", 18), ("category", "left", 
 _MODULE_COLUMN_MIN_WIDTH = 100
 
 
-def _ops_table(doc: dict, top: int, width: int) -> Table:
-    ops = doc["ops"]
+def _ops_table(report, top: int, width: int) -> Table:
+    ops = report.ops
     table = Table(title=f"Top ops by self time ({min(top, len(ops))} of {len(ops)})", title_justify="left",
                   show_edge=False, expand=False)
     columns = [c for c in _OP_COLUMNS if c[0] != "module" or width >= _MODULE_COLUMN_MIN_WIDTH]
@@ -74,52 +75,50 @@ def _ops_table(doc: dict, top: int, width: int) -> Table:
         table.add_column(col, justify=just, no_wrap=col not in ("op", "category"), overflow="ellipsis",
                          max_width=max_w)
     for o in ops[:top]:
-        cells = {"op": o["name"], "module": o["module"], "category": o["category"], "count": str(o["occurrences"]),
-                 "self": fmt_s(o["self_s"]), "share": fmt_pct(o["share"]),
-                 "source": short_source(o["source"], keep=1)}
+        cells = {"op": o.name, "module": o.module, "category": o.category, "count": str(o.occurrences),
+                 "self": fmt_s(o.self_s), "share": fmt_pct(o.share), "source": short_source(o.source, keep=1)}
         table.add_row(*[cells[c[0]] for c in columns])
     return table
 
 
-def _compile_table(doc: dict, top: int) -> Table:
-    hits = doc["totals"].get("compile_cache_hits", 0)
-    title = f"Compilation: {fmt_s(doc['totals'].get('compile_s'))} (tracing, lowering, backend compile)"
+def _compile_table(report, top: int) -> Table:
+    hits = report.totals.compile_cache_hits
+    title = f"Compilation: {fmt_s(report.totals.compile_s)} (tracing, lowering, backend compile)"
     table = Table(title=title + (f", {hits} persistent-cache hits" if hits else ""), title_justify="left",
                   show_edge=False)
     for col, just in (("function", "left"), ("compiles", "right"), ("tracing", "right"), ("lowering", "right"),
                       ("backend", "right")):
         table.add_column(col, justify=just)
-    for c in doc["compile"][:top]:
-        table.add_row(c["function"], str(c["compiles"]), fmt_s(c["tracing_s"]), fmt_s(c["lowering_s"]),
-                      fmt_s(c["backend_compile_s"]))
+    for c in report.compile[:top]:
+        table.add_row(c.function, str(c.compiles), fmt_s(c.tracing_s), fmt_s(c.lowering_s),
+                      fmt_s(c.backend_compile_s))
     return table
 
 
-def _tpu_estimate(doc: dict, top: int) -> Group:
-    est = doc["tpu_estimate"]
-    t = est["target"]
-    step = est["step"]
-    head = Text(f"Estimated on TPU {t['chip']} ({t['topology']})", style="bold")
-    if step["tpu_estimated_s"] is not None and doc["steps"]["median_s"]:
-        head.append(f"   step: measured {fmt_s(doc['steps']['median_s'])} on {doc['backend']}, "
-                    f"estimated {fmt_s(step['tpu_estimated_s'])} on {t['chip']}")
+def _tpu_estimate(report, top: int) -> Group:
+    est, backend = report.tpu_estimate, report.backend
+    t = est.target
+    head = Text(f"Estimated on TPU {t.chip} ({t.topology})", style="bold")
+    if est.step.tpu_estimated_s is not None and report.steps.median_s:
+        head.append(f"   step: measured {fmt_s(report.steps.median_s)} on {backend}, "
+                    f"estimated {fmt_s(est.step.tpu_estimated_s)} on {t.chip}")
     mods = Table(show_edge=False)
-    for col, just in (("module", "left"), ("runs", "right"), (f"{doc['backend']} op time", "right"),
+    for col, just in (("module", "left"), ("runs", "right"), (f"{backend} op time", "right"),
                       ("TPU est. / run", "right"), ("TPU est. total", "right"), ("status", "left")):
         mods.add_column(col, justify=just, no_wrap=col != "status")
-    for m in est["modules"][:top]:
-        mods.add_row(m["name"], str(m["executions"]), fmt_s(m["cpu_self_s"]), fmt_s(m["tpu_estimated_s"]),
-                     fmt_s(m["tpu_estimated_total_s"]), m["status"] if not m["error"] else f"failed: {m['error']}")
+    for m in est.modules[:top]:
+        mods.add_row(m.name, str(m.executions), fmt_s(m.cpu_self_s), fmt_s(m.tpu_estimated_s),
+                     fmt_s(m.tpu_estimated_total_s), m.status if not m.error else f"failed: {m.error}")
     lines = Table(title="By source line", title_justify="left", show_edge=False)
-    for col, just in (("source", "left"), (f"{doc['backend']} op time", "right"), ("TPU est.", "right")):
+    for col, just in (("source", "left"), (f"{backend} op time", "right"), ("TPU est.", "right")):
         lines.add_column(col, justify=just, no_wrap=True)
-    for ln in est["lines"][:top]:
-        lines.add_row(short_source(ln["source"], keep=1), fmt_s(ln["cpu_self_s"]), fmt_s(ln["tpu_estimated_s"]))
-    return Group(head, mods, lines, Text(est["note"], style="bright_black"))
+    for ln in est.lines[:top]:
+        lines.add_row(short_source(ln.source, keep=1), fmt_s(ln.cpu_self_s), fmt_s(ln.tpu_estimated_s))
+    return Group(head, mods, lines, Text(est.note, style="bright_black"))
 
 
-def _artifacts(doc: dict) -> Text:
-    a = doc["artifacts"]
+def _artifacts(report) -> Text:
+    a = report.artifacts
     t = Text("Artifacts", style="bold")
     run = a.get("run_dir")
     if run:
@@ -136,28 +135,29 @@ def _artifacts(doc: dict) -> Text:
     return t
 
 
-def render_terminal(doc: dict, console: Console, top_ops: int = 15, top_compiles: int = 10) -> None:
-    console.print(_header(doc))
-    console.print(_breakdown(doc))
+def render_terminal(report, console: Console, top_ops: int = 15, top_compiles: int = 10) -> None:
+    """A `ProfileReport` (tpudiag.report/1): the first `top_ops` ops and `top_compiles` compiles."""
+    console.print(_header(report))
+    console.print(_breakdown(report))
     console.print()
-    if doc["ops"]:
-        console.print(_ops_table(doc, top_ops, console.width))
+    if report.ops:
+        console.print(_ops_table(report, top_ops, console.width))
     else:
         console.print("No op executed in the traced window.")
-    if doc["compile"]:
+    if report.compile:
         console.print()
-        console.print(_compile_table(doc, top_compiles))
-    if doc.get("fusions"):
+        console.print(_compile_table(report, top_compiles))
+    if report.fusions:
         console.print()
         console.print(Text("Fusion breaks (tensors written to memory between kernels; `tpudiag fusions RUN` has all)",
                            style="bold"))
-        for summary in doc["fusions"]:
+        for summary in report.fusions:
             for line in fusion_summary_lines(summary):
                 console.print(Text(line))
-    if "tpu_estimate" in doc:
+    if report.tpu_estimate is not None:
         console.print()
-        console.print(_tpu_estimate(doc, top_ops))
-    for w in doc.get("warnings", []):
+        console.print(_tpu_estimate(report, top_ops))
+    for w in report.warnings:
         console.print(Text(f"warning: {w}", style="yellow"))
     console.print()
-    console.print(_artifacts(doc))
+    console.print(_artifacts(report))
