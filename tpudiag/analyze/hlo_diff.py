@@ -24,6 +24,7 @@ from tpudiag.analyze.hlo_diff_model import (CHANGE_STATUSES, SCHEMA, Computation
                                             Pair)
 from tpudiag.analyze.hlo_match import Matcher, Node, Side, match_modules
 from tpudiag.parse.hlo import HloModule
+from tpudiag.text import clip
 STATUSES = ("added", "removed", "changed", "moved", "unchanged")
 
 
@@ -42,15 +43,11 @@ class DiffConfig:
 DEFAULT_DIFF_CONFIG = DiffConfig()
 
 
-def _clip(text: str, chars: int) -> str:
-    return text if len(text) <= chars else text[:chars - 3] + "..."
-
-
 def _shape_changes(x: Node, y: Node, cfg: DiffConfig) -> list[str]:
     if x.shape_key != y.shape_key:
-        return [f"shape {_clip(x.shape_key, cfg.shape_chars)} -> {_clip(y.shape_key, cfg.shape_chars)}"]
+        return [f"shape {clip(x.shape_key, cfg.shape_chars, '...')} -> {clip(y.shape_key, cfg.shape_chars, '...')}"]
     if x.instr.shape != y.instr.shape:
-        return [f"layout {_clip(x.instr.shape, cfg.shape_chars)} -> {_clip(y.instr.shape, cfg.shape_chars)}"]
+        return [f"layout {clip(x.instr.shape, cfg.shape_chars, '...')} -> {clip(y.instr.shape, cfg.shape_chars, '...')}"]
     return []
 
 
@@ -70,7 +67,7 @@ def _op_changes(m: Matcher, x: Node, y: Node, cfg: DiffConfig) -> list[str]:
             if xa.get(k) != ya.get(k):
                 out.append(f"{k} differs" if k == "backend_config" else f"{k} {xa.get(k, '-')} -> {ya.get(k, '-')}")
     if x.instr.literal != y.instr.literal and x.opcode != "parameter":
-        out.append(f"value {_clip(x.instr.literal, cfg.literal_chars)} -> {_clip(y.instr.literal, cfg.literal_chars)}")
+        out.append(f"value {clip(x.instr.literal, cfg.literal_chars, '...')} -> {clip(y.instr.literal, cfg.literal_chars, '...')}")
     elif x.opcode == "parameter" and x.instr.literal != y.instr.literal:
         out.append(f"parameter {x.instr.literal} -> {y.instr.literal}")
     if x.applied != y.applied:
@@ -172,8 +169,8 @@ def diff_modules(a: HloModule, b: HloModule, times_a: dict | None = None, times_
             "fusion_kind_b": y.instr.fusion_kind if y and y.is_fusion else None,
             "shape_a": x.instr.shape if x else None, "shape_b": y.instr.shape if y else None,
             "operands_a": x.operand_names if x else None, "operands_b": y.operand_names if y else None,
-            "literal_a": _clip(x.instr.literal, config.literal_chars) if x and x.instr.literal else None,
-            "literal_b": _clip(y.instr.literal, config.literal_chars) if y and y.instr.literal else None,
+            "literal_a": clip(x.instr.literal, config.literal_chars, "...") if x and x.instr.literal else None,
+            "literal_b": clip(y.instr.literal, config.literal_chars, "...") if y and y.instr.literal else None,
             "op_name": n.op_name, "source": n.source, "changes": changes,
             "flops_a": fx[0], "flops_b": fy[0], "bytes_accessed_a": fx[1], "bytes_accessed_b": fy[1],
             "time_a_s": fx[2], "time_b_s": fy[2],

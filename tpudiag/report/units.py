@@ -4,6 +4,8 @@ shows None as "-"."""
 
 from __future__ import annotations
 
+from tpudiag.text import clip  # noqa: F401  (the renderers' clip lives beside them)
+
 
 def fmt_s(seconds: float | None) -> str:
     if seconds is None:
@@ -50,13 +52,6 @@ def fmt_int(n: int | None) -> str:
 
 def fmt_ghz(hz: float) -> str:
     return f"{hz / 1e9:.2f} GHz"
-
-
-def clip(text: str | None, chars: int, mark: str = "\u2026") -> str:
-    """`text` cut to at most `chars` characters, the cut marked with `mark` (one ellipsis character
-    by default; "..." where the output must stay ASCII)."""
-    text = "" if text is None else str(text)
-    return text if len(text) <= chars else text[:chars - len(mark)] + mark
 
 
 def short_source(source: str | None, keep: int = 2) -> str:
