@@ -26,7 +26,8 @@ from jaxlib import _hlo
 
 from tests.conftest import ARTIFACTS
 from tpudiag.analyze.hlo_cost import module_costs, total_cost
-from tpudiag.analyze.hlo_diff import SCHEMA, STATUSES, has_changes
+from tpudiag.analyze.hlo_diff import SCHEMA, STATUSES
+from tpudiag.analyze.hlo_diff_model import HloDiff
 from tpudiag.analyze.hlo_diff import diff_modules as _diff_modules
 from tpudiag.parse.hlo import HloModule, parse_hlo_text, read_hlo_file
 from tpudiag.report.diff_render import render_diff_html, render_diff_markdown, render_diff_text
@@ -78,7 +79,7 @@ def test_a_module_diffed_with_itself_has_no_change(path):
     module = read_hlo_file(path)
     doc = diff_modules(module, read_hlo_file(path))
     assert doc["schema"] == SCHEMA
-    assert _counts(doc) == dict.fromkeys(CHANGE_KEYS, 0) and not has_changes(doc)
+    assert _counts(doc) == dict.fromkeys(CHANGE_KEYS, 0) and not HloDiff.from_dict(doc).has_changes
     assert doc["summary"]["unchanged"] == len(doc["pairs"]) > 0
     assert all(p["a"] == p["b"] and not p["changes"] for p in doc["pairs"])
     assert doc["a"] == doc["b"] | {"path": doc["a"]["path"]}
@@ -254,7 +255,7 @@ def test_html_is_self_contained_and_escapes_names():
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     rows = [r for r in re.findall(r'<tr class="(\w+)">', page) if r != "comp"]  # "comp": a computation's title row
     assert rows == [p["status"] for p in doc["pairs"]] and set(rows) <= set(STATUSES)
-    assert not has_changes(doc)  # a new name is no change
+    assert not diff.has_changes  # a new name is no change
 
 
 def test_op_names_are_the_models_unescaped_metadata():

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpudiag.analyze.hlo_cost import module_costs
-from tpudiag.analyze.hlo_diff_model import (CHANGE_STATUSES, SCHEMA, ComputationPair, DiffSide, DiffSummary, HloDiff,
+from tpudiag.analyze.hlo_diff_model import (SCHEMA, ComputationPair, DiffSide, DiffSummary, HloDiff,
                                             Pair)
 from tpudiag.analyze.hlo_match import Matcher, Node, Side, match_modules
 from tpudiag.parse.hlo import HloModule
@@ -250,9 +250,3 @@ def _pair(row: dict) -> Pair:
 
     return Pair(**{**row, "operands_a": tup(row["operands_a"]), "operands_b": tup(row["operands_b"]),
                    "changes": tuple(row["changes"])})
-
-
-def has_changes(doc: dict) -> bool:
-    """True when a saved diff document found anything added, removed, changed or moved."""
-    s = doc["summary"]
-    return any(s[k] for k in CHANGE_STATUSES)
