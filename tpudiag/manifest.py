@@ -32,6 +32,8 @@ class Manifest(Model):
     reason: str | None = _opt()
     wall_s: float | None = _opt()
     versions: dict[str, str | None] | None = _opt()
+    pid: int | None = _opt()  # the tpudiag process writing the run
+    host: str | None = _opt()
     program: str | None = _opt()
     argv: tuple[str, ...] | None = _opt()
     # profile and shadow runs
@@ -45,6 +47,8 @@ class Manifest(Model):
     trace_started: bool | None = _opt()
     steps_entered: int | None = _opt()
     xplanes: tuple[str, ...] | None = _opt()
+    program_pid: int | None = _opt()
+    left_running: tuple[int, ...] | None = _opt()  # background processes the program left behind
     # compile and kernels-bench runs
     target: dict[str, Any] | None = _opt()
     static_profile: bool | None = _opt()

@@ -166,6 +166,10 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
     `modules` ({program_id: HloModule}) adds the fusion summary of the `fusion_modules` modules with
     the most op time."""
     warnings = list(warnings or [])
+    if manifest is not None and manifest.left_running:
+        pids = ", ".join(map(str, manifest.left_running))
+        warnings.append(f"the program left {len(manifest.left_running)} background process(es) running (pid {pids}); "
+                        "tpudiag stopped reading their output when the program ended")
     timeline = build_timeline(trace.ops, trace.steps, hlo_index)
     ops = aggregate_ops(timeline)
 

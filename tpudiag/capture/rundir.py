@@ -27,6 +27,7 @@ import json
 import os
 import re
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -100,7 +101,28 @@ def read_manifest(run: Path) -> Manifest:
         raise ParseError(path, f"not valid JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("schema") != MANIFEST_SCHEMA:
         raise ParseError(path, f"not a tpudiag manifest (expected schema {MANIFEST_SCHEMA!r})")
-    return Manifest.from_dict(doc, str(path))
+    manifest = Manifest.from_dict(doc, str(path))
+    if _abandoned(manifest):
+        # tpudiag was killed (SIGKILL, a closed terminal during the analysis, the machine): say so,
+        # in the file too, so that every later reader sees the same thing.
+        doc.update(status="failed", reason=f"tpudiag (pid {manifest.pid}) stopped before it finished this run "
+                                           "(killed, or its terminal or machine went away)")
+        write_json_atomic(path, doc)
+        manifest = Manifest.from_dict(doc, str(path))
+    return manifest
+
+
+def _abandoned(manifest: Manifest) -> bool:
+    """`running`, written on this host by a process that no longer exists."""
+    if manifest.status != "running" or manifest.pid is None or manifest.host != socket.gethostname():
+        return False
+    try:
+        os.kill(manifest.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def find_xplanes(trace_root: Path) -> list[Path]:
@@ -136,6 +158,9 @@ class RunDir:
 
         self.manifest: dict = {"schema": MANIFEST_SCHEMA, "kind": kind, "status": "running", **fields}
         self.manifest.setdefault("versions", tool_versions())
+        # Who writes the run: a reader that finds it `running` with this process gone knows it never will.
+        self.manifest.setdefault("pid", os.getpid())
+        self.manifest.setdefault("host", socket.gethostname())
         self.manifest.setdefault("exit_code", None)
         self.manifest.setdefault("reason", None)
         self._t0 = 0.0

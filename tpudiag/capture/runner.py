@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import select
 import shlex
 import signal
 import subprocess
@@ -40,14 +41,52 @@ class CaptureResult:
     reason: str | None
 
 
-def _tee(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
-    for chunk in iter(lambda: src.read1(65536), b""):
+# How long the program's output pipes may stay open after the program ended: a background process
+# it started (a data-loader daemon, a server) keeps them open, and must not keep tpudiag waiting.
+_PIPE_GRACE_S = 1.0
+
+
+def _tee(src: IO[bytes], sinks: list[IO[bytes]], stop: threading.Event) -> None:
+    """Copy `src` to every sink until EOF, or until `stop` is set and nothing more is waiting."""
+    fd = src.fileno()
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if not ready:
+            if stop.is_set():
+                return
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return
         for s in sinks:
             try:
                 s.write(chunk)
                 s.flush()
-            except (ValueError, OSError):
+            except (ValueError, OSError):  # a closed terminal must not stop the log
                 pass
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Pids still in process group `pgid` (the program's background processes), from /proc."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":  # state, ppid, pgrp
+            out.append(int(stat.parent.name))
+    return sorted(out)
+
+
+def _stdin():
+    """The program reads what tpudiag reads when that is a pipe or a file (`echo hi | tpudiag
+    profile prog.py`). A terminal is not passed on: the program runs in its own process group,
+    where reading the terminal would stop it (SIGTTIN)."""
+    try:
+        return subprocess.DEVNULL if os.isatty(0) else None
+    except OSError:
+        return subprocess.DEVNULL
 
 
 def _default_platforms() -> str | None:
@@ -152,7 +191,7 @@ def _run_child(rd, script: Path, args: list[str], cenv: dict[str, str], *, steps
     spec_path = run / rundir.CAPTURE_DIR / "spec.json"
     spec_path.write_text(json.dumps({"run_dir": str(run), "script": str(script), "args": args,
                                      "steps": steps, "skip": skip, "python_trace": python_trace,
-                                     "trace": trace}))
+                                     "trace": trace, "parent_pid": os.getpid()}))
 
     out = program_stdout or sys.stdout.buffer
     err = program_stderr or sys.stderr.buffer
@@ -160,32 +199,39 @@ def _run_child(rd, script: Path, args: list[str], cenv: dict[str, str], *, steps
     with open(run / rundir.PROGRAM_LOG, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tpudiag.capture.child", str(spec_path)],
-            env=cenv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            env=cenv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=_stdin(),
             # Its own process group: a terminal Ctrl-C reaches only us, and we forward it once,
             # so the child is not interrupted a second time while it writes the trace.
             process_group=0,
         )
-        threads = [threading.Thread(target=_tee, args=(proc.stdout, [out, log]), daemon=True),
-                   threading.Thread(target=_tee, args=(proc.stderr, [err, log]), daemon=True)]
-        if while_waiting is not None:
-            threads.append(threading.Thread(target=while_waiting, daemon=True))
-        for t in threads:
+        rd.update(program_pid=proc.pid)
+        stop = threading.Event()
+        tees = [threading.Thread(target=_tee, args=(proc.stdout, [out, log], stop), daemon=True),
+                threading.Thread(target=_tee, args=(proc.stderr, [err, log], stop), daemon=True)]
+        for t in tees + ([threading.Thread(target=while_waiting, daemon=True)] if while_waiting else []):
             t.start()
 
         def forward(signum, _frame):
             if proc.poll() is None:
                 proc.send_signal(signum)
 
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)} \
+        # SIGHUP too: a closed terminal ends the program as it would have ended a plain `python prog.py`.
+        forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {s: signal.signal(s, forward) for s in forwarded} \
             if threading.current_thread() is threading.main_thread() else {}
         try:
             code = proc.wait()
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
-        for t in threads:
+        deadline = time.monotonic() + _PIPE_GRACE_S
+        for t in tees:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        stop.set()  # a background process holds the pipes: stop reading once they go quiet
+        for t in tees:
             t.join()
     wall_s = time.perf_counter() - t0
+    left_running = _group_members(proc.pid)
 
     child = {}
     child_path = run / rundir.CHILD_STATUS
@@ -203,5 +249,6 @@ def _run_child(rd, script: Path, args: list[str], cenv: dict[str, str], *, steps
     prune_dumps(run / rundir.HLO_DIR)
     rd.finish(exit_code == 0, exit_code=exit_code, reason=reason, wall_s=round(wall_s, 6),
               trace_started=bool(child.get("trace_started")), steps_entered=child.get("steps_entered"),
-              xplanes=[str(p.relative_to(run)) for p in rundir.find_xplanes(run / rundir.TRACE_DIR)])
+              xplanes=[str(p.relative_to(run)) for p in rundir.find_xplanes(run / rundir.TRACE_DIR)],
+              left_running=left_running)
     return exit_code, reason

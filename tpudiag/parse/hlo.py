@@ -25,7 +25,8 @@ from pathlib import Path
 
 from tpudiag.errors import ParseError
 from tpudiag.parse.hlo_model import RUNS_CALLEES, Computation, HloModule, Instruction, Use
-from tpudiag.parse.hlo_text import KV, ReplicaGroups, WindowDim, balanced, parse_replica_groups, split_top_level
+from tpudiag.parse.hlo_text import (KV, ReplicaGroups, WindowDim, balanced, parse_replica_groups, split_top_level,
+                                     unescape)
 
 # The model and the attribute records are imported from here by every reader.
 __all__ = ["RUNS_CALLEES", "Computation", "HloModule", "Instruction", "ReplicaGroups", "Use", "WindowDim",
@@ -219,8 +220,9 @@ def parse_hlo_text(text: str, path: str = "<string>") -> HloModule:
 
     return HloModule(
         name=name, path=path, computations=comps,
-        file_names={k: v.strip('"') for k, v in tables["FileNames"].items()},
-        function_names={k: v.strip('"') for k, v in tables["FunctionNames"].items()},
+        # Non-ASCII paths come as escaped bytes (`caf\\303\\251/x.py`): one name for one file.
+        file_names={k: unescape(v.strip('"')) for k, v in tables["FileNames"].items()},
+        function_names={k: unescape(v.strip('"')) for k, v in tables["FunctionNames"].items()},
         file_locations=kv_table("FileLocations"), stack_frames=kv_table("StackFrames"),
     )
 

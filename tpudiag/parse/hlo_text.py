@@ -16,9 +16,30 @@ from dataclasses import dataclass
 
 KV = re.compile(r"(\w+)=(\"(?:[^\"\\]|\\.)*\"|[^\s}]+)")
 
+_ESCAPE = re.compile(r"\\(?:([0-7]{1,3})|x([0-9A-Fa-f]{1,2})|(.))", re.S)
+_NAMED = {"n": b"\n", "t": b"\t", "r": b"\r"}
+
+
 def unescape(text: str) -> str:
-    """XLA escapes quotes and backslashes inside metadata strings (`params[\\'b1\\']`)."""
-    return re.sub(r"\\(.)", r"\1", text) if "\\" in text else text
+    """Undo XLA's C escaping of strings (absl::CEscape): `\\'` and `\\"` and `\\\\` in metadata
+    (`params[\\'b1\\']`), and the octal bytes of a non-ASCII path (`caf\\303\\251/x.py` is `café/x.py`)."""
+    if "\\" not in text:
+        return text
+
+    def byte(m: re.Match) -> bytes:
+        octal, hexa, char = m.groups()
+        if octal is not None:
+            return bytes([int(octal, 8) & 0xFF])
+        if hexa is not None:
+            return bytes([int(hexa, 16)])
+        return _NAMED.get(char, char.encode())
+
+    out, pos = bytearray(), 0
+    for m in _ESCAPE.finditer(text):
+        out += text[pos:m.start()].encode() + byte(m)
+        pos = m.end()
+    out += text[pos:].encode()
+    return out.decode("utf-8", errors="backslashreplace")
 
 
 def ascii_int(text, default: int | None = 0) -> int | None:

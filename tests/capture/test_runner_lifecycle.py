@@ -1,0 +1,134 @@
+"""How the profiled program lives and dies with tpudiag, with real processes: a closed terminal
+(SIGHUP) and SIGKILL of tpudiag end the program too; a background process the program started does
+not keep tpudiag waiting; standard input reaches the program; a non-ASCII script path reads back."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROGRAMS, ROOT
+
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+
+
+def _start(run: Path, program: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tpudiag", "profile", "--out", str(run), str(program), *args],
+                            env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def _manifest(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())
+
+
+def _wait_until_ready(run: Path, proc: subprocess.Popen, timeout: float = 120) -> int:
+    """The program's pid, once it has printed "ready"."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        log = run / "program.log"
+        if log.is_file() and b"ready" in log.read_bytes():
+            return _manifest(run)["program_pid"]
+        time.sleep(0.1)
+    raise AssertionError(f"the program never got ready: {proc.poll()}")
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if Path(f"/proc/{pid}/stat").is_file() and Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z":
+            return True  # exited, not yet reaped by its (new) parent
+        time.sleep(0.05)
+    return False
+
+
+def test_a_closed_terminal_ends_the_program_and_the_run_says_so(tmp_path):
+    run = tmp_path / "hup"
+    proc = _start(run, PROGRAMS / "failing" / "sleeps.py")
+    program = _wait_until_ready(run, proc)
+    proc.send_signal(signal.SIGHUP)
+    proc.communicate(timeout=60)
+    assert _gone(program, within=1.0), "the program must not outlive tpudiag"
+    m = _manifest(run)
+    assert proc.returncode == 128 + signal.SIGHUP and m["status"] == "failed" and "SIGHUP" in m["reason"]
+
+
+def test_sigkill_of_tpudiag_takes_the_program_down_and_the_next_reader_says_what_happened(tmp_path):
+    run = tmp_path / "kill"
+    proc = _start(run, PROGRAMS / "failing" / "sleeps.py")
+    program = _wait_until_ready(run, proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert _gone(program, within=1.0), "the program must not outlive tpudiag"
+    assert _manifest(run)["status"] == "running"  # nobody was left to finish it ...
+    report = subprocess.run([sys.executable, "-m", "tpudiag", "report", "--json", str(run)], env=ENV, cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    m = _manifest(run)  # ... until the next reader
+    assert m["status"] == "failed" and f"tpudiag (pid {proc.pid}) stopped before it finished" in m["reason"]
+    doc = json.loads(report.stdout)
+    assert doc["status"] == "failed" and doc["reason"] == m["reason"]
+
+
+def test_a_background_process_does_not_keep_tpudiag_waiting(tmp_path):
+    run = tmp_path / "daemon"
+    t0 = time.monotonic()
+    proc = _start(run, PROGRAMS / "spawns_background.py", "--", "--seconds", "60")
+    out, err = proc.communicate(timeout=120)
+    took = time.monotonic() - t0
+    m = _manifest(run)
+    (daemon,) = m["left_running"]
+    try:
+        assert proc.returncode == 0, err.decode()
+        assert f"background pid {daemon}".encode() in (run / "program.log").read_bytes()
+        assert took < 50, "tpudiag finished with the program, not with its 60 s background process"
+        doc = json.loads(subprocess.run([sys.executable, "-m", "tpudiag", "report", "--json", str(run)], env=ENV,
+                                        cwd=ROOT, capture_output=True, text=True, timeout=120).stdout)
+        assert any(f"background process(es) running (pid {daemon})" in w for w in doc["warnings"])
+    finally:
+        try:
+            os.kill(daemon, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_standard_input_reaches_the_program(tmp_path):
+    run = tmp_path / "stdin"
+    proc = subprocess.run([sys.executable, "-m", "tpudiag", "profile", "--out", str(run),
+                           str(PROGRAMS / "reads_stdin.py")], env=ENV, cwd=ROOT, input=b"hello tpu\n",
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert b"read: hello tpu (10)" in (run / "program.log").read_bytes()
+
+
+def test_a_non_ascii_script_path_reads_back_as_written(tmp_path):
+    where = tmp_path / "café"
+    where.mkdir()
+    shutil.copy(PROGRAMS / "mlp.py", where / "mlp.py")
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "tpudiag", "profile", "--json", "--out", str(run),
+                           str(where / "mlp.py"), "--", "--steps", "1"], env=ENV, cwd=ROOT, capture_output=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr.decode()
+    sources = {o["source"] for o in json.loads(proc.stdout)["ops"] if o["source"]}
+    assert sources and all("café/mlp.py:" in s for s in sources if "mlp.py" in s), sorted(sources)[:3]
+    assert not any("\\303" in s for s in sources)
+
+
+@pytest.mark.parametrize("text,expected", [(r"caf\303\251/x.py", "café/x.py"), (r"params[\'b1\']", "params['b1']"),
+                                           (r"a\\b", "a\\b"), (r"\x41\n", "A\n"), ("plain", "plain")])
+def test_xla_string_escapes_read_back(text, expected):
+    from tpudiag.parse.hlo_text import unescape
+
+    assert unescape(text) == expected
