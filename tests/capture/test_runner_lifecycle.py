@@ -132,3 +132,18 @@ def test_xla_string_escapes_read_back(text, expected):
     from tpudiag.parse.hlo_text import unescape
 
     assert unescape(text) == expected
+
+
+def test_ctrl_c_escalates_for_a_program_that_ignores_it(tmp_path):
+    """First Ctrl-C: SIGINT (ignored); second: SIGTERM (ignored); third: SIGKILL."""
+    run = tmp_path / "stubborn"
+    proc = _start(run, PROGRAMS / "failing" / "ignores_sigint.py")
+    program = _wait_until_ready(run, proc)
+    for _ in range(3):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+    out, err = proc.communicate(timeout=60)
+    assert _gone(program, within=1.0)
+    m = _manifest(run)
+    assert m["status"] == "failed" and "SIGKILL" in m["reason"] and proc.returncode == 128 + signal.SIGKILL
+    assert b"a third Ctrl-C kills the program" in err

@@ -211,9 +211,19 @@ def _run_child(rd, script: Path, args: list[str], cenv: dict[str, str], *, steps
         for t in tees + ([threading.Thread(target=while_waiting, daemon=True)] if while_waiting else []):
             t.start()
 
+        interrupts = [0]
+
         def forward(signum, _frame):
-            if proc.poll() is None:
-                proc.send_signal(signum)
+            """Pass the signal on. Ctrl-C escalates, for a program that ignores it: the second one
+            sends SIGTERM, the third SIGKILL (the trace is then lost; the run still says why)."""
+            if proc.poll() is not None:
+                return
+            if signum == signal.SIGINT:
+                interrupts[0] += 1
+                signum = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)[min(interrupts[0], 3) - 1]
+                if interrupts[0] == 2:
+                    sys.stderr.write("tpudiag: interrupted again: sending SIGTERM; a third Ctrl-C kills the program\n")
+            proc.send_signal(signum)
 
         # SIGHUP too: a closed terminal ends the program as it would have ended a plain `python prog.py`.
         forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
