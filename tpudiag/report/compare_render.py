@@ -3,7 +3,8 @@ terminal report (rich) and GitHub Markdown (for `$GITHUB_STEP_SUMMARY`).
 
 Each shows both sides, the headline with its verdict and spread, then the modules and the top
 `top` ops by absolute change. Values are seconds or bytes, as the comparison's `unit` says. They
-read the model's attributes and compute nothing.
+read the model's attributes and compute nothing. Paths, arguments and names reach rich as `plain`
+text and Markdown through `markdown._esc` / `markdown.code`, never as markup.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tpudiag.report.markdown import _esc
-from tpudiag.report.units import fmt_bytes, fmt_s
+from tpudiag.report.markdown import _esc, code
+from tpudiag.report.rich_text import plain
+from tpudiag.report.units import fmt_bytes, fmt_s, printable
 
 BASIS = {
     "median_step": "median step time",
@@ -66,14 +68,14 @@ def _side(side) -> str:
 
 
 def _basis(h) -> str:
-    return BASIS.get(h.basis, h.basis)
+    return printable(BASIS.get(h.basis, h.basis))
 
 
 def render_compare_verdict(comparison) -> str:
     """One line: `regression: median step time 3.09 ms -> 10.28 ms (+7.19 ms, +232.7%); max 5%, spread 1.72 ms`."""
     h, unit = comparison.headline, comparison.unit
     spread = "no noise estimate" if h.spread is None else f"spread {_fmt(h.spread, unit)}"
-    return (f"{VERDICT[h.verdict]}: {_basis(h)} {_fmt(h.base, unit)} -> "
+    return printable(f"{VERDICT[h.verdict]}: {_basis(h)} {_fmt(h.base, unit)} -> "
             f"{_fmt(h.cur, unit)} ({_signed(h.delta, unit)}, {_pct(h.delta_pct)}); max regression "
             f"{comparison.max_regression_pct:g}%, {spread}")
 
@@ -89,10 +91,10 @@ def render_compare_terminal(comparison, console: Console, top: int = 15) -> None
     h, unit = c.headline, c.unit
     head = Text()
     head.append("base  ", style="bold")
-    head.append(_side(c.base) + "\n")
+    head.append(printable(_side(c.base)) + "\n")
     head.append("cur   ", style="bold")
-    head.append(_side(c.cur) + "\n")
-    head.append(f"metric {c.metric}: {_basis(h)}   max regression {c.max_regression_pct:g}%")
+    head.append(printable(_side(c.cur)) + "\n")
+    head.append(f"metric {printable(c.metric)}: {_basis(h)}   max regression {c.max_regression_pct:g}%")
     if c.forced:
         head.append("   forced", style="bold yellow")
     console.print(Panel(head, title="tpudiag compare", title_align="left"))
@@ -117,14 +119,14 @@ def render_compare_terminal(comparison, console: Console, top: int = 15) -> None
             table.add_column(col, justify="left" if col in ("op", "module", "status") else "right",
                              overflow="ellipsis", no_wrap=True)
         for r in rows[:top]:
-            names = [r.name or "-", r.module or "-"] if with_module else [r.name]
-            cells = names + _row_cells(r, unit)
+            names = [plain(r.name or "-"), plain(r.module or "-")] if with_module else [plain(r.name)]
+            cells = names + [plain(cell) for cell in _row_cells(r, unit)]
             table.add_row(*cells, style="red" if r.flagged else "")
         console.print(table)
     console.print()
-    console.print(Text(f"note: {c.note}", style="bright_black"))
+    console.print(plain(f"note: {c.note}", style="bright_black"))
     for w in c.warnings:
-        console.print(Text(f"warning: {w}", style="yellow"))
+        console.print(plain(f"warning: {w}", style="yellow"))
 
 
 def render_compare_markdown(comparison, top: int = 15) -> str:
@@ -133,8 +135,8 @@ def render_compare_markdown(comparison, top: int = 15) -> str:
     h, unit = c.headline, c.unit
     verdict = VERDICT[h.verdict]
     out = [f"## tpudiag compare: {'**' + verdict + '**' if h.regression else verdict}", "",
-           f"**Base:** `{_esc(_side(c.base))}`  ", f"**Cur:** `{_esc(_side(c.cur))}`", "",
-           f"Metric `{c.metric}`, max regression {c.max_regression_pct:g}%"
+           f"**Base:** {code(_side(c.base))}  ", f"**Cur:** {code(_side(c.cur))}", "",
+           f"Metric {code(c.metric)}, max regression {c.max_regression_pct:g}%"
            + (" (**forced** across: " + _esc("; ".join(c.differences)) + ")" if c.forced else ""), "",
            "| | base | cur | delta | delta % | spread |", "|---|---:|---:|---:|---:|---:|",
            f"| {_basis(h)} | {_fmt(h.base, unit)} | {_fmt(h.cur, unit)} | "
@@ -146,11 +148,11 @@ def render_compare_markdown(comparison, top: int = 15) -> str:
                 ("| op | module " if with_module else "| module ") + "| base | cur | delta | delta % | status |",
                 ("|---|---" if with_module else "|---") + "|---:|---:|---:|---:|---|"]
         for r in rows[:top]:
-            names = f"`{_esc(r.name)}` | {_esc(r.module or '-')}" if with_module else f"`{_esc(r.name)}`"
-            out.append(f"| {names} | " + " | ".join(_row_cells(r, unit)) + " |")
+            names = f"{code(r.name)} | {_esc(r.module or '-')}" if with_module else code(r.name)
+            out.append(f"| {names} | " + " | ".join(_esc(cell) for cell in _row_cells(r, unit)) + " |")
         if len(rows) > top:
             out += ["", f"{len(rows) - top} more in the JSON document (`--json`)."]
     out += ["", f"_{_esc(c.note)}_"]
     for w in c.warnings:
         out += ["", f"> **Warning:** {_esc(w)}"]
-    return "\n".join(out) + "\n"
+    return printable("\n".join(out) + "\n", newlines=True)

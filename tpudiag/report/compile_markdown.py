@@ -1,36 +1,38 @@
-"""Renders a `CompileReport` (tpudiag.compile/1) as GitHub-flavoured Markdown."""
+"""Renders a `CompileReport` (tpudiag.compile/1) as GitHub-flavoured Markdown; names go through
+`markdown._esc` / `markdown.code`, so none can inject Markdown or HTML."""
 
 from __future__ import annotations
 
-from tpudiag.report.markdown import _esc
-from tpudiag.report.units import fmt_bytes, fmt_int, fmt_s, fusion_summary_lines, short_source
+from tpudiag.report.markdown import _esc, code, code_block
+from tpudiag.report.units import fmt_bytes, fmt_int, fmt_s, fusion_summary_lines, printable, short_source
 
 
 def render_compile_markdown(report, top: int = 10) -> str:
     """A `CompileReport` (tpudiag.compile/1) as Markdown."""
     t = report.target
-    out = [f"## tpudiag compile: `{_esc(report.source.get('input', '?'))}` for {t.chip} ({t.topology})", ""]
+    out = [f"## tpudiag compile: {code(report.source.get('input', '?'))} for {_esc(t.chip)} ({_esc(t.topology)})",
+           ""]
     out += ["| module | status | estimated TPU time | XLA optimal | peak HBM | static profile |",
             "|---|---|---:|---:|---:|---|"]
     for m in report.modules:
         tot = m.totals
         optimal = getattr(tot, "xla_optimal_s", None)
         peak = f"{fmt_bytes(m.memory.get('peak_hbm_bytes'))}" + ("" if m.fits else " **(does not fit)**")
-        status = m.status if m.ok else f"failed: {_esc(m.error)}"
-        out.append(f"| `{_esc(m.name)}` | {status} | {fmt_s(m.estimated_s)} | "
+        status = _esc(m.status) if m.ok else f"failed: {_esc(m.error)}"
+        out.append(f"| {code(m.name)} | {status} | {fmt_s(m.estimated_s)} | "
                    f"{fmt_s(optimal)} | {peak if tot else '-'} | {_esc(m.static_profile)} |")
     for m in report.modules:
         if not m.ops:
             continue
-        out += ["", f"### `{_esc(m.name)}`: top ops by estimated time", "",
+        out += ["", f"### {code(m.name)}: top ops by estimated time", "",
                 "| op | opcode | est. time | bound by | cycles | FLOPs | bytes | source | what limits it |",
                 "|---|---|---:|---|---:|---:|---:|---|---|"]
         for o in m.ops[:top]:
-            out.append(f"| `{_esc(o.name)}` | {o.opcode} | {fmt_s(o.estimated_s)} | {o.bound_by} | "
+            out.append(f"| {code(o.name)} | {_esc(o.opcode)} | {fmt_s(o.estimated_s)} | {_esc(o.bound_by)} | "
                        f"{fmt_int(o.estimated_cycles)} | {fmt_int(o.flops)} | {fmt_bytes(o.bytes_accessed)} | "
                        f"{_esc(short_source(o.source))} | {_esc(o.limit)} |")
         if m.fusions:
-            out += ["", "```", *fusion_summary_lines(m.fusions), "```"]
+            out += ["", *code_block(fusion_summary_lines(m.fusions))]
         for f in m.findings:
             out += ["", f"> {_esc(f)}"]
-    return "\n".join(out) + "\n"
+    return printable("\n".join(out) + "\n", newlines=True)

@@ -1,5 +1,6 @@
 """Renders a `CompileReport` (tpudiag.compile/1) for the terminal: per-module table, then per module the
-top ops by estimated TPU time with slot-utilization bars and a one-line "what limits this op"."""
+top ops by estimated TPU time with slot-utilization bars and a one-line "what limits this op".
+Every module, op, source, error and finding goes to rich as `plain` text, never as markup."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tpudiag.report.units import fmt_bytes, fmt_ghz, fmt_int, fmt_pct, fmt_s, fusion_summary_lines, short_source
+from tpudiag.report.rich_text import plain
+from tpudiag.report.units import (fmt_bytes, fmt_ghz, fmt_int, fmt_pct, fmt_s, fusion_summary_lines, printable,
+                                  short_source)
 
 
 def _busiest(util: dict | None, n: int = 2) -> Text:
@@ -17,7 +20,7 @@ def _busiest(util: dict | None, n: int = 2) -> Text:
         return Text("-", style="bright_black")
     text = Text()
     for slot, value in sorted(util.items(), key=lambda kv: -kv[1])[:n]:
-        text.append(f"{slot} {fmt_pct(value, 0)} ", style="green" if value >= 0.5 else "")
+        text.append(f"{printable(slot)} {fmt_pct(value, 0)} ", style="green" if value >= 0.5 else "")
     return text
 
 
@@ -26,14 +29,14 @@ def render_compile_terminal(report, console: Console, top: int = 10, modules: in
     time) get an op table; the rest are in the module table and in report.json / --md."""
     t = report.target
     head = Text()
-    head.append(f"{report.source.get('input', '?')}", style="bold")
-    head.append(f"   target {t.chip} ({t.topology}, {t.chips} chips)   status ")
-    head.append(report.status, style="green" if report.status == "ok" else "bold red")
+    head.append(printable(report.source.get('input', '?')), style="bold")
+    head.append(f"   target {printable(t.chip)} ({printable(t.topology)}, {t.chips} chips)   status ")
+    head.append(printable(report.status), style="green" if report.status == "ok" else "bold red")
     per = "chip" if t.devices_per_chip == 1 else f"device (1/{t.devices_per_chip} chip)"
     head.append(f"\n{t.peak_bf16_flops_per_s / 1e12:.0f} TFLOP/s bf16, {t.hbm_bytes_per_s / 1e9:.0f} GB/s HBM, "
                 f"{t.hbm_bytes / 2**30:.0f} GiB per {per}; clock {fmt_ghz(t.clock_hz)}")
     if t.note:
-        head.append(f"\n{t.note}", style="yellow")
+        head.append(f"\n{printable(t.note)}", style="yellow")
     console.print(Panel(head, title="tpudiag compile", title_align="left"))
 
     table = Table(title="Modules", title_justify="left", show_edge=False)
@@ -43,36 +46,36 @@ def render_compile_terminal(report, console: Console, top: int = 10, modules: in
     for m in report.modules:
         tot = m.totals
         full = getattr(tot, "estimated_s", None) is not None  # a compiled module, not only its memory
-        table.add_row(m.name, "ok" if m.ok else Text(f"failed: {m.error}", style="red"),
+        table.add_row(plain(m.name), "ok" if m.ok else plain(f"failed: {m.error}", style="red"),
                       fmt_s(m.estimated_s), fmt_s(tot.xla_optimal_s if full else None),
                       Text(fmt_bytes(m.memory.get("peak_hbm_bytes")), style="" if m.fits else "bold red") if tot else "-",
-                      str(tot.ops) if full else "-", m.static_profile)
+                      str(tot.ops) if full else "-", plain(m.static_profile))
     console.print(table)
 
     ranked = report.ranked_modules
     for m in ranked[:modules]:
         console.print()
-        ops = Table(title=f"{m.name}: top ops by estimated TPU time", title_justify="left", show_edge=False)
+        ops = Table(title=plain(f"{m.name}: top ops by estimated TPU time"), title_justify="left", show_edge=False)
         for col, just in (("op", "left"), ("est.", "right"), ("limit", "left"), ("cycles", "right"),
                           ("bytes", "right"), ("busiest slots", "left"), ("source", "left")):
             wrap = col in ("op", "limit")
             ops.add_column(col, justify=just, no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
         for o in m.ops[:top]:
-            ops.add_row(o.name, fmt_s(o.estimated_s), o.limit, fmt_int(o.estimated_cycles),
-                        fmt_bytes(o.bytes_accessed), _busiest(o.utilization), short_source(o.source, keep=1))
+            ops.add_row(plain(o.name), fmt_s(o.estimated_s), plain(o.limit), fmt_int(o.estimated_cycles),
+                        fmt_bytes(o.bytes_accessed), _busiest(o.utilization), plain(short_source(o.source, keep=1)))
         console.print(ops)
         if m.fusions:
             for line in fusion_summary_lines(m.fusions, top=2):
                 console.print(Text(line, style="bright_black"))
         for f in m.findings:
-            console.print(Text(f"note: {f}", style="yellow"))
+            console.print(plain(f"note: {f}", style="yellow"))
     if len(ranked) > modules:
         console.print(Text(f"\n{len(ranked) - modules} more module(s): `tpudiag report --md` or report.json has every op",
                            style="bright_black"))
     for m in report.failed_modules:
-        console.print(Text(f"{m.name}: failed to compile: {m.error}", style="red"))
+        console.print(plain(f"{m.name}: failed to compile: {m.error}", style="red"))
     console.print()
-    console.print(Text(f"Artifacts  {(report.artifacts or {}).get('run_dir', '')}", style="bold"))
+    console.print(Text(f"Artifacts  {printable((report.artifacts or {}).get('run_dir', ''))}", style="bold"))
 
 
 def render_targets_terminal(rows: list[dict], console: Console) -> None:
@@ -93,6 +96,6 @@ def render_targets_terminal(rows: list[dict], console: Console) -> None:
                 v = f"{v / scale[key]:.{2 if key == 'clock_hz' else 0}f}"
             elif isinstance(v, float):
                 v = f"{v:.0f}"
-            cells.append(str(v))
+            cells.append(plain(v))
         table.add_row(*cells)
     console.print(table)

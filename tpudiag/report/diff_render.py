@@ -5,6 +5,8 @@ into, out of or between fusions; ops inside a fusion are indented under it; each
 its own line. Markdown is the summary and the first changes as tables. HTML is one self-contained
 file (inline CSS, no script, no external asset) with the two modules side by side; every name
 that came from the program or the compiler is escaped, so an op named `<script>` stays text.
+In all three, control characters in those names are made `printable` (a raw ESC never reaches the
+terminal or the page); Markdown writes them through `markdown._esc` / `markdown.code`.
 
 They read the model's attributes and compute nothing.
 """
@@ -13,8 +15,8 @@ from __future__ import annotations
 
 import html
 
-from tpudiag.report.markdown import _esc
-from tpudiag.report.units import clip, fmt_bytes, fmt_s
+from tpudiag.report.markdown import _esc, code
+from tpudiag.report.units import clip, fmt_bytes, fmt_s, printable
 
 MARKS = {"added": "+", "removed": "-", "changed": "~", "moved": ">", "unchanged": " "}
 _OPERANDS_CHARS = 100  # an added op's operand list beyond this is cut (a root tuple has hundreds)
@@ -114,20 +116,21 @@ def render_diff_text(diff, unchanged: bool = False) -> str:
         out += [f"{indent}      {c}" for c in p.changes]
     if not diff.has_changes:
         out += ["", "no change"]
-    return "\n".join(out) + "\n"
+    # Every element is one line, so a newline inside a name is escaped with the rest.
+    return "\n".join(printable(line) for line in out) + "\n"
 
 
 def render_diff_markdown(diff, top: int = 50) -> str:
     """The summary, then the first `top` added/removed/changed/moved instructions in program order."""
     a, b = diff.a, diff.b
-    out = [f"## tpudiag hlo-diff: `{_esc(a.module)}` -> `{_esc(b.module)}`", "",
-           f"A: `{_esc(a.path)}`  ", f"B: `{_esc(b.path)}`", "",
+    out = [f"## tpudiag hlo-diff: {code(a.module)} -> {code(b.module)}", "",
+           f"A: {code(a.path)}  ", f"B: {code(b.path)}", "",
            "| | A | B |", "|---|---:|---:|"]
     out += [f"| {k} | {va} | {vb} |" for k, va, vb in _side_rows(diff)]
     out += ["", f"**{_esc(_counts_line(diff))}**"]
     changes = diff.changed_pairs
     if not changes:
-        return "\n".join(out + ["", "No change."]) + "\n"
+        return printable("\n".join(out + ["", "No change."]) + "\n", newlines=True)
     out += ["", "| | A | B | opcode | computation | fusion (A -> B) | changes |", "|---|---|---|---|---|---|---|"]
     for p in changes[:top]:
         fusion = " -> ".join(_esc(f or "-") for f in (p.fusion_a, p.fusion_b))
@@ -135,12 +138,12 @@ def render_diff_markdown(diff, top: int = 50) -> str:
         figures = _figures(p)
         if figures:
             what = (what + "<br>" if what else "") + _esc(figures)
-        out.append(f"| {p.status} | {'`' + _esc(p.a) + '`' if p.a else '-'} | "
-                   f"{'`' + _esc(p.b) + '`' if p.b else '-'} | {_esc(p.opcode)} | "
-                   f"`{_esc(p.computation)}` | {fusion} | {what} |")
+        out.append(f"| {p.status} | {code(p.a) if p.a else '-'} | "
+                   f"{code(p.b) if p.b else '-'} | {_esc(p.opcode)} | "
+                   f"{code(p.computation)} | {fusion} | {what} |")
     if len(changes) > top:
         out += ["", f"{len(changes) - top} more in the JSON document (`--json`)."]
-    return "\n".join(out) + "\n"
+    return printable("\n".join(out) + "\n", newlines=True)
 
 
 _CSS = """
@@ -165,7 +168,7 @@ td.fused { padding-left: 1.5em; }
 
 
 def _h(x) -> str:
-    return html.escape("" if x is None else str(x), quote=True)
+    return html.escape(printable(x), quote=True)
 
 
 def render_diff_html(diff) -> str:

@@ -2,7 +2,9 @@
 they hold, move and cost, then the fusion breaks, largest tensor first, each with its reason and
 the evidence for it. Terminal (rich) and Markdown; both show the first `top` rows of each table
 (the JSON has all). Used alone by `tpudiag fusions` and as a section of the profile and compile
-reports (`title=False` / `level=3`). It reads the model's attributes; nothing is computed here."""
+reports (`title=False` / `level=3`). It reads the model's attributes; nothing is computed here.
+HLO names, shapes, reasons and evidence reach rich as `plain` text and Markdown as escaped text or
+code spans (`markdown.code`), never as markup."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tpudiag.report.markdown import _esc
-from tpudiag.report.units import fmt_bytes, fmt_s, short_source
+from tpudiag.report.markdown import _esc, code
+from tpudiag.report.rich_text import plain
+from tpudiag.report.units import fmt_bytes, fmt_s, printable, short_source
 
 _OPS_SHOWN = 5  # opcodes listed per fusion; the JSON has the full count
 _MEMORY_NOTE = ("S(n): the tensor was assigned to memory space n instead of default memory (HBM on TPU): "
@@ -46,10 +49,10 @@ def render_fusions_terminal(report, console: Console, top: int = 15, title: bool
     """A `FusionReport`: the first `top` fusions and breaks; `title=False` leaves out the module line."""
     m, tot = report.module, report.totals
     if title:
-        console.print(Text(f"tpudiag fusions: {m.name}", style="bold"), Text(f"  {m.path}", style="bright_black"))
-    console.print(f"{tot.fusions} fusions moving {fmt_bytes(tot.fusion_bytes)}; {tot.breaks} fusion breaks "
+        console.print(plain(f"tpudiag fusions: {m.name}", style="bold"), plain(f"  {m.path}", style="bright_black"))
+    console.print(Text(f"{tot.fusions} fusions moving {fmt_bytes(tot.fusion_bytes)}; {tot.breaks} fusion breaks "
                   f"round-trip {fmt_bytes(tot.break_bytes)} ({fmt_bytes(tot.break_bytes_default_memory)} in "
-                  f"default memory), {tot.breaks_not_inferable} with no inferable reason")
+                  f"default memory), {tot.breaks_not_inferable} with no inferable reason"))
 
     table = Table(title="Fusions", title_justify="left", show_edge=False)
     cols = [("fusion", "left"), ("kind", "left"), (_time_header(report), "right"), ("in", "right"), ("out", "right"),
@@ -58,13 +61,13 @@ def render_fusions_terminal(report, console: Console, top: int = 15, title: bool
         # One line per fusion: names and the op list are cut with an ellipsis (the JSON has them
         # whole); rich shrinks only wrappable columns, so those two wrap-enable but never fold.
         shrink = col in ("fusion", "ops", "source")
-        table.add_column(col, justify=just, overflow="ellipsis", no_wrap=not shrink,
+        table.add_column(plain(col), justify=just, overflow="ellipsis", no_wrap=not shrink,
                          max_width={"ops": 28, "fusion": 32}.get(col), min_width=12 if col == "fusion" else None)
     def cut(text: str) -> Text:
-        return Text(text, no_wrap=True, overflow="ellipsis")
+        return plain(text, no_wrap=True, overflow="ellipsis")
 
     for f in report.fusions[:top]:
-        table.add_row(cut(f.name), f.kind or "-", fmt_s(f.time_s), fmt_bytes(f.bytes_in),
+        table.add_row(cut(f.name), plain(f.kind or "-"), fmt_s(f.time_s), fmt_bytes(f.bytes_in),
                       fmt_bytes(f.bytes_out), _intensity(f.arithmetic_intensity), cut(_ops(f)),
                       cut(short_source(f.sources[0] if f.sources else None, keep=1)))
     console.print(table)
@@ -79,8 +82,9 @@ def render_fusions_terminal(report, console: Console, top: int = 15, title: bool
         breaks.add_column(col, justify=just, overflow="fold", no_wrap=col in ("bytes", "tensor", "mem"))
     shown = report.breaks[:top]
     for b in shown:
-        reason = Text(b.reason, style="bright_black" if b.reason == "reason not inferable" else "")
-        breaks.add_row(fmt_bytes(b.bytes), _edge(b), b.shape, _memory(b), reason, b.evidence)
+        reason = plain(b.reason, style="bright_black" if b.reason == "reason not inferable" else "")
+        breaks.add_row(fmt_bytes(b.bytes), plain(_edge(b)), plain(b.shape), plain(_memory(b)), reason,
+                       plain(b.evidence))
     console.print(breaks)
     if len(report.breaks) > top:
         console.print(Text(f"{len(report.breaks) - top} more breaks in the JSON", style="bright_black"))
@@ -92,15 +96,15 @@ def render_fusions_markdown(report, top: int = 15, level: int = 2) -> str:
     """A `FusionReport` as Markdown under a heading of `level`: the first `top` fusions and breaks."""
     m, tot = report.module, report.totals
     h = "#" * level
-    out = [f"{h} Fusions: `{_esc(m.name)}`", "",
+    out = [f"{h} Fusions: {code(m.name)}", "",
            f"{tot.fusions} fusions moving {fmt_bytes(tot.fusion_bytes)}; {tot.breaks} fusion breaks "
            f"round-trip {fmt_bytes(tot.break_bytes)} ({fmt_bytes(tot.break_bytes_default_memory)} in default "
            f"memory), {tot.breaks_not_inferable} with no inferable reason.", "",
-           f"| fusion | kind | {_time_header(report)} | bytes in | bytes out | FLOP/B | ops | sources |",
+           f"| fusion | kind | {_esc(_time_header(report))} | bytes in | bytes out | FLOP/B | ops | sources |",
            "|---|---|---:|---:|---:|---:|---|---|"]
     for f in report.fusions[:top]:
         sources = ", ".join(_esc(short_source(s)) for s in f.sources[:3])
-        out.append(f"| `{_esc(f.name)}` | {f.kind or '-'} | {fmt_s(f.time_s)} | {fmt_bytes(f.bytes_in)} | "
+        out.append(f"| {code(f.name)} | {_esc(f.kind or '-')} | {fmt_s(f.time_s)} | {fmt_bytes(f.bytes_in)} | "
                    f"{fmt_bytes(f.bytes_out)} | {_intensity(f.arithmetic_intensity)} | {_esc(_ops(f))} | "
                    f"{sources} |")
     if len(report.fusions) > top:
@@ -109,10 +113,10 @@ def render_fusions_markdown(report, top: int = 15, level: int = 2) -> str:
             "| bytes | producer → consumer | tensor | memory | reason | evidence |", "|---:|---|---|---|---|---|"]
     shown = report.breaks[:top]
     for b in shown:
-        out.append(f"| {fmt_bytes(b.bytes)} | `{_esc(_edge(b))}` | {b.shape} | {_memory(b) or '-'} | "
+        out.append(f"| {fmt_bytes(b.bytes)} | {code(_edge(b))} | {code(b.shape)} | {_esc(_memory(b) or '-')} | "
                    f"{_esc(b.reason)} | {_esc(b.evidence)} |")
     if len(report.breaks) > top:
         out += ["", f"{len(report.breaks) - top} more breaks in the JSON."]
     if any(b.memory_space for b in shown):
         out += ["", f"> {_esc(_MEMORY_NOTE)}"]
-    return "\n".join(out) + "\n"
+    return printable("\n".join(out) + "\n", newlines=True)

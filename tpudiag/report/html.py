@@ -9,7 +9,8 @@ a CI artifact.
 Sections: header (program, status, backend or target, warnings), where the time went (stacked bar),
 top ops (table with bars), one step's timeline (profile), a roofline scatter of the ops against the
 chip's ceilings (compile), fusion breaks, suggestions. Every string that came from the program, the
-compiler or the file system is escaped with `html.escape`, so an op named `<script>` stays text.
+compiler or the file system is escaped with `html.escape`, so an op named `<script>` stays text,
+after `printable` has written its control characters as escapes (`\\x1b`), so none is on the page.
 
 It computes no figure: times, shares, totals and rankings are the models'. Pixel geometry (bar
 lengths, axis positions, the roofline's log coordinates) is layout, derived here from the models' fields.
@@ -20,7 +21,8 @@ from __future__ import annotations
 import html
 import math
 
-from tpudiag.report.units import BREAKDOWN_PARTS, clip, fmt_bytes, fmt_count, fmt_ghz, fmt_pct, fmt_s, short_source
+from tpudiag.report.units import (BREAKDOWN_PARTS, clip, fmt_bytes, fmt_count, fmt_ghz, fmt_pct, fmt_s, printable,
+                                  short_source)
 
 # One colour per breakdown part; the same hues as the terminal report.
 _PART_COLORS = {"compute": "#2e9e4f", "memory": "#e0a106", "communication": "#b0449a", "host": "#1f9bb5",
@@ -65,7 +67,7 @@ svg text { font-family: system-ui, sans-serif; font-size: 12px; fill: #1d1d1f; }
 
 
 def _h(x) -> str:
-    return html.escape("" if x is None else str(x), quote=True)
+    return html.escape(printable(x), quote=True)
 
 
 def _text_w(text: str, size: float = 12) -> float:

@@ -1,21 +1,62 @@
 """Renders a `ProfileReport` (tpudiag.report/1) as GitHub-flavoured Markdown (for
-`$GITHUB_STEP_SUMMARY`). It reads the model's attributes and computes nothing."""
+`$GITHUB_STEP_SUMMARY`). It reads the model's attributes and computes nothing.
+
+`_esc` and `code` are how every Markdown renderer writes a string from the program, the compiler or
+the file system: as text that cannot open a link, an emphasis, a code span, an HTML tag or a table
+cell, and with its control characters made `printable`."""
 
 from __future__ import annotations
 
-from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, fusion_summary_lines, short_source
+import re
+
+from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, fusion_summary_lines, printable, short_source
+
+# Backslash first, so the escapes added after it are not escaped again. `&` so a name cannot spell
+# an entity (`&lt;script>`); `[`, `]` so it cannot open a link; `` ` ``, `*` and `~` so it cannot
+# open a code span, emphasis or strikethrough; `|` so it stays in its table cell; `<`, `>` so it
+# cannot open an HTML tag.
+_MD_ESCAPES = (("\\", "\\\\"), ("&", "&amp;"), ("[", "\\["), ("]", "\\]"), ("`", "\\`"), ("*", "\\*"),
+               ("~", "\\~"), ("|", "\\|"), ("<", "&lt;"), (">", "&gt;"))
+
+
+def _underscores(m: re.Match) -> str:
+    """A run of `_` between two letters or digits (every `jit_step`) opens or closes no emphasis
+    (CommonMark's flanking rules), so it stays as it is; any other run is escaped."""
+    s, i, j = m.string, m.start(), m.end()
+    inside = 0 < i and j < len(s) and s[i - 1].isalnum() and s[j].isalnum()
+    return m.group() if inside else m.group().replace("_", "\\_")
 
 
 def _esc(text) -> str:
-    return str(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    """`text` as literal Markdown text (a table cell, a heading, a quote)."""
+    text = printable(text)
+    for raw, escaped in _MD_ESCAPES:
+        text = text.replace(raw, escaped)
+    return re.sub("_+", _underscores, text)
+
+
+def code(text) -> str:
+    """`text` as one inline code span, shown exactly: backslashes and `<` are literal inside one, so only
+    `|` is escaped (GitHub tables split cells before code spans, and honour `\\|` inside them), and
+    the span's backtick fence is longer than any run of backticks in the text."""
+    text = printable(text).replace("|", "\\|")
+    fence = "`" * (1 + max((len(run) for run in re.findall("`+", text)), default=0))
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def code_block(lines: list[str]) -> list[str]:
+    """`lines` (already `printable`) as a fenced code block whose fence no line can close."""
+    fence = "`" * max(3, 1 + max((len(run) for line in lines for run in re.findall("`+", line)), default=0))
+    return [fence, *lines, fence]
 
 
 def render_markdown(report, top: int = 15, top_compiles: int = 10) -> str:
     """A `ProfileReport` as Markdown: the first `top` ops and `top_compiles` compiles."""
     bd, share, steps = report.breakdown, report.breakdown_share, report.steps
-    out = [f"## tpudiag profile: `{_esc(report.program or report.artifacts.get('xplane', '?'))}`", ""]
-    status = report.status + (f" ({_esc(report.reason)})" if report.reason else "")
-    out += [f"**Status:** {status} · **Backend:** {report.backend} · **Traced wall:** {fmt_s(report.wall_s)}"
+    out = [f"## tpudiag profile: {code(report.program or report.artifacts.get('xplane', '?'))}", ""]
+    status = _esc(report.status) + (f" ({_esc(report.reason)})" if report.reason else "")
+    out += [f"**Status:** {status} · **Backend:** {_esc(report.backend)} · **Traced wall:** {fmt_s(report.wall_s)}"
             + (f" · **Steps:** {steps.count} (median {fmt_s(steps.median_s)})" if steps.count else ""), ""]
     out += ["| part | time | share |", "|---|---:|---:|"]
     for key, label in BREAKDOWN_PARTS:
@@ -24,7 +65,7 @@ def render_markdown(report, top: int = 15, top_compiles: int = 10) -> str:
     if report.ops:
         out += ["| op | module | category | count | self | share | source |", "|---|---|---|---:|---:|---:|---|"]
         for o in report.ops[:top]:
-            out.append(f"| `{_esc(o.name)}` | {_esc(o.module)} | {o.category} | {o.occurrences} | "
+            out.append(f"| {code(o.name)} | {_esc(o.module)} | {_esc(o.category)} | {o.occurrences} | "
                        f"{fmt_s(o.self_s)} | {fmt_pct(o.share)} | {_esc(short_source(o.source))} |")
     else:
         out.append("_No op executed in the traced window._")
@@ -34,26 +75,25 @@ def render_markdown(report, top: int = 15, top_compiles: int = 10) -> str:
                 + (f" ({hits} persistent-cache hits)" if hits else ""), "", "| function | compiles | tracing | lowering | backend |",
                 "|---|---:|---:|---:|---:|"]
         for c in report.compile[:top_compiles]:
-            out.append(f"| `{_esc(c.function)}` | {c.compiles} | {fmt_s(c.tracing_s)} | "
+            out.append(f"| {code(c.function)} | {c.compiles} | {fmt_s(c.tracing_s)} | "
                        f"{fmt_s(c.lowering_s)} | {fmt_s(c.backend_compile_s)} |")
     if report.fusions:
-        out += ["", "### Fusion breaks", "", "```"]
-        for summary in report.fusions:
-            out += fusion_summary_lines(summary)
-        out += ["```"]
+        out += ["", "### Fusion breaks", ""]
+        out += code_block([line for summary in report.fusions for line in fusion_summary_lines(summary)])
     if report.tpu_estimate is not None:
         est, backend = report.tpu_estimate, report.backend
         t = est.target
-        out += ["", f"### Estimated on TPU {t.chip} ({t.topology})", ""]
+        chip, backend = _esc(t.chip), _esc(backend)
+        out += ["", f"### Estimated on TPU {chip} ({_esc(t.topology)})", ""]
         if est.step.tpu_estimated_s is not None:
             out += [f"Step: measured {fmt_s(steps.median_s)} on {backend}, estimated "
-                    f"{fmt_s(est.step.tpu_estimated_s)} on {t.chip}.", ""]
+                    f"{fmt_s(est.step.tpu_estimated_s)} on {chip}.", ""]
         out += [f"| module | runs | {backend} op time | TPU est. / run | TPU est. total | status |",
                 "|---|---:|---:|---:|---:|---|"]
         for m in est.modules[:top]:
-            out.append(f"| `{_esc(m.name)}` | {m.executions} | {fmt_s(m.cpu_self_s)} | "
+            out.append(f"| {code(m.name)} | {m.executions} | {fmt_s(m.cpu_self_s)} | "
                        f"{fmt_s(m.tpu_estimated_s)} | {fmt_s(m.tpu_estimated_total_s)} | {_esc(m.status)} |")
         out += ["", f"_{_esc(est.note)}_"]
     for w in report.warnings:
         out += ["", f"> **Warning:** {_esc(w)}"]
-    return "\n".join(out) + "\n"
+    return printable("\n".join(out) + "\n", newlines=True)

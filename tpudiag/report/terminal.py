@@ -1,6 +1,7 @@
 """Renders a `ProfileReport` (tpudiag.report/1) for the terminal with rich: header, breakdown bar,
 top ops with source lines, compile table, and where the artifacts are. It reads the model's
-attributes and computes nothing."""
+attributes and computes nothing. Every name, path, reason and warning goes to rich as `plain` text,
+never as markup."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, fusion_summary_lines, short_source
+from tpudiag.report.rich_text import plain
+from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, fusion_summary_lines, printable, short_source
 
 _COLORS = {"compute": "green", "memory": "yellow", "communication": "magenta", "host": "cyan",
            "compile": "blue", "idle": "bright_black"}
@@ -32,12 +34,12 @@ def _bar(share: dict[str, float | None]) -> Text:
 def _header(report) -> Panel:
     status_style = "green" if report.status == "ok" else "bold red"
     t = Text()
-    t.append(f"{report.program or report.artifacts.get('xplane', '?')}", style="bold")
+    t.append(printable(report.program or report.artifacts.get('xplane', '?')), style="bold")
     t.append("   status ")
-    t.append(report.status, style=status_style)
+    t.append(printable(report.status), style=status_style)
     if report.reason:
-        t.append(f" ({report.reason})", style=status_style)
-    t.append(f"\nbackend {report.backend}   devices {len(report.devices)}   traced {fmt_s(report.wall_s)}")
+        t.append(f" ({printable(report.reason)})", style=status_style)
+    t.append(f"\nbackend {printable(report.backend)}   devices {len(report.devices)}   traced {fmt_s(report.wall_s)}")
     if report.process_wall_s is not None:
         t.append(f" of {fmt_s(report.process_wall_s)} process wall")
     if report.steps.count:
@@ -75,8 +77,9 @@ def _ops_table(report, top: int, width: int) -> Table:
         table.add_column(col, justify=just, no_wrap=col not in ("op", "category"), overflow="ellipsis",
                          max_width=max_w)
     for o in ops[:top]:
-        cells = {"op": o.name, "module": o.module, "category": o.category, "count": str(o.occurrences),
-                 "self": fmt_s(o.self_s), "share": fmt_pct(o.share), "source": short_source(o.source, keep=1)}
+        cells = {"op": plain(o.name), "module": plain(o.module), "category": plain(o.category),
+                 "count": str(o.occurrences), "self": fmt_s(o.self_s), "share": fmt_pct(o.share),
+                 "source": plain(short_source(o.source, keep=1))}
         table.add_row(*[cells[c[0]] for c in columns])
     return table
 
@@ -90,7 +93,7 @@ def _compile_table(report, top: int) -> Table:
                       ("backend", "right")):
         table.add_column(col, justify=just)
     for c in report.compile[:top]:
-        table.add_row(c.function, str(c.compiles), fmt_s(c.tracing_s), fmt_s(c.lowering_s),
+        table.add_row(plain(c.function), str(c.compiles), fmt_s(c.tracing_s), fmt_s(c.lowering_s),
                       fmt_s(c.backend_compile_s))
     return table
 
@@ -98,28 +101,30 @@ def _compile_table(report, top: int) -> Table:
 def _tpu_estimate(report, top: int) -> Group:
     est, backend = report.tpu_estimate, report.backend
     t = est.target
-    head = Text(f"Estimated on TPU {t.chip} ({t.topology})", style="bold")
+    chip, backend = printable(t.chip), printable(backend)
+    head = Text(f"Estimated on TPU {chip} ({printable(t.topology)})", style="bold")
     if est.step.tpu_estimated_s is not None and report.steps.median_s:
         head.append(f"   step: measured {fmt_s(report.steps.median_s)} on {backend}, "
-                    f"estimated {fmt_s(est.step.tpu_estimated_s)} on {t.chip}")
+                    f"estimated {fmt_s(est.step.tpu_estimated_s)} on {chip}")
     mods = Table(show_edge=False)
     for col, just in (("module", "left"), ("runs", "right"), (f"{backend} op time", "right"),
                       ("TPU est. / run", "right"), ("TPU est. total", "right"), ("status", "left")):
-        mods.add_column(col, justify=just, no_wrap=col != "status")
+        mods.add_column(Text(col), justify=just, no_wrap=col != "status")
     for m in est.modules[:top]:
-        mods.add_row(m.name, str(m.executions), fmt_s(m.cpu_self_s), fmt_s(m.tpu_estimated_s),
-                     fmt_s(m.tpu_estimated_total_s), m.status if not m.error else f"failed: {m.error}")
+        mods.add_row(plain(m.name), str(m.executions), fmt_s(m.cpu_self_s), fmt_s(m.tpu_estimated_s),
+                     fmt_s(m.tpu_estimated_total_s), plain(m.status if not m.error else f"failed: {m.error}"))
     lines = Table(title="By source line", title_justify="left", show_edge=False)
     for col, just in (("source", "left"), (f"{backend} op time", "right"), ("TPU est.", "right")):
-        lines.add_column(col, justify=just, no_wrap=True)
+        lines.add_column(Text(col), justify=just, no_wrap=True)
     for ln in est.lines[:top]:
-        lines.add_row(short_source(ln.source, keep=1), fmt_s(ln.cpu_self_s), fmt_s(ln.tpu_estimated_s))
-    return Group(head, mods, lines, Text(est.note, style="bright_black"))
+        lines.add_row(plain(short_source(ln.source, keep=1)), fmt_s(ln.cpu_self_s), fmt_s(ln.tpu_estimated_s))
+    return Group(head, mods, lines, plain(est.note, style="bright_black"))
 
 
 def _artifacts(report) -> Text:
     a = report.artifacts
     t = Text("Artifacts", style="bold")
+    a = {k: printable(v) if isinstance(v, str) else v for k, v in a.items()}
     run = a.get("run_dir")
     if run:
         t.append(f"\n  run directory  {run}")
@@ -158,6 +163,6 @@ def render_terminal(report, console: Console, top_ops: int = 15, top_compiles: i
         console.print()
         console.print(_tpu_estimate(report, top_ops))
     for w in report.warnings:
-        console.print(Text(f"warning: {w}", style="yellow"))
+        console.print(Text(f"warning: {printable(w)}", style="yellow"))
     console.print()
     console.print(_artifacts(report))

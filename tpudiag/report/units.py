@@ -1,10 +1,38 @@
 """Human formatting of the units carried in names (`_s`, `_ns`, `bytes`, `cycles`, `_hz`), and of the
 counts, shares and names the renderers show. The one set of formatters every renderer uses; each
-shows None as "-"."""
+shows None as "-". `printable` is the one rule for showing a program's or compiler's string without
+letting it drive the terminal (or the page)."""
 
 from __future__ import annotations
 
+import re
+
 from tpudiag.text import clip  # noqa: F401  (the renderers' clip lives beside them)
+
+# What a terminal acts on instead of showing: the C0 controls (ESC opens colour and cursor
+# sequences, CR rewrites the line), DEL, the C1 controls (U+009B is a one-character CSI on some
+# terminals), the Unicode line and paragraph separators, and the bidirectional overrides and
+# isolates that reorder what is shown ("Trojan Source", CVE-2021-42574).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape_char(m: re.Match) -> str:
+    c = m.group()
+    return _SHORT.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def printable(text, newlines: bool = False) -> str:
+    """`text` (any value; None is "") with every control character written as its Python escape:
+    ESC as `\\x1b`, a tab as `\\t`, U+202E as `\\u202e`. Every renderer passes each string that
+    came from the program, the compiler or the file system through it before it is shown, in
+    the terminal, Markdown and HTML alike. `newlines=True` keeps `\\n` (a multi-line error text or
+    a whole document); by default a newline is escaped too, so a name stays on its table row.
+    Backslashes are left alone: a Windows path reads as itself."""
+    text = "" if text is None else str(text)
+    if newlines:
+        return "\n".join(_UNPRINTABLE.sub(_escape_char, line) for line in text.split("\n"))
+    return _UNPRINTABLE.sub(_escape_char, text)
 
 
 def fmt_s(seconds: float | None) -> str:
@@ -83,10 +111,12 @@ def fmt_bytes(n: float | None) -> str:
 
 
 def fusion_summary_lines(summary: dict, top: int = 3) -> list[str]:
-    """The fusion summary of one module (`analyze.fusions.fusion_summary`) as plain lines."""
-    out = [f"{summary['module']}: {summary['fusions']} fusions; {summary['breaks']} fusion breaks round-trip "
+    """The fusion summary of one module (`analyze.fusions.fusion_summary`) as plain lines, names
+    made `printable`."""
+    out = [f"{printable(summary['module'])}: {summary['fusions']} fusions; {summary['breaks']} fusion breaks round-trip "
            f"{fmt_bytes(summary['break_bytes'])} ({fmt_bytes(summary['break_bytes_default_memory'])} in default "
            f"memory), {summary['breaks_not_inferable']} with no inferable reason"]
     for b in summary["top_breaks"][:top]:
-        out.append(f"  {fmt_bytes(b['bytes'])}  {b['producer']} -> {b['consumer']}  {b['shape']}  ({b['reason']})")
+        out.append(printable(f"  {fmt_bytes(b['bytes'])}  {b['producer']} -> {b['consumer']}  {b['shape']}  "
+                             f"({b['reason']})"))
     return out
