@@ -133,3 +133,44 @@ def test_max_artifact_mb_needs_ci_and_room_for_the_reports(tmp_path, capsys):
     rc, _, err = run_main(["profile", "--ci", "--max-artifact-mb", "0.001", "--out", str(run), mlp], capsys)
     assert rc == 2 and "too small for the reports alone" in err.splitlines()[-1]
     assert (run / "report.json").is_file() and not list(run.glob("tpudiag-artifacts.tar.gz*"))
+
+
+@pytest.mark.parametrize("command,typo,close", [
+    (["profile"], "--stpes", "--steps"),
+    (["compile", "--target", "v5e"], "--no-static-profle", "--no-static-profile"),
+])
+def test_an_unknown_option_before_the_script_is_no_such_option(tmp_path, capsys, command, typo, close):
+    rc, out, err = run_main([*command, "--out", str(tmp_path / "r"), typo, "1", "s.py"], capsys)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"tpudiag: error: no such option: {typo} (did you mean {close}? tpudiag's options: ")
+    assert "--out" in err and "the program's own options go after the script and --" in err
+    assert "no such file" not in err and not (tmp_path / "r").exists()
+
+
+def test_options_after_the_script_still_go_to_the_program(tmp_path, capsys):
+    """`--bogus` after SCRIPT is the program's: mlp.py's argparse refuses it, with its own exit code."""
+    run = tmp_path / "r"
+    rc, _, err = run_main(["profile", "--out", str(run), "--md", str(ARTIFACTS.parent / "programs" / "mlp.py"),
+                           "--bogus"], capsys)
+    assert rc == 2 and "the program failed" in err and "no such option" not in err
+    assert "unrecognized arguments: --bogus" in (run / "program.log").read_text()
+
+
+@pytest.mark.parametrize("remove", ["trace", "xplane"])
+def test_report_of_a_run_whose_trace_was_deleted_says_so(tmp_path, remove):
+    run = tmp_path / "mlp"
+    shutil.copytree(ARTIFACTS / "mlp", run)
+    if remove == "trace":
+        shutil.rmtree(run / "trace")
+        missing = f"the trace is missing: {run / 'trace'} is gone; manifest.json lists 1 trace file(s) in it"
+    else:
+        (listed,) = json.loads((run / "manifest.json").read_text())["xplanes"]
+        (run / listed).unlink()
+        missing = f"the trace is missing: {run / listed} (listed in manifest.json) is gone"
+    doc = json.loads(CliRunner().invoke(cli, ["report", "--json", str(run)]).output)
+    assert doc["status"] == "ok", "the status stays the manifest's"
+    assert doc["warnings"] == [missing] and doc["reason"] == missing
+    assert not any("step" in w for w in doc["warnings"])
+    text = CliRunner().invoke(cli, ["report", "--no-color", "--width", "400", str(run)]).output
+    header = text.split("╰")[0]
+    assert "status ok (the trace is missing: " in " ".join(header.split())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import statistics
 from functools import lru_cache
 
@@ -276,10 +277,23 @@ def test_max_regression_parses_percent_and_fractions(text, value):
     assert parse_max_regression(text) == pytest.approx(value)
 
 
-@pytest.mark.parametrize("text", ["5", "abc", "-1%", "nan%", "inf"])
-def test_max_regression_refuses_ambiguous_or_bad_values(text):
-    with pytest.raises(UsageError, match="--max-regression"):
+@pytest.mark.parametrize("text", ["5", "abc", "-1%", "nan%", "inf", "nan", "-0.05", "inf%", "1e400", "150", ""])
+def test_max_regression_refuses_ambiguous_or_bad_values_and_suggests_only_valid_ones(text):
+    with pytest.raises(UsageError, match="--max-regression") as e:
         parse_max_regression(text)
+    message = str(e.value)
+    assert len(message.splitlines()) == 1
+    suggested = re.findall(r"(?:write|such as|the fraction) ([0-9][0-9.e+]*%?)", message)
+    assert suggested, message
+    for value in suggested:  # every value the message offers is one this parser accepts
+        parse_max_regression(value)
+
+
+def test_cli_max_regression_inf_is_a_usage_error_with_a_valid_example(capsys):
+    rc, out, err = run_main(["compare", "--max-regression", "inf", "fixtures/artifacts/mlp_steps8_a",
+                             "fixtures/artifacts/mlp_steps8_b"], capsys)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "5%" in err and "0.05" in err and "inf%" not in err
 
 
 # -- rendering -------------------------------------------------------------------------------------

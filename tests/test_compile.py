@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -207,3 +208,52 @@ def test_options_after_the_input_as_the_issue_writes_them(tmp_path):
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["target"]["topology"] == "v6e:2x2" and doc["modules"][0]["status"] == "ok"
+
+
+def test_report_of_a_failed_script_names_its_input_and_why(tmp_path):
+    """A real compile of a script that raises: the report (re-rendered later) names the input and the
+    program's failure, from the manifest's source."""
+    run = tmp_path / "run"
+    script = "fixtures/programs/failing/raises.py"
+    p = tpudiag("compile", "--target", "v5e", "--no-static-profile", "--json", "--out", str(run), script)
+    assert p.returncode == 1, p.stderr[-2000:]
+    manifest = json.loads((run / "manifest.json").read_text())
+    shadow = {"exit_code": 1, "status": "failed", "reason": "program raised ValueError: boom from the program"}
+    assert manifest["source"] == {"input": script, "kind": "script", "shadow_run": shadow}
+    assert manifest["status"] == "failed" and manifest["reason"] == shadow["reason"]
+    doc = json.loads(tpudiag("report", "--json", str(run)).stdout)
+    assert doc["source"]["input"] == script and doc["source"]["shadow_run"] == shadow
+    text = tpudiag("report", "--no-color", "--width", "200", str(run)).stdout
+    assert text.splitlines()[1].startswith(f"│ {script}   target v5e")
+
+
+def test_a_compile_stopped_during_its_script_still_names_its_input(tmp_path):
+    """tpudiag killed (SIGKILL) while the script runs: the manifest already has the input, so the
+    report does not show `?`."""
+    import signal
+
+    run = tmp_path / "run"
+    script = "fixtures/programs/failing/sleeps.py"
+    children: list[int] = []
+    proc = subprocess.Popen([sys.executable, "-m", "tpudiag", "compile", "--target", "v5e", "--no-static-profile",
+                             "--out", str(run), script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1"))
+    try:
+        assert proc.stdout.readline().strip() in ("started", "ready"), "the script is running"
+        during = json.loads((run / "manifest.json").read_text())
+        assert during["status"] == "running"
+        assert during["source"] == {"input": script, "kind": "script"}
+        children += [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        for pid in children:  # the script tpudiag started, left running by the kill
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    text = tpudiag("report", "--no-color", "--width", "200", str(run)).stdout
+    assert text.splitlines()[1].startswith(f"│ {script}   target v5e"), text

@@ -78,21 +78,22 @@ DEFAULT_COMPARE_CONFIG = CompareConfig()
 
 def parse_max_regression(text) -> float:
     """`5%` -> 0.05; a bare number is a fraction (`0.05`). Refuses a bare number above 1 (`5`
-    would be 500%), negatives and non-numbers."""
+    would be 500%), negatives, infinities, NaN and non-numbers, each with a valid example."""
     s = str(text).strip()
     pct = s.endswith("%")
+    example = "such as 5% (or the fraction 0.05)"
     try:
         value = float(s[:-1] if pct else s)
     except ValueError:
-        raise UsageError(f"--max-regression {text!r}: expected a percentage such as 5% (or a fraction such as "
-                         "0.05)") from None
-    if pct:
-        value /= 100
-    elif value > 1:
-        raise UsageError(f"--max-regression {text}: a bare number is a fraction (0.05 means 5%); write {s}% "
-                         f"for {s} percent")
+        raise UsageError(f"--max-regression {text!r}: not a number; give a percentage {example}") from None
+    # Checked before any suggestion is built from it: `inf` must not be answered with `inf%`.
     if not (math.isfinite(value) and value >= 0):
-        raise UsageError(f"--max-regression {text!r}: must be a finite, non-negative amount")
+        raise UsageError(f"--max-regression {text!r}: must be a finite amount of 0 or more, {example}")
+    if pct:
+        return value / 100
+    if value > 1:
+        raise UsageError(f"--max-regression {text}: a bare number is a fraction (0.05 means 5%); write {value:g}% "
+                         f"for {value:g} percent")
     return value
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from tpudiag.capture import rundir
 from tpudiag.capture.rundir import RunDir
 from tpudiag.errors import InputError, ProgramFailed, TpudiagError
+from tpudiag.outputs import check_run_dir
 from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
 
 TPU_DIR = "tpu"  # inside a profile run: the shadow compile of its own computations (`profile --target`)
@@ -95,22 +96,24 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
         inputs = file_inputs(input_path)  # validate before creating anything
     elif not input_path.is_file():
         raise InputError(f"{input_path}: no such file")
-    run = Path(out) if out else rundir.default_run_dir(input_path)
+    run = check_run_dir(Path(out) if out else rundir.default_run_dir(input_path))  # before the script runs
+    # The input is in the manifest from its first write, and the shadow run's outcome as soon as it is
+    # known: a run that stops later (an unreadable dump, tpudiag killed) still says what it compiled.
+    source = {"input": str(input_path), "kind": "script" if is_script else inputs[0].kind}
     with RunDir(run, "compile", rundir.COMPILE_SUBDIRS, program=str(input_path), argv=[str(input_path), *args],
-                target=target.to_dict(), static_profile=static_profile) as rd:
-        source = {"input": str(input_path), "kind": "script" if is_script else inputs[0].kind}
+                target=target.to_dict(), static_profile=static_profile, source=source) as rd:
         if is_script:
             shadow = run_program(input_path, list(args), run / "shadow", trace=False,
                                  env=dict(os.environ, JAX_PLATFORMS="cpu"), program_stdout=program_stdout)
-            source["shadow_run"] = {"exit_code": shadow.exit_code, "status": shadow.status, "reason": shadow.reason}
+            source = {**source, "shadow_run": {"exit_code": shadow.exit_code, "status": shadow.status,
+                                               "reason": shadow.reason}}
+            rd.update(source=source)
             inputs = ir_dump_modules(run / "shadow" / rundir.IR_DIR)
             if not inputs:
                 reason = shadow.reason or "the program compiled no jax computation"
                 message = f"{input_path}: {reason}; nothing to compile (run directory {run})"
-                rd.update(source=source)
                 rd.finish(False, exit_code=shadow.exit_code or 2, reason=reason)
                 raise ProgramFailed(message, shadow.exit_code) if shadow.exit_code else InputError(message)
-        rd.update(source=source)
         report = compile_inputs(inputs, run, target, static_profile=static_profile, jobs=jobs, limits=limits,
                                 progress=progress, source=source)
         report = _write_compile_report(report, rd)
@@ -135,7 +138,10 @@ def compile_run_artifacts(run: Path):
     mdirs = sorted(p for p in (run / "modules").iterdir() if (p / "module.json").is_file()) \
         if (run / "modules").is_dir() else []
     arts = [module_artifacts(load_module(d)) for d in mdirs]
-    report = build_compile_report(target, arts, manifest.source or {})
+    source = dict(manifest.source or {})
+    if "input" not in source and manifest.program:  # a run stopped before its manifest had a source
+        source["input"] = manifest.program
+    report = build_compile_report(target, arts, source)
     return arts, report.with_artifacts({"run_dir": str(run), "report": rundir.REPORT, "modules": "modules"})
 
 
@@ -159,7 +165,7 @@ def compile_function(fn, *args, target: str = "v5e", out=None, static_profile: b
     tgt = resolve_target(target)
     require_libtpu()
     name = getattr(fn, "__name__", "fn")
-    run = Path(out) if out else rundir.default_run_dir(Path(f"{name}.py"))
+    run = check_run_dir(Path(out) if out else rundir.default_run_dir(Path(f"{name}.py")))
     source = {"input": f"{name} (Python function)", "kind": "function"}
     with RunDir(run, "compile", rundir.COMPILE_SUBDIRS, program=name, target=tgt.to_dict(), source=source,
                 static_profile=static_profile) as rd:

@@ -11,6 +11,7 @@ from tpudiag.analyze.profile_report import ProfileReport
 from tpudiag.api.profiling import load_report
 from tpudiag.capture import rundir
 from tpudiag.errors import InputError
+from tpudiag.outputs import check_output_file
 from tpudiag.parse.xplane import locate_xplane, read_xplane
 
 
@@ -19,6 +20,7 @@ def perfetto_export(run: Path, out: Path) -> dict:
     Returns {"path", "events", "bytes"}."""
     from tpudiag.report.perfetto import dump_perfetto, render_perfetto
 
+    check_output_file(out)  # before the run is read and analyzed
     report = load_report(run)
     if not isinstance(report, ProfileReport):
         raise InputError(f"{run}: a compile run has no timeline to export (export a profile run)")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tpudiag.capture import rundir
 from tpudiag.errors import InputError
+from tpudiag.outputs import check_output_file
 from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
 
 
@@ -100,5 +101,6 @@ def write_diff_html(diff, path: Path) -> Path:
     """`hlo-diff --html FILE`: the side-by-side page of an `HloDiff`, written whole or not at all."""
     from tpudiag.report.diff_render import render_diff_html
 
+    check_output_file(path)
     rundir.write_text_atomic(Path(path), render_diff_html(diff))
     return Path(path)

@@ -19,6 +19,7 @@ from tpudiag.analyze.kernel_bench import VARIANTS, bench_document, kernel_row, v
 from tpudiag.capture import rundir
 from tpudiag.capture.rundir import RunDir
 from tpudiag.errors import one_line
+from tpudiag.outputs import check_output_file, check_run_dir
 
 MANIFEST_KIND = "kernels-bench"
 COMPILE_REPORT = "compile-report.json"
@@ -63,6 +64,8 @@ def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path:
     against the reference and float64; the JUnit XML too when `junit_path` is given."""
     from tpudiag.kernels.verify import verify_specs
 
+    if junit_path is not None:
+        check_output_file(junit_path)  # before the cases run, not after
     result = verify_specs(specs_named(names), seed, progress)
     if junit_path is not None:
         from tpudiag.report.kernels_render import render_junit
@@ -83,7 +86,7 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
     specs = specs_named(names)  # an unknown name fails before any work
     target = resolve_target(target_text)
     require_libtpu()
-    run = Path(out) if out else rundir.default_run_dir(Path("kernels-bench"))
+    run = check_run_dir(Path(out) if out else rundir.default_run_dir(Path("kernels-bench")))
     with RunDir(run, MANIFEST_KIND, rundir.COMPILE_SUBDIRS + ("lowered",), program="tpudiag kernels bench",
                 kernels=[s.name for s in specs], target=target.to_dict(), static_profile=static_profile) as rd:
         inputs, setups, errors = [], {}, {}  # errors: (kernel, variant) -> why it has no module

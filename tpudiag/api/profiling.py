@@ -7,13 +7,14 @@ does not render (that is `report/`) or decide exit codes (that is `cli.py`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tpudiag.capture import rundir
 from tpudiag.capture.runner import CaptureResult, run_program
 from tpudiag.errors import InputError, TpudiagError
+from tpudiag.outputs import check_output_file, check_run_dir
 from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
 
 if TYPE_CHECKING:
@@ -76,6 +77,20 @@ def _run_root_of(xplane: Path) -> Path | None:
     return None
 
 
+def _missing_trace(run: Path, manifest) -> str | None:
+    """What of the run's trace is gone, in one line: xplane files its manifest lists, or RUN/trace
+    itself although the trace started (a run copied without it, a clean-up that deleted it)."""
+    trace_dir = run / rundir.TRACE_DIR
+    gone = [run / p for p in (manifest.xplanes or ()) if not (run / p).is_file()]
+    if not trace_dir.is_dir() and (gone or manifest.trace_started):
+        listed = f"manifest.json lists {len(gone)} trace file(s) in it" if gone else "the program's trace started"
+        return f"the trace is missing: {trace_dir} is gone; {listed}"
+    if gone:
+        more = f" and {len(gone) - 1} more" if len(gone) > 1 else ""
+        return f"the trace is missing: {gone[0]}{more} (listed in manifest.json) is gone"
+    return None
+
+
 def analyze_run(run: Path, xplane: Path | None = None, manifest=None) -> "ProfileReport":
     """Analyze a run directory from its artifacts (never re-runs the program).
 
@@ -92,6 +107,9 @@ def analyze_run(run: Path, xplane: Path | None = None, manifest=None) -> "Profil
     xplanes = rundir.find_xplanes(run / rundir.TRACE_DIR)
     if xplane is not None:
         xplanes = [p for p in xplanes if p.resolve() != Path(xplane).resolve()] + [Path(xplane)]
+    missing = _missing_trace(run, manifest)
+    if missing:
+        warnings.append(missing)
     if xplanes:
         trace = read_xplane(xplanes[-1])
         if len(xplanes) > 1:
@@ -100,6 +118,8 @@ def analyze_run(run: Path, xplane: Path | None = None, manifest=None) -> "Profil
         if asked is not None and entered is not None and entered < skip + asked:
             warnings.append(f"--steps {asked} --skip {skip} asked for more steps than the "
                             f"program ran ({entered}): traced until it ended")
+    elif missing:
+        trace = empty_trace()  # the warning says why; the run's own steps and reason no longer explain it
     else:
         if manifest.reason:
             why = manifest.reason
@@ -127,6 +147,9 @@ def analyze_run(run: Path, xplane: Path | None = None, manifest=None) -> "Profil
     }
     report = build_profile_report(trace, index, compiles, hits, manifest, artifacts, warnings, xprof_stats,
                                   modules=modules)
+    if missing and not xplanes and report.reason is None:
+        # The header shows the reason beside the status; the status stays the manifest's.
+        report = replace(report, reason=missing)
     if rundir.is_run_dir(run / TPU_DIR):  # `profile --target`: the TPU estimate beside the CPU timeline
         from tpudiag.analyze.tpu_estimate import build_tpu_estimate
         from tpudiag.api.compile import analyze_compile_run
@@ -195,6 +218,7 @@ def html_report(report) -> str:
 
 def write_html(report, path: Path) -> Path:
     """`html_report(report)` written to `path` (whole, or not at all)."""
+    check_output_file(path)
     rundir.write_text_atomic(Path(path), html_report(report))
     return Path(path)
 
@@ -210,7 +234,7 @@ def profile(script, args=(), out=None, *, steps=None, skip=0, python_trace=False
     each compiled module. `while_waiting` runs in a thread while the program runs.
     """
     script = Path(script)
-    run = Path(out) if out else rundir.default_run_dir(script)
+    run = check_run_dir(Path(out) if out else rundir.default_run_dir(script))  # before the program runs
     cap = run_program(script, list(args), run, steps=steps, skip=skip, python_trace=python_trace,
                       program_stdout=program_stdout, program_stderr=program_stderr, while_waiting=while_waiting)
     result = finish_capture(cap)

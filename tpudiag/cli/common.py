@@ -1,5 +1,6 @@
 """What every tpudiag command shares: the output options, one `emit(result, fmt)` that picks the
-renderer for a result by its schema, progress on stderr, the --ci bundle and the version check.
+renderer for a result by its schema, progress on stderr, the --ci bundle, the version check and the
+check of the paths a command will write.
 
 Renderers live in `report/`; this module only chooses one and says where its text goes.
 """
@@ -151,6 +152,20 @@ def check_versions() -> None:
         click.echo(f"tpudiag: warning: {line}", err=True)
     if check.refusals:
         raise IncompatibleVersions(check.refusals[0])
+
+
+def check_outputs(run_dir: Path | None = None, *files: Path | None) -> None:
+    """Every path the command will write (a run directory, --html/--perfetto/--junit files) checked
+    before any work starts, so an unwritable one is a one-line error, not a failure after the run.
+    The api functions check again for notebook callers (tpudiag/outputs.py)."""
+    from tpudiag.outputs import check_output_file, check_run_dir
+
+    if run_dir is not None:
+        check_run_dir(run_dir)
+    for path in files:
+        # `--out RUN --html RUN/report.html`: RUN is created before the file is written.
+        if path is not None and not (run_dir is not None and Path(path).parent.resolve() == Path(run_dir).resolve()):
+            check_output_file(path)
 
 
 def program_args(args) -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import check_versions, emit, output_format
+from tpudiag.cli.common import check_outputs, check_versions, emit, output_format
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed
 
@@ -70,6 +70,7 @@ def kernels_verify(seed, junit_path, as_json, no_color, width, names):
 
     from tpudiag import api
 
+    check_outputs(None, junit_path)  # before the cases run (a full verify takes a while)
     err = Console(stderr=True, highlight=False)
 
     def progress(r):
@@ -107,6 +108,7 @@ def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, as_json,
 
     fmt = output_format(as_json, as_md)
     resolve_target(target_text)  # a bad target fails before any work
+    check_outputs(out)
     err = Console(stderr=True, highlight=False)
     result, run = api.kernels_bench(names, target_text, out, static_profile=not no_static_profile, jobs=jobs,
                                     limits=Limits(static_timeout_s=timeout_s),

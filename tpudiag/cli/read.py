@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import console, emit, output_format, output_options
+from tpudiag.cli.common import check_outputs, console, emit, output_format, output_options
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed
 
@@ -28,6 +28,7 @@ def report(html_path, as_json, as_md, no_color, width, target):
     from tpudiag.config import DEFAULT_CONFIG
 
     fmt = output_format(as_json, as_md)
+    check_outputs(None, html_path)
     loaded = api.load_report(target)
     if html_path:
         api.write_html(loaded, html_path)
@@ -90,6 +91,7 @@ def hlo_diff(module_name, html_path, fail_on_change, show_all, as_json, as_md, n
     from tpudiag import api
 
     fmt = output_format(as_json, as_md)
+    check_outputs(None, html_path)
     diff = api.hlo_diff(a, b, module_name)
     if html_path:
         api.write_diff_html(diff, html_path)
@@ -135,5 +137,6 @@ def export(perfetto_path, target):
     """Export a profile run's op timeline (HLO names, categories, source lines, steps) for Perfetto."""
     from tpudiag import api
 
+    check_outputs(None, perfetto_path)
     res = api.perfetto_export(target, perfetto_path)
     click.echo(f"wrote {res['path']}: {res['events']} events, {res['bytes'] / 2**20:.2f} MB")

@@ -5,20 +5,58 @@ Options in, one api call, `emit` out, and the outcome as an exception `main()` m
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import (check_versions, ci_budget, ci_options, debug_on, emit, output_format, output_options,
-                                program_args, progress, write_ci_bundle)
+from tpudiag.cli.common import (check_outputs, check_versions, ci_budget, ci_options, debug_on, emit, output_format,
+                                output_options, program_args, progress, write_ci_bundle)
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed, NothingTraced, ProgramFailed, UsageError
 
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": True}
 
 
-@cli.command(context_settings=_PASS_THROUGH)
+class PassThroughCommand(click.Command):
+    """A command whose unknown options go to the program (`ignore_unknown_options`): tpudiag's own
+    options may follow SCRIPT, and the program's too. Before SCRIPT, though, an option tpudiag does
+    not know is a typo (`--stpes 1 train.py`), not the program's: click would take it for SCRIPT
+    itself ("--stpes: no such file"), so it is refused here by name."""
+
+    def parse_args(self, ctx, args):
+        unknown = None if ctx.resilient_parsing else self._unknown_before_script(ctx, args)
+        if unknown:
+            names = sorted({n for p in self.get_params(ctx) if isinstance(p, click.Option)
+                            for n in (*p.opts, *p.secondary_opts) if n.startswith("--")})
+            close = difflib.get_close_matches(unknown.split("=", 1)[0], names, n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise UsageError(f"no such option: {unknown} ({hint}tpudiag's options: {', '.join(names)}; "
+                             f"the program's own options go after the script and --)")
+        return super().parse_args(ctx, args)
+
+    def _unknown_before_script(self, ctx, args) -> str | None:
+        """The first option-looking argument before the first positional one that is not one of
+        this command's options, skipping the values of the options that take one."""
+        takes_value = {}
+        for p in self.get_params(ctx):
+            if isinstance(p, click.Option):
+                for name in (*p.opts, *p.secondary_opts):
+                    takes_value[name] = not (p.is_flag or p.count)
+        it = iter(args)
+        for arg in it:
+            if arg == "--" or not arg.startswith("-") or arg == "-":
+                return None  # SCRIPT (or `--`, after which everything is positional)
+            name = arg.split("=", 1)[0]
+            if name not in takes_value:
+                return arg
+            if takes_value[name] and "=" not in arg:
+                next(it, None)
+        return None
+
+
+@cli.command(cls=PassThroughCommand, context_settings=_PASS_THROUGH)
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run directory (default tpudiag-runs/<timestamp>-<script>). Never overwritten.")
 @click.option("--steps", type=int, default=None,
@@ -41,9 +79,9 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, html
 
     tpudiag's options may come before or after SCRIPT; the program's own arguments go after `--`
     (`tpudiag profile train.py --target v5e -- --steps 5`). Options tpudiag does not know are
-    passed to the program too. The run directory holds the
-    trace (open it with `xprof --logdir RUN/trace`), the HLO and IR dumps, the program's log,
-    manifest.json, report.json and report.md.
+    passed to the program too when they follow SCRIPT (before it, they are an error). The run
+    directory holds the trace (open it with `xprof --logdir RUN/trace`), the HLO and IR dumps, the
+    program's log, manifest.json, report.json and report.md.
     """
     import importlib
 
@@ -54,6 +92,7 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, html
     if skip and steps is None:
         raise UsageError("--skip needs --steps")
     ci_mb = ci_budget(ci, max_artifact_mb)
+    check_outputs(out, html_path)  # before the program runs (the default run directory: api.profile)
     check_versions()
     if target_text:
         from tpudiag.targets import resolve_target
@@ -83,7 +122,7 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, html
         raise NothingTraced(f"nothing was traced: {report.warnings[0] if report.warnings else 'no trace'}")
 
 
-@cli.command(name="compile", context_settings=_PASS_THROUGH)
+@cli.command(name="compile", cls=PassThroughCommand, context_settings=_PASS_THROUGH)
 @click.option("--target", "target_text", required=True, help="TPU target: v4, v5e, v5p, v6e, or a topology (v5e:2x4).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run directory (default tpudiag-runs/<timestamp>-<input>). Never overwritten.")
@@ -108,6 +147,7 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, html_pat
     """
     fmt = output_format(as_json, as_md)
     ci_mb = ci_budget(ci, max_artifact_mb)
+    check_outputs(out, html_path)  # before anything runs or compiles
     check_versions()
     from tpudiag.targets import require_libtpu, resolve_target
 
