@@ -58,6 +58,9 @@ def skip_if_newer_than_this_xla(path: Path) -> None:
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+# Every test compiles afresh unless it asks for a compile cache of its own (tests/capture/test_compile_cache.py):
+# a cached static profile would hide the timeouts and aborts other tests provoke.
+os.environ.setdefault("TPUDIAG_NO_CACHE", "1")
 
 
 def pytest_addoption(parser):

@@ -8,7 +8,8 @@ the final LLO bundles and slot utilization (`llo/`) and the static cycle profile
 The static-profile flag is slow and fragile (../shared/TPU-NOTES.md: an 8k^3 matmul takes 1 s
 without it and 117 s with it; it aborts on gathers and scatters and can grow past 10 GB), so a
 module is first compiled with it under a time and memory limit, and if that fails compiled again
-without it; `static_profile` in the result says which happened. It parses nothing.
+without it; `static_profile` in the result says which happened. A module compiled for the same
+target before is copied from the compile cache instead (`compile_cache.py`). It parses nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from tpudiag.capture.compile_cache import CompileCache
 
 # The LLO dump narrowed to the final bundles and their slot utilization: without the regex
 # libtpu writes every LLO pass (~100 MB for a tiny program).
@@ -56,6 +59,7 @@ class ModuleCompile:
     error: str | None
     static_profile: str  # "ok" | "off" | why it was dropped ("timeout after 120 s", "aborted: ...")
     result: dict
+    cached: str | None = None  # the compile-cache entry it was copied from; None: compiled here
 
 
 def _rss_bytes(pid: int) -> int:
@@ -130,17 +134,30 @@ def _env(mdir: Path, dump: Path, static: bool) -> dict:
     return env
 
 
-def compile_module(inp: ModuleInput, mdir: Path, topology: str, static_profile: bool, limits: Limits) -> ModuleCompile:
+def compile_module(inp: ModuleInput, mdir: Path, topology: str, static_profile: bool, limits: Limits,
+                   cache: CompileCache | None = None) -> ModuleCompile:
+    """Compile one module into `mdir`, or copy it from `cache` when the same module was compiled
+    for the same target before (`cached` in module.json then names the entry)."""
     mdir.mkdir(parents=True, exist_ok=True)
     suffix = ".mlir" if inp.kind == "mlir" else ".hlo.txt"
     local = mdir / f"input{suffix}"
     shutil.copyfile(inp.path, local)
     spec = mdir / "spec.json"
     spec.write_text(json.dumps({"input": str(local), "kind": inp.kind, "topology": topology, "out_dir": str(mdir)}))
-    res = _compile_module(inp, mdir, spec, static_profile, limits)
-    # What happened, for `tpudiag report RUN` to re-render without recompiling.
-    (mdir / "module.json").write_text(json.dumps({"name": res.name, "status": res.status, "error": res.error,
-                                                  "static_profile": res.static_profile}, indent=2) + "\n")
+    key = cache.key(local, inp.kind, topology, static_profile, _LLO_FLAGS + " " + _STATIC_FLAG) if cache else None
+    hit = bool(key) and cache.fetch(key, mdir)
+    if hit:
+        cached = load_module(mdir)
+        res = ModuleCompile(inp.name, mdir, cached.status, cached.error, cached.static_profile, cached.result, key)
+    else:
+        res = _compile_module(inp, mdir, spec, static_profile, limits)
+    # What happened, for `tpudiag report RUN` to re-render without recompiling; `cached` names the
+    # cache entry the module came from (None: compiled here).
+    meta = {"name": res.name, "status": res.status, "error": res.error, "static_profile": res.static_profile,
+            "cached": res.cached}
+    (mdir / "module.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if key and not hit:
+        cache.store(key, mdir, res.status, res.static_profile)
     return res
 
 
@@ -148,7 +165,8 @@ def load_module(mdir: Path) -> ModuleCompile:
     """A module compiled earlier, from its `module.json` and `result.json`."""
     meta = json.loads((mdir / "module.json").read_text())
     result = json.loads((mdir / "result.json").read_text()) if meta["status"] == "ok" else {}
-    return ModuleCompile(meta["name"], mdir, meta["status"], meta["error"], meta["static_profile"], result)
+    return ModuleCompile(meta["name"], mdir, meta["status"], meta["error"], meta["static_profile"], result,
+                         meta.get("cached"))
 
 
 def _compile_module(inp: ModuleInput, mdir: Path, spec: Path, static_profile: bool, limits: Limits) -> ModuleCompile:
@@ -172,15 +190,20 @@ def _done(inp: ModuleInput, mdir: Path, static_note: str) -> ModuleCompile:
     return ModuleCompile(inp.name, mdir, "ok", None, static_note, json.loads((mdir / "result.json").read_text()))
 
 
+_FROM_ENV = object()
+
+
 def compile_modules(inputs: list[ModuleInput], modules_dir: Path, topology: str, *, static_profile: bool = True,
                     limits: Limits = Limits(), jobs: int = 2,
-                    progress: Callable[[ModuleCompile], None] | None = None) -> list[ModuleCompile]:
-    """Compile every input (up to `jobs` at once); failures are results, never exceptions."""
+                    progress: Callable[[ModuleCompile], None] | None = None, cache=_FROM_ENV) -> list[ModuleCompile]:
+    """Compile every input (up to `jobs` at once); failures are results, never exceptions. `cache`:
+    a `CompileCache`, None for none, or (the default) the one the environment names."""
     dirs = [modules_dir / f"{i:02d}-{inp.name}" for i, inp in enumerate(inputs)]
+    cache = CompileCache.from_env() if cache is _FROM_ENV else cache
 
     def one(args):
         inp, mdir = args
-        res = compile_module(inp, mdir, topology, static_profile, limits)
+        res = compile_module(inp, mdir, topology, static_profile, limits, cache)
         if progress:
             progress(res)
         return res

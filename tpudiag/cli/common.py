@@ -184,6 +184,7 @@ def progress():
     module finished, so a program that runs first (`profile --target`) keeps the terminal to itself."""
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn
+    from rich.markup import escape
 
     err = Console(stderr=True)
     bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), console=err, transient=True,
@@ -196,6 +197,27 @@ def progress():
             bar.start()
         if mc is not None:
             done.append(mc)
-            bar.update(task, description=f"compiled {len(done)} module(s); last: {mc.name} ({mc.status})")
+            how = f"{mc.status}, from the compile cache" if getattr(mc, "cached", None) else mc.status
+            bar.update(task, description=escape(f"compiled {len(done)} module(s); last: {mc.name} ({how})"))
 
     return on_module, bar.stop
+
+
+def cache_options(f):
+    f = click.option("--no-cache", is_flag=True,
+                     help="Compile every module afresh, neither reading nor filling the compile cache.")(f)
+    f = click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+                     help="The compile cache (default $TPUDIAG_CACHE_DIR, else ~/.cache/tpudiag/compile): a module "
+                          "compiled for the same target before is copied from it, not compiled again.")(f)
+    return f
+
+
+def use_cache_options(cache_dir: Path | None, no_cache: bool) -> None:
+    """`--cache-dir` / `--no-cache` for this process (capture/compile_cache.py reads the environment)."""
+    import os
+
+    if no_cache:
+        os.environ["TPUDIAG_NO_CACHE"] = "1"
+    elif cache_dir is not None:
+        os.environ["TPUDIAG_CACHE_DIR"] = str(cache_dir)
+        os.environ.pop("TPUDIAG_NO_CACHE", None)

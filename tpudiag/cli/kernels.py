@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import check_outputs, check_versions, emit, output_format
+from tpudiag.cli.common import cache_options, check_outputs, check_versions, emit, output_format, use_cache_options
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed
 
@@ -95,8 +95,10 @@ def kernels_verify(seed, junit_path, as_json, no_color, width, names):
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels-bench/1).")
 @click.option("--md", "as_md", is_flag=True, help="Print GitHub Markdown.")
 @_text_options
+@cache_options
 @click.argument("names", nargs=-1)
-def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, as_json, as_md, no_color, width, names):
+def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, as_json, as_md, no_color, width, names,
+                  cache_dir, no_cache):
     """Compile kernels, their plain-JAX versions and JAX's own kernels for TPU; compare estimated cycles.
 
     Exit 1 if a variant failed to lower or compile (the others are still reported)."""
@@ -109,6 +111,7 @@ def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, as_json,
     fmt = output_format(as_json, as_md)
     resolve_target(target_text)  # a bad target fails before any work
     check_outputs(out)
+    use_cache_options(cache_dir, no_cache)
     err = Console(stderr=True, highlight=False)
     result, run = api.kernels_bench(names, target_text, out, static_profile=not no_static_profile, jobs=jobs,
                                     limits=Limits(static_timeout_s=timeout_s),

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import (check_outputs, check_versions, ci_budget, ci_options, debug_on, emit, output_format,
-                                output_options, program_args, progress, write_ci_bundle)
+from tpudiag.cli.common import (cache_options, check_outputs, check_versions, ci_budget, ci_options, debug_on, emit,
+                                output_format, output_options, program_args, progress, use_cache_options,
+                                write_ci_bundle)
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed, NothingTraced, ProgramFailed, UsageError
 
@@ -69,12 +70,13 @@ class PassThroughCommand(click.Command):
 @click.option("--no-static-profile", is_flag=True, help="With --target: skip the static cycle profile.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Also write a self-contained HTML report here (no script; opens offline).")
+@cache_options
 @ci_options
 @output_options("tpudiag.report/1")
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def profile(out, steps, skip, python_trace, target_text, no_static_profile, html_path, ci, max_artifact_mb,
-            as_json, as_md, no_color, width, script, args):
+            as_json, as_md, no_color, width, script, args, cache_dir, no_cache):
     """Run SCRIPT [ARGS...] under the profiler and report where its time went.
 
     tpudiag's options may come before or after SCRIPT; the program's own arguments go after `--`
@@ -94,6 +96,7 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, html
     ci_mb = ci_budget(ci, max_artifact_mb)
     check_outputs(out, html_path)  # before the program runs (the default run directory: api.profile)
     check_versions()
+    use_cache_options(cache_dir, no_cache)
     if target_text:
         from tpudiag.targets import resolve_target
 
@@ -134,12 +137,13 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, html
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True, help="Ops shown per module.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Also write a self-contained HTML report here (no script; opens offline).")
+@cache_options
 @ci_options
 @output_options("tpudiag.compile/1")
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, html_path, ci, max_artifact_mb, as_json,
-             as_md, no_color, width, input_path, args):
+             as_md, no_color, width, input_path, args, cache_dir, no_cache):
     """Compile INPUT for a TPU generation on this machine and report the TPU compiler's own estimates.
 
     INPUT is a Python script (run on CPU; every jitted computation it ran is compiled; ARGS go to
@@ -149,6 +153,7 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, html_pat
     ci_mb = ci_budget(ci, max_artifact_mb)
     check_outputs(out, html_path)  # before anything runs or compiles
     check_versions()
+    use_cache_options(cache_dir, no_cache)
     from tpudiag.targets import require_libtpu, resolve_target
 
     resolve_target(target_text)  # a bad target or a missing libtpu fails before anything runs

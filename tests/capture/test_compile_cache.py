@@ -1,0 +1,66 @@
+"""The compile cache, with real TPU compiles (libtpu's compile-only client): a module compiled for a
+target once is copied, not compiled, the next time; the report is the same; only complete compiles
+are kept; `--no-cache` and a changed target compile afresh."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import ARTIFACTS, ROOT
+from tpudiag.capture.compile_cache import CompileCache
+from tpudiag.capture.tpu_compile import Limits, ModuleInput, compile_modules
+
+IR = ARTIFACTS / "mlp" / "ir"
+
+
+def _inputs():
+    return [ModuleInput(name=p.stem, path=p, kind="mlir") for p in sorted(IR.glob("*.mlir"))[:2]]
+
+
+def test_the_second_compile_comes_from_the_cache(tmp_path):
+    cache = CompileCache(tmp_path / "cache")
+    first = compile_modules(_inputs(), tmp_path / "a", "v5e:2x2", static_profile=False, cache=cache)
+    assert all(m.status == "ok" and m.cached is None for m in first)
+    assert len(list((tmp_path / "cache").iterdir())) == len(first)
+    second = compile_modules(_inputs(), tmp_path / "b", "v5e:2x2", static_profile=False, cache=cache)
+    assert all(m.cached for m in second) and [m.result for m in second] == [m.result for m in first]
+    for a, b in zip(first, second):
+        assert (b.dir / "hlo").is_dir() and sorted(p.name for p in (a.dir / "hlo").iterdir()) == \
+            sorted(p.name for p in (b.dir / "hlo").iterdir())
+        assert json.loads((b.dir / "module.json").read_text())["cached"] == b.cached
+    # Another target is another compile.
+    other = compile_modules(_inputs()[:1], tmp_path / "c", "v6e:2x2", static_profile=False, cache=cache)
+    assert other[0].cached is None and other[0].status == "ok"
+
+
+def test_a_dropped_static_profile_is_not_kept(tmp_path):
+    """A static profile cut short by the time limit is retried next time, perhaps with more time."""
+    cache = CompileCache(tmp_path / "cache")
+    (res,) = compile_modules(_inputs()[-1:], tmp_path / "a", "v5e:2x2", static_profile=True,
+                             limits=Limits(static_timeout_s=0.01), cache=cache)
+    assert res.status == "ok" and res.static_profile.startswith("dropped")
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
+
+
+def test_the_cli_uses_the_cache_dir_it_is_given_and_no_cache_skips_it(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    env.pop("TPUDIAG_NO_CACHE", None)
+
+    def compile_(out, *flags):
+        p = subprocess.run([sys.executable, "-m", "tpudiag", "compile", "--json", "--no-static-profile", "--target",
+                            "v5e", "--out", str(tmp_path / out), *flags, str(IR)], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    cold = compile_("cold", "--cache-dir", str(tmp_path / "cache"))
+    warm = compile_("warm", "--cache-dir", str(tmp_path / "cache"))
+    fresh = compile_("fresh", "--no-cache")
+    cached = [json.loads(p.read_text())["cached"] for p in sorted((tmp_path / "warm" / "modules").glob("*/module.json"))]
+    assert cached and all(cached)
+    assert not any(json.loads(p.read_text())["cached"] for p in (tmp_path / "fresh" / "modules").glob("*/module.json"))
+    strip = lambda d: [(m["name"], m["totals"]["estimated_s"]) for m in d["modules"]]  # noqa: E731
+    assert strip(cold) == strip(warm) == strip(fresh)
