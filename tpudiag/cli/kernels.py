@@ -71,7 +71,7 @@ def kernels_verify(seed, junit_path, as_json, no_color, width, names):
     from tpudiag import api
 
     check_outputs(None, junit_path)  # before the cases run (a full verify takes a while)
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
     def progress(r):
         if err.is_terminal:
@@ -112,7 +112,7 @@ def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, as_json,
     resolve_target(target_text)  # a bad target fails before any work
     check_outputs(out)
     use_cache_options(cache_dir, no_cache)
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, markup=False, emoji=False)
     result, run = api.kernels_bench(names, target_text, out, static_profile=not no_static_profile, jobs=jobs,
                                     limits=Limits(static_timeout_s=timeout_s),
                                     progress=(lambda line: err.print(line)) if err.is_terminal else None)

@@ -12,6 +12,9 @@ def render_compile_markdown(report, top: int = 10) -> str:
     t = report.target
     out = [f"## tpudiag compile: {code(report.source.get('input', '?'))} for {_esc(t.chip)} ({_esc(t.topology)})",
            ""]
+    if report.shadow_exit_code:  # a script that failed: what it ran before that was compiled
+        reason = (report.source.get("shadow_run") or {}).get("reason") or f"exit {report.shadow_exit_code}"
+        out += [f"> **The program failed** ({_esc(reason)}); the computations it ran before that were compiled.", ""]
     out += ["| module | status | estimated TPU time | XLA optimal | peak HBM | static profile |",
             "|---|---|---:|---:|---:|---|"]
     for m in report.modules:

@@ -32,6 +32,10 @@ def render_compile_terminal(report, console: Console, top: int = 10, modules: in
     head.append(printable(report.source.get('input', '?')), style="bold")
     head.append(f"   target {printable(t.chip)} ({printable(t.topology)}, {t.chips} chips)   status ")
     head.append(printable(report.status), style="green" if report.status == "ok" else "bold red")
+    if report.shadow_exit_code:  # a script that failed: what it ran before that was compiled
+        reason = (report.source.get("shadow_run") or {}).get("reason") or f"exit {report.shadow_exit_code}"
+        head.append(f"\nthe program failed ({printable(reason)}); the computations it ran before that were compiled",
+                    style="bold red")
     per = "chip" if t.devices_per_chip == 1 else f"device (1/{t.devices_per_chip} chip)"
     head.append(f"\n{t.peak_bf16_flops_per_s / 1e12:.0f} TFLOP/s bf16, {t.hbm_bytes_per_s / 1e9:.0f} GB/s HBM, "
                 f"{t.hbm_bytes / 2**30:.0f} GiB per {per}; clock {fmt_ghz(t.clock_hz)}")
