@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import ARTIFACTS, ROOT
 from tpudiag.capture.compile_cache import CompileCache
@@ -64,3 +65,20 @@ def test_the_cli_uses_the_cache_dir_it_is_given_and_no_cache_skips_it(tmp_path):
     assert not any(json.loads(p.read_text())["cached"] for p in (tmp_path / "fresh" / "modules").glob("*/module.json"))
     strip = lambda d: [(m["name"], m["totals"]["estimated_s"]) for m in d["modules"]]  # noqa: E731
     assert strip(cold) == strip(warm) == strip(fresh)
+
+
+def test_a_dropped_static_profile_names_the_command_that_reruns_its_module(tmp_path):
+    """The module whose static profile timed out says how to rerun it alone, with a longer limit."""
+    from tpudiag import api
+    from tpudiag.targets import resolve_target
+
+    inputs = _inputs()
+    run = tmp_path / "run"
+    report = api.compile_inputs(inputs, run, resolve_target("v5e"), static_profile=True,
+                                limits=Limits(static_timeout_s=0.01))
+    for m in report.modules:
+        assert m.static_profile.startswith("dropped")
+        (hint,) = [f for f in m.findings if "Rerun this module alone" in f]
+        command = hint.split("with a longer limit: ", 1)[1]
+        assert command.startswith("tpudiag compile --target v5e:2x2 --timeout 600 ")
+        assert Path(command.rsplit(" ", 1)[1]).is_file() and command.endswith(("input.mlir", "input.hlo.txt"))

@@ -36,6 +36,10 @@ _UTIL_PREFIX = "util_"
 # exceeds available HBM (15.75G)."
 _OOM = re.compile(r"RESOURCE_EXHAUSTED.*?\(([0-9.]+)G\).*?available HBM \(([0-9.]+)G\)")
 
+# The `--timeout` the "rerun this module" hint suggests: the decoder block's main module needs about
+# 95 s of CPU for its static profile on this 2-core machine (TPU-NOTES), more when the machine is busy.
+_RERUN_TIMEOUT_S = 600
+
 
 @dataclass(frozen=True)
 class ModuleArtifacts:
@@ -51,6 +55,7 @@ class ModuleArtifacts:
     llo: pd.DataFrame | None  # parse.llo.read_llo_dump
     artifacts_dir: str
     notes: tuple[str, ...] = ()  # what could not be read, said in the module's findings
+    input_file: str | None = None  # the module as the worker compiled it (input.mlir or input.hlo.txt)
 
 
 
@@ -237,7 +242,10 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
     if any(o["modelled"] for o in ops):
         findings.append("collective times are a model (bytes, group size, ICI bandwidth), not compiler estimates")
     if m.static_profile.startswith("dropped"):
-        findings.append(f"static cycle profile {m.static_profile}; op times are roofline floors only")
+        # The input the worker compiled sits in the module directory: rerun it alone, with more time.
+        rerun = (f". Rerun this module alone with a longer limit: tpudiag compile --target {target.topology} "
+                 f"--timeout {_RERUN_TIMEOUT_S} {m.input_file}") if m.input_file else ""
+        findings.append(f"static cycle profile {m.static_profile}; op times are roofline floors only{rerun}")
     times = {o["name"]: o["estimated_s"] for o in ops}
     fusions = fusion_summary(build_fusion_report(m.hlo, times, "estimated"))
     return {**base, "ops": ops, "totals": totals, "findings": findings, "fusions": fusions}

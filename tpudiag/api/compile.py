@@ -51,9 +51,10 @@ def module_artifacts(mc):
                 lframe = llo.read_llo_dump(mc.dir / "llo")
             except TpudiagError as e:
                 notes.append(f"LLO bundle dump unreadable, no slot utilization: {e}")
+    inputs = sorted(mc.dir.glob("input.*")) if mc.dir.is_dir() else []
     return ModuleArtifacts(name=mc.name, status=mc.status, error=mc.error, static_profile=mc.static_profile,
                            result=mc.result, hlo=hlo, static=static, llo=lframe, artifacts_dir=str(mc.dir),
-                           notes=tuple(notes))
+                           notes=tuple(notes), input_file=str(inputs[0]) if inputs else None)
 
 
 def compile_inputs(inputs, run: Path, target, *, static_profile=True, jobs=2, limits=None, progress=None,

@@ -208,5 +208,9 @@ def compile_modules(inputs: list[ModuleInput], modules_dir: Path, topology: str,
             progress(res)
         return res
 
+    # Largest first: the module with the most work (the training step, not the random-number
+    # setup) starts at once, never after small ones have taken the workers; results keep input order.
+    order = sorted(range(len(inputs)), key=lambda i: -inputs[i].path.stat().st_size)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, zip(inputs, dirs)))
+        done = dict(zip(order, pool.map(one, [(inputs[i], dirs[i]) for i in order])))
+    return [done[i] for i in range(len(inputs))]
