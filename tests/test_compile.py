@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import ARTIFACT_SETS, ARTIFACTS, GOLDENS, ROOT, check_golden
-from tpudiag.cli import cli
+from tpudiag.cli import cli, main
 
 RUN = "fixtures/artifacts/compile_v5e_collective"
 
@@ -257,3 +257,18 @@ def test_a_compile_stopped_during_its_script_still_names_its_input(tmp_path):
                 pass
     text = tpudiag("report", "--no-color", "--width", "200", str(run)).stdout
     assert text.splitlines()[1].startswith(f"│ {script}   target v5e"), text
+
+
+def test_garbage_mlir_is_refused_before_a_run_directory_exists(tmp_path, capsys):
+    """As garbage HLO text is: exit 2, one line, nothing written."""
+    from tpudiag.capture.inputs import file_inputs
+
+    bad = tmp_path / "garbage.mlir"
+    bad.write_text("this is not mlir\n")
+    with pytest.raises(SystemExit) as e:
+        main(["compile", "--target", "v5e", "--out", str(tmp_path / "run"), str(bad)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "garbage.mlir: not a StableHLO module" in err
+    assert not (tmp_path / "run").exists()
+    real = next((ARTIFACTS / "mlp" / "ir").glob("*jit_train_step*.mlir"))
+    assert [(m.name, m.kind) for m in file_inputs(real)] == [("jit_train_step", "mlir")]

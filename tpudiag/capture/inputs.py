@@ -30,8 +30,19 @@ def _name_of(path: Path) -> str:
     return path.stem
 
 
+# MLIR bytecode starts with these bytes; MLIR text has a top-level `module` (after `#loc` aliases
+# and comments). Checked before a run directory exists, as HLO text is, so garbage is exit 2 either way.
+_MLIR_BYTECODE = b"ML\xefR"
+_MLIR_MODULE = re.compile(r"^\s*module\b", re.M)
+
+
 def _kind_of(path: Path) -> str:
     if path.name.endswith(".mlir") or path.name.endswith(".mlirbc"):
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+        if not head.startswith(_MLIR_BYTECODE) and not _MLIR_MODULE.search(head.decode("utf-8", "replace")):
+            raise InputError(f"{path}: not a StableHLO module (neither MLIR bytecode nor text with a top-level "
+                             "`module`)")
         return "mlir"
     if path.name.endswith(_HLO_SUFFIXES):
         head = path.read_text(errors="replace")[:4096]
