@@ -49,6 +49,7 @@ class Manifest(Model):
     xplanes: tuple[str, ...] | None = _opt()
     program_pid: int | None = _opt()
     left_running: tuple[int, ...] | None = _opt()  # background processes the program left behind
+    calibration_s: tuple[float, ...] | None = _opt()  # a fixed CPU loop, timed before and after the program
     # compile and kernels-bench runs
     target: dict[str, Any] | None = _opt()
     static_profile: bool | None = _opt()

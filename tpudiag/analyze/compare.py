@@ -55,6 +55,16 @@ class CompareConfig:
     # Three is the least that gives a median robust to one outlier: the first step, which on a
     # cold process includes the XLA compile (mlp_steps8_a: step 0 took 366 ms, the median 4.2 ms).
     min_steps: int = 3
+    # Machine drift (device_time): each profile run times a fixed ~20 ms CPU loop before and after
+    # the program (`calibration_s`). Two runs whose calibrations (the median of each run's) differ by
+    # at most this fraction ran on a machine of the same speed: the loop itself varies about 10-15%
+    # from one run to the next on this busy 2-core host, so smaller differences are noise, not drift.
+    drift_tolerance: float = 0.15
+    # Beyond this, or when one run's own before/after calibrations differ by more than
+    # `drift_within_run`, the machine changed too much to compare measured times: refused (--force
+    # compares anyway). In between, cur's step times are divided by the calibration ratio.
+    drift_refuse: float = 0.5
+    drift_within_run: float = 0.35
     # MAD x 1.4826 estimates the standard deviation of normally distributed step times. The MAD,
     # unlike p10/p90, ignores that compile step: with 8 steps p90 lands inside it.
     mad_to_sigma: float = 1.4826
@@ -250,6 +260,30 @@ def _pct(delta: float, base: float) -> float | None:
     return None if not base else round(100 * delta / base, 3)
 
 
+def _drift(base, cur, labels: list[str], cfg: CompareConfig, force: bool) -> tuple[float, str | None]:
+    """(the factor to divide cur's step times by, a warning) from the two runs' calibration loops.
+    1.0 and no warning when either run has none (runs made before calibration, bare traces)."""
+    cals = [r.calibration_s for r in (base, cur)]
+    if not all(cals):
+        return 1.0, None
+    for label, cal in zip(labels, cals):
+        if len(cal) > 1 and max(cal) / min(cal) - 1 > cfg.drift_within_run:
+            message = (f"{label}: the machine changed speed during the run (calibration loop {min(cal) * 1e3:.1f} "
+                       f"to {max(cal) * 1e3:.1f} ms): its measured times cannot be compared")
+            if not force:
+                raise UsageError(message + " (--force compares anyway; --metric tpu_time compares TPU estimates)")
+            return 1.0, f"compared despite: {message}"
+    ratio = statistics.median(cals[1]) / statistics.median(cals[0])
+    shown = (f"the calibration loop took {statistics.median(cals[0]) * 1e3:.1f} ms in base and "
+             f"{statistics.median(cals[1]) * 1e3:.1f} ms in cur ({ratio:.2f}x)")
+    if abs(ratio - 1) <= cfg.drift_tolerance:
+        return 1.0, None
+    if abs(ratio - 1) > cfg.drift_refuse and not force:
+        raise UsageError(f"the machine's speed changed between the runs: {shown}; measured times cannot be "
+                         "compared (--force compares anyway; --metric tpu_time compares TPU estimates)")
+    return ratio, f"machine drift: {shown}; cur's step times are divided by {ratio:.2f}"
+
+
 def _spread(steps: tuple[float, ...], cfg: CompareConfig) -> float:
     med = statistics.median(steps)
     mad = statistics.median(abs(s - med) for s in steps)
@@ -350,8 +384,12 @@ def compare_reports(base: dict, cur: dict, metric: str | None, max_regression: f
         nb, nc = len(bs.steps), len(cs.steps)
         if nb >= config.min_steps and nc >= config.min_steps:
             basis = "median_step"
-            b_value, c_value = statistics.median(bs.steps), statistics.median(cs.steps)
-            spreads = (_spread(bs.steps, config), _spread(cs.steps, config))
+            scale, note = _drift(base, cur, labels, config, force)
+            if note:
+                warnings.append(note)
+            c_steps = tuple(t / scale for t in cs.steps)
+            b_value, c_value = statistics.median(bs.steps), statistics.median(c_steps)
+            spreads = (_spread(bs.steps, config), _spread(c_steps, config))
             spread = spreads[0] + spreads[1]
         else:
             spread, spreads = None, (None, None)

@@ -128,6 +128,8 @@ class ProfileReport(Model):
     fusions: tuple[dict[str, Any], ...]  # analyze.fusions.fusion_summary documents
     warnings: tuple[str, ...]
     tpu_estimate: TpuEstimate | None = field(default=None, metadata={"omit_none": True})  # profile --target
+    # The machine's speed: a fixed CPU loop timed before and after the program (compare's drift check).
+    calibration_s: tuple[float, ...] | None = field(default=None, metadata={"omit_none": True})
     timeline: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_FRAME)
     op_frame: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_FRAME)
 
@@ -249,6 +251,7 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         versions=m.versions if m and m.versions is not None else {"jax": trace.jax_version},
         fusions=tuple(_fusion_summaries(timeline, modules or {}, fusion_modules)),
         warnings=tuple(warnings),
+        calibration_s=m.calibration_s if m else None,
         timeline=timeline,
         op_frame=ops,
     )

@@ -180,6 +180,23 @@ def _die_with_parent(parent_pid: int | None) -> None:
         os._exit(128 + signal.SIGKILL)
 
 
+def calibrate() -> float:
+    """Seconds a fixed piece of CPU work takes now (best of 3): the machine's speed, timed at the
+    start and the end of the run so that `compare` can tell a slower program from a slower machine.
+    About 20 ms here: a 384x384 float32 matmul and tanh, 20 times."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((384, 384)).astype(np.float32) / 24
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        x = a
+        for _ in range(20):
+            x = np.tanh(x @ a)
+        best = min(best, time.perf_counter() - t)
+    return round(best, 6)
+
+
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     _die_with_parent(spec.get("parent_pid"))
@@ -207,6 +224,7 @@ def main() -> None:
 
     sys.argv = [spec["script"], *spec["args"]]
     sys.path[0] = os.path.dirname(script)
+    calibration = [calibrate()] if spec.get("trace", True) else []
     t0 = time.time_ns()
     try:
         # runpy sets sys.argv[0] to its argument: pass the path as the user gave it (as `python x.py` would).
@@ -230,6 +248,8 @@ def main() -> None:
         try:
             sys.stdout.flush()
             tracer.stop()
+            if calibration:
+                calibration.append(calibrate())
         except Exception as e:  # a profiler failure must not hide the program's own result
             sys.stderr.write(f"tpudiag: stopping the profiler failed: {e}\n")
         status.update(
@@ -239,6 +259,7 @@ def main() -> None:
             trace_start_ns=tracer.start_ns,
             trace_stop_ns=tracer.stop_ns,
             steps_entered=steps_seen.get("entered"),
+            calibration_s=calibration or None,
         )
         (run / "capture" / "child.json").write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
     sys.stdout.flush()

@@ -260,5 +260,5 @@ def _run_child(rd, script: Path, args: list[str], cenv: dict[str, str], *, steps
     rd.finish(exit_code == 0, exit_code=exit_code, reason=reason, wall_s=round(wall_s, 6),
               trace_started=bool(child.get("trace_started")), steps_entered=child.get("steps_entered"),
               xplanes=[str(p.relative_to(run)) for p in rundir.find_xplanes(run / rundir.TRACE_DIR)],
-              left_running=left_running)
+              left_running=left_running, calibration_s=child.get("calibration_s"))
     return exit_code, reason
