@@ -409,5 +409,5 @@ def test_document_and_renderers(parsed):
     assert md.startswith("### Fusions: `jit_step`")
     table = [ln for ln in md.splitlines() if re.match(r"\| \d", ln) and "→" in ln]
     assert len(table) == 3
-    assert table[0].startswith("| 32.0 KiB | `fusion#2 → abs_reduce_fusion` | f32[32,256] | S(1) |")
+    assert table[0].startswith("| 32.0 KiB | `fusion#2 → abs_reduce_fusion` | `f32[32,256]` | S(1) |")
     assert "| `fusion` | kOutput | - | 288.0 KiB | 33.1 KiB | 12.8 |" in md

@@ -20,10 +20,16 @@ from tests.conftest import PROGRAMS, ROOT
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
 
 
+def _as_in_a_terminal():
+    """SIGHUP at its default, as in a terminal session: CI and `nohup` start processes with it ignored,
+    which the program then inherits (and `nohup tpudiag ...` is meant to keep the program alive)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _start(run: Path, program: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tpudiag", "profile", "--out", str(run), str(program), *args],
                             env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_as_in_a_terminal)
 
 
 def _manifest(run: Path) -> dict:
