@@ -153,3 +153,21 @@ def test_ctrl_c_escalates_for_a_program_that_ignores_it(tmp_path):
     m = _manifest(run)
     assert m["status"] == "failed" and "SIGKILL" in m["reason"] and proc.returncode == 128 + signal.SIGKILL
     assert b"a third Ctrl-C kills the program" in err
+
+
+def test_nohup_keeps_the_program_running_through_a_hangup(tmp_path):
+    """`nohup tpudiag profile ...` starts tpudiag with SIGHUP ignored: the hangup changes nothing."""
+    run = tmp_path / "nohup"
+    proc = subprocess.Popen([sys.executable, "-m", "tpudiag", "profile", "--out", str(run),
+                             str(PROGRAMS / "failing" / "sleeps.py")], env=ENV, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    program = _wait_until_ready(run, proc)
+    try:
+        proc.send_signal(signal.SIGHUP)
+        assert not _gone(program, within=1.0) and proc.poll() is None
+        assert _manifest(run)["status"] == "running"
+    finally:
+        proc.send_signal(signal.SIGINT)  # end it as a user would
+        proc.communicate(timeout=60)
+    assert _manifest(run)["status"] == "failed" and "SIGINT" in _manifest(run)["reason"]

@@ -225,8 +225,10 @@ def _run_child(rd, script: Path, args: list[str], cenv: dict[str, str], *, steps
                     sys.stderr.write("tpudiag: interrupted again: sending SIGTERM; a third Ctrl-C kills the program\n")
             proc.send_signal(signum)
 
-        # SIGHUP too: a closed terminal ends the program as it would have ended a plain `python prog.py`.
-        forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        # SIGHUP too: a closed terminal ends the program as it would have ended a plain `python prog.py`;
+        # unless tpudiag runs with SIGHUP ignored (`nohup tpudiag ...`), which the program inherits too.
+        forwarded = (signal.SIGINT, signal.SIGTERM) + (
+            (signal.SIGHUP,) if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN else ())
         previous = {s: signal.signal(s, forward) for s in forwarded} \
             if threading.current_thread() is threading.main_thread() else {}
         try:
