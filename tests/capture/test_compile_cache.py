@@ -37,13 +37,26 @@ def test_the_second_compile_comes_from_the_cache(tmp_path):
     assert other[0].cached is None and other[0].status == "ok"
 
 
-def test_a_dropped_static_profile_is_not_kept(tmp_path):
-    """A static profile cut short by the time limit is retried next time, perhaps with more time."""
+def test_a_dropped_static_profile_is_reused_only_under_the_same_limits(tmp_path):
+    """Dropped on a 0.01 s limit: the same limit gets the same answer from the cache; a longer one
+    compiles again, and its complete result replaces the entry."""
     cache = CompileCache(tmp_path / "cache")
-    (res,) = compile_modules(_inputs()[-1:], tmp_path / "a", "v5e:2x2", static_profile=True,
-                             limits=Limits(static_timeout_s=0.01), cache=cache)
-    assert res.status == "ok" and res.static_profile.startswith("dropped")
-    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())
+    one = _inputs()[-1:]
+    (first,) = compile_modules(one, tmp_path / "a", "v5e:2x2", static_profile=True,
+                               limits=Limits(static_timeout_s=0.01), cache=cache)
+    assert first.status == "ok" and first.static_profile.startswith("dropped") and first.cached is None
+    (entry,) = list((tmp_path / "cache").iterdir())
+    assert json.loads((entry / "limits.json").read_text())["static_timeout_s"] == 0.01
+    (again,) = compile_modules(one, tmp_path / "b", "v5e:2x2", static_profile=True,
+                               limits=Limits(static_timeout_s=0.01), cache=cache)
+    assert again.cached == entry.name and again.static_profile == first.static_profile
+    (longer,) = compile_modules(one, tmp_path / "c", "v5e:2x2", static_profile=True,
+                                limits=Limits(static_timeout_s=300), cache=cache)
+    assert longer.cached is None and longer.static_profile == "ok"
+    assert (entry / "module.json").is_file() and not (entry / "limits.json").exists(), "the complete one replaced it"
+    (last,) = compile_modules(one, tmp_path / "d", "v5e:2x2", static_profile=True,
+                              limits=Limits(static_timeout_s=0.01), cache=cache)
+    assert last.cached == entry.name and last.static_profile == "ok"
 
 
 def test_the_cli_uses_the_cache_dir_it_is_given_and_no_cache_skips_it(tmp_path):

@@ -3,10 +3,11 @@
 An entry is a module directory as `tpu_compile` leaves it (result.json, module.json, XLA's HLO
 dump, the LLO dump, the static cycle profile, compile.log), stored under a key made of everything
 that decides what the compiler writes: the module's bytes, its kind, the topology, whether the
-static profile was asked for, the dump flags, and the versions of libtpu, jaxlib and jax. Only
-complete compiles are stored (status ok, the static profile `ok` or `off`): a profile dropped on a
-timeout is retried next time, perhaps with a longer limit. The random-number and init modules
-every script has are then compiled once per machine, not once per run.
+static profile was asked for, the dump flags, and the versions of libtpu, jaxlib and jax. Compiles that
+succeeded are stored. One whose static profile was dropped is stored with the limits it was dropped
+under and reused only under the same or smaller limits: retrying it could only end the same way,
+while a longer `--timeout` compiles it again (and a complete result then replaces the entry). The
+random-number and init modules every script has are compiled once per machine, not once per run.
 
 Where: `$TPUDIAG_CACHE_DIR`, else `$XDG_CACHE_HOME/tpudiag/compile`, else
 `~/.cache/tpudiag/compile`; `TPUDIAG_NO_CACHE=1` turns it off (the CLI's `--cache-dir` and
@@ -28,7 +29,8 @@ from pathlib import Path
 FORMAT = "tpudiag-compile-cache/1"
 # Files of a module directory that belong to one run only (paths of that run): never cached.
 _RUN_ONLY = frozenset({"spec.json"})
-_COMPLETE = frozenset({"ok", "off"})  # static-profile outcomes worth keeping
+_COMPLETE = frozenset({"ok", "off"})  # static-profile outcomes that no limit changes
+_LIMITS = "limits.json"  # in an entry whose static profile was dropped: the limits it was dropped under
 
 
 def _version(name: str) -> str | None:
@@ -62,12 +64,19 @@ class CompileCache:
                 h.update(block)
         return h.hexdigest()[:32]
 
-    def fetch(self, key: str, mdir: Path) -> bool:
-        """Copy entry `key` into the module directory `mdir`; False when there is none."""
+    def fetch(self, key: str, mdir: Path, static_timeout_s: float = 0.0, memory_bytes: int = 0) -> bool:
+        """Copy entry `key` into the module directory `mdir`; False when there is none, or when its
+        static profile was dropped under limits smaller than these (a retry might finish)."""
         entry = self.root / key
         if not (entry / "module.json").is_file():
             return False
+        if (entry / _LIMITS).is_file():
+            was = json.loads((entry / _LIMITS).read_text())
+            if static_timeout_s > was.get("static_timeout_s", 0) or memory_bytes > was.get("memory_bytes", 0):
+                return False
         for item in entry.iterdir():
+            if item.name == _LIMITS:
+                continue
             target = mdir / item.name
             if item.is_dir():
                 shutil.copytree(item, target, dirs_exist_ok=True)
@@ -75,11 +84,16 @@ class CompileCache:
                 shutil.copy2(item, target)
         return True
 
-    def store(self, key: str, mdir: Path, status: str, static_profile: str) -> bool:
-        """Keep a complete compile (status ok; static profile ok or off). Never raises: a cache that
-        cannot be written costs the next run a compile, nothing else."""
-        if status != "ok" or static_profile not in _COMPLETE or (self.root / key).exists():
+    def store(self, key: str, mdir: Path, status: str, static_profile: str, static_timeout_s: float = 0.0,
+              memory_bytes: int = 0) -> bool:
+        """Keep a compile that succeeded: complete, or with its static profile dropped under these
+        limits. A complete one replaces a dropped one. Never raises: a cache that cannot be written
+        costs the next run a compile, nothing else."""
+        complete = static_profile in _COMPLETE
+        entry = self.root / key
+        if status != "ok" or (entry.exists() and (not complete or not (entry / _LIMITS).is_file())):
             return False
+        tmp = None
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=self.root))
@@ -90,8 +104,16 @@ class CompileCache:
                     shutil.copytree(item, tmp / item.name)
                 else:
                     shutil.copy2(item, tmp / item.name)
-            os.rename(tmp, self.root / key)  # atomic; fails if another writer got there first
+            if not complete:
+                (tmp / _LIMITS).write_text(json.dumps({"static_timeout_s": static_timeout_s,
+                                                       "memory_bytes": memory_bytes}))
+            if entry.exists():  # a complete compile replaces the dropped one
+                old = Path(tempfile.mkdtemp(prefix=f".{key}-old-", dir=self.root))
+                os.rename(entry, old / "entry")
+                shutil.rmtree(old, ignore_errors=True)
+            os.rename(tmp, entry)  # atomic; fails if another writer got there first
             return True
         except OSError:
-            shutil.rmtree(tmp, ignore_errors=True) if "tmp" in locals() else None
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
             return False

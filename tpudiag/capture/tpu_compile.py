@@ -145,7 +145,7 @@ def compile_module(inp: ModuleInput, mdir: Path, topology: str, static_profile: 
     spec = mdir / "spec.json"
     spec.write_text(json.dumps({"input": str(local), "kind": inp.kind, "topology": topology, "out_dir": str(mdir)}))
     key = cache.key(local, inp.kind, topology, static_profile, _LLO_FLAGS + " " + _STATIC_FLAG) if cache else None
-    hit = bool(key) and cache.fetch(key, mdir)
+    hit = bool(key) and cache.fetch(key, mdir, limits.static_timeout_s, limits.memory_bytes)
     if hit:
         cached = load_module(mdir)
         res = ModuleCompile(inp.name, mdir, cached.status, cached.error, cached.static_profile, cached.result, key)
@@ -157,7 +157,7 @@ def compile_module(inp: ModuleInput, mdir: Path, topology: str, static_profile: 
             "cached": res.cached}
     (mdir / "module.json").write_text(json.dumps(meta, indent=2) + "\n")
     if key and not hit:
-        cache.store(key, mdir, res.status, res.static_profile)
+        cache.store(key, mdir, res.status, res.static_profile, limits.static_timeout_s, limits.memory_bytes)
     return res
 
 
