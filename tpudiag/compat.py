@@ -102,13 +102,11 @@ def assess(jax: str | None, jaxlib: str | None, libtpu: str | None, jax_requires
 
 
 def installed_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in ("jax", "jaxlib", "libtpu", "xprof"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[name] = None
-    return out
+    """jax, jaxlib, libtpu and xprof as installed (None: not installed)."""
+    from tpudiag.capture.versions import tool_versions
+
+    found = tool_versions()
+    return {name: found[name] for name in ("jax", "jaxlib", "libtpu", "xprof")}
 
 
 def check_installed() -> VersionCheck:

@@ -80,12 +80,17 @@ def _check_file(path: Path) -> None:
         raise InputError(f"{path}: {why}")
 
 
+def refuse_existing_run(path: Path) -> None:
+    """The never-overwrite rule: an existing file or non-empty directory is not a new run. Checked
+    before any work here, and again by `capture.rundir.create_run_dir` when the run is created."""
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise InputError(f"{path}: already exists and is not empty; tpudiag never overwrites a run "
+                         "(choose another --out)")
+
+
 def _check_run_dir(path: Path) -> None:
+    refuse_existing_run(path)
     if path.exists():
-        if not path.is_dir() or any(path.iterdir()):
-            # The same words as `capture.rundir.create_run_dir`, which still refuses it at creation.
-            raise InputError(f"{path}: already exists and is not empty; tpudiag never overwrites a run "
-                             "(choose another --out)")
         why = _why_not_writable(path)
     else:
         why = _why_not_writable(_nearest_existing(path.parent))

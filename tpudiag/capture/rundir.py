@@ -35,6 +35,7 @@ from pathlib import Path
 from tpudiag.errors import InputError, ParseError, Terminated, TpudiagError, one_line
 from tpudiag.manifest import SCHEMA as MANIFEST_SCHEMA
 from tpudiag.manifest import Manifest
+from tpudiag.outputs import refuse_existing_run
 
 MANIFEST = "manifest.json"
 REPORT = "report.json"
@@ -66,8 +67,7 @@ COMPILE_SUBDIRS = ("modules",)
 
 def create_run_dir(path: Path, subdirs: tuple[str, ...] = PROFILE_SUBDIRS) -> Path:
     """Create a fresh run directory. An existing non-empty directory is never reused (runs are never overwritten)."""
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise InputError(f"{path}: already exists and is not empty; tpudiag never overwrites a run (choose another --out)")
+    refuse_existing_run(path)
     for sub in subdirs:
         (path / sub).mkdir(parents=True, exist_ok=True)
     return path
