@@ -92,3 +92,17 @@ def check_golden(path: Path, actual: str, update: bool) -> None:
         return
     expected = path.read_text()
     assert actual == expected, f"output differs from golden {path} (rerun with --update-goldens and review the diff)"
+
+
+def profile_sized_mlp(run: Path, *args: str) -> dict:
+    """`tpudiag profile --json` of sized_mlp.py for 8 steps (ARGS go to the program) in a subprocess:
+    the report document of a real run."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    p = subprocess.run([sys.executable, "-m", "tpudiag", "profile", "--json", "--out", str(run),
+                        str(PROGRAMS / "sized_mlp.py"), "--", "--steps", "8", *args], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)

@@ -46,13 +46,14 @@ def doc(name: str) -> dict:
     return json.loads(_loaded(name))
 
 
-def comparison(base: str, cur: str, metric=None, max_regression=0.05, force=False) -> Comparison:
-    """Two fixture runs compared, as the model the renderers take."""
+def comparison(base: str, cur: str, metric="device_time", max_regression=0.05, force=False) -> Comparison:
+    """Two fixture runs compared, as the model the renderers take (measured time unless asked:
+    test_work.py has the machine-independent default)."""
     return _compare_reports(doc(base), doc(cur), metric, max_regression, force,
                             base_path=f"fixtures/artifacts/{base}", cur_path=f"fixtures/artifacts/{cur}")
 
 
-def compare(base: str, cur: str, metric=None, max_regression=0.05, force=False) -> dict:
+def compare(base: str, cur: str, metric="device_time", max_regression=0.05, force=False) -> dict:
     return comparison(base, cur, metric, max_regression, force).to_dict()
 
 
@@ -204,8 +205,8 @@ def test_a_metric_a_side_lacks_is_a_usage_error_naming_the_file():
 
 def test_compile_run_against_itself_on_estimated_time_and_peak_memory():
     c = doc("compile_v5e_collective")
-    assert default_metric(c) == "tpu_time"
-    t = compare("compile_v5e_collective", "compile_v5e_collective")
+    assert default_metric(c)[0] == "tpu_time"
+    t = compare("compile_v5e_collective", "compile_v5e_collective", metric=None)
     assert t["metric"] == "tpu_time" and t["headline"]["basis"] == "tpu_total_estimate"
     assert t["headline"]["base"] == pytest.approx(c["totals"]["estimated_s"], abs=1e-12)
     assert t["headline"]["spread"] == 0 and t["headline"]["verdict"] == "unchanged" and not t["regression"]
@@ -237,7 +238,8 @@ def test_a_static_metric_flags_rows_that_grew_and_the_headline_decides():
 def test_a_report_json_file_compares_like_its_run_directory(tmp_path):
     path = tmp_path / "report.json"
     path.write_text(render_json(doc("mlp_steps8_b")))
-    from_file = compare_reports(doc("mlp_steps8_a"), load_for_compare(path), None, 0.05, base_path="a", cur_path="b")
+    from_file = compare_reports(doc("mlp_steps8_a"), load_for_compare(path), "device_time", 0.05, base_path="a",
+                                cur_path="b")
     assert from_file == compare("mlp_steps8_a", "mlp_steps8_b") | {
         "base": from_file["base"], "cur": from_file["cur"]}
 
@@ -344,11 +346,12 @@ def test_cli_exit_codes(capsys, in_root):
     a, b = "fixtures/artifacts/mlp_steps8_a", "fixtures/artifacts/mlp_steps8_b"
     rc, out, err = run_main(["compare", "--no-color", "--width", "120", a, b], capsys)
     assert rc == 0 and "no regression" in out and err == ""
-    rc, out, err = run_main(["compare", "--json", "fixtures/artifacts/sized_mlp_h1024",
+    rc, out, err = run_main(["compare", "--json", "--metric", "device_time", "fixtures/artifacts/sized_mlp_h1024",
                              "fixtures/artifacts/sized_mlp_h4096"], capsys)
     assert rc == 1 and json.loads(out)["regression"] is True
     assert err.startswith("tpudiag: REGRESSION: median step time") and len(err.strip().splitlines()) == 1
-    rc, out, err = run_main(["compare", "--max-regression", "500%", "fixtures/artifacts/sized_mlp_h1024",
+    rc, out, err = run_main(["compare", "--max-regression", "500%", "--metric", "device_time",
+                             "fixtures/artifacts/sized_mlp_h1024",
                              "fixtures/artifacts/sized_mlp_h4096"], capsys)
     assert rc == 0
 

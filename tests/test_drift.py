@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ARTIFACTS, PROGRAMS, ROOT
+from tests.conftest import ARTIFACTS, ROOT, profile_sized_mlp
 from tpudiag import api
 from tpudiag.analyze.compare import compare_reports
 from tpudiag.errors import UsageError
@@ -26,35 +26,29 @@ def _with_calibration(name: str, cal: tuple[float, ...]):
 
 def test_a_slower_machine_is_divided_out_and_a_much_slower_one_refused():
     base = _with_calibration("mlp_steps8_a", (0.020, 0.023))
-    same = compare_reports(base, _with_calibration("mlp_steps8_b", (0.022, 0.021)), None, 0.05)
+    same = compare_reports(base, _with_calibration("mlp_steps8_b", (0.022, 0.021)), "device_time", 0.05)
     plain = compare_reports(api.load_report(ARTIFACTS / "mlp_steps8_a"), api.load_report(ARTIFACTS / "mlp_steps8_b"),
-                            None, 0.05)
+                            "device_time", 0.05)
     assert same.headline == plain.headline, "within the loop's own noise: no correction"
-    slower = compare_reports(base, _with_calibration("mlp_steps8_b", (0.031, 0.026)), None, 0.05)
+    slower = compare_reports(base, _with_calibration("mlp_steps8_b", (0.031, 0.026)), "device_time", 0.05)
     assert any(w.startswith("machine drift: the calibration loop took 20.0 ms in base and 26.0 ms in cur (1.30x)")
                for w in slower.warnings)
     assert slower.headline.cur == pytest.approx(plain.headline.cur / 1.3, rel=1e-6)
     with pytest.raises(UsageError, match=r"the machine's speed changed between the runs: .*\(2\.50x\)"):
-        compare_reports(base, _with_calibration("mlp_steps8_b", (0.050, 0.060)), None, 0.05)
-    forced = compare_reports(base, _with_calibration("mlp_steps8_b", (0.050, 0.060)), None, 0.05, force=True)
+        compare_reports(base, _with_calibration("mlp_steps8_b", (0.050, 0.060)), "device_time", 0.05)
+    forced = compare_reports(base, _with_calibration("mlp_steps8_b", (0.050, 0.060)), "device_time", 0.05,
+                             force=True)
     assert any("divided by 2.50" in w for w in forced.warnings)
 
 
-def _profile(run, *args):
-    p = subprocess.run([sys.executable, "-m", "tpudiag", "profile", "--json", "--out", str(run),
-                        str(PROGRAMS / "sized_mlp.py"), "--", "--steps", "8", *args], env=ENV, cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
-
-
 def _compare(a, b):
-    return subprocess.run([sys.executable, "-m", "tpudiag", "compare", "--max-regression", "25%", str(a), str(b)],
+    return subprocess.run([sys.executable, "-m", "tpudiag", "compare", "--metric", "device_time", "--max-regression", "25%",
+                           str(a), str(b)],
                           env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def test_real_runs_record_the_loop_and_the_gate_holds_under_load(tmp_path):
-    base = _profile(tmp_path / "base", "--hidden", "1024")
+    base = profile_sized_mlp(tmp_path / "base", "--hidden", "1024")
     cal = base["calibration_s"]
     assert len(cal) == 2 and all(0 < c < 5 for c in cal)
     assert json.loads((tmp_path / "base" / "manifest.json").read_text())["calibration_s"] == cal
@@ -62,7 +56,7 @@ def test_real_runs_record_the_loop_and_the_gate_holds_under_load(tmp_path):
     # gate either corrects for the slower machine, passes within the noise, or refuses naming it.
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        _profile(tmp_path / "loaded", "--hidden", "1024")
+        profile_sized_mlp(tmp_path / "loaded", "--hidden", "1024")
     finally:
         busy.kill()
         busy.wait()
@@ -70,6 +64,6 @@ def test_real_runs_record_the_loop_and_the_gate_holds_under_load(tmp_path):
     assert loaded.returncode in (0, 2), loaded.stdout + loaded.stderr
     assert loaded.returncode == 0 or "speed" in loaded.stderr
     # Four times the matmul work is a regression all the same.
-    _profile(tmp_path / "bigger", "--hidden", "4096")
+    profile_sized_mlp(tmp_path / "bigger", "--hidden", "4096")
     bigger = _compare(tmp_path / "base", tmp_path / "bigger")
     assert bigger.returncode == 1 and "REGRESSION" in bigger.stdout + bigger.stderr

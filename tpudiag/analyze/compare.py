@@ -4,6 +4,11 @@ Input: two reports, each a `ProfileReport` (tpudiag.report/1) or a `CompileRepor
 (tpudiag.compile/1), or their documents (read into the models once, a bad field a ParseError
 naming it), already loaded (the caller does the I/O), and the metric to compare:
 
+- `work` (profile runs; the default for two CPU runs that have it): what the run executed, from its
+  optimized HLO (analyze/executed_work.py): the headline is the roofline work (each op execution's
+  FLOPs or bytes at a reference chip's peak, whichever binds, summed), with FLOPs, bytes accessed,
+  op executions and the peak buffer allocation beside it as `figures`; rows are per module and op.
+  None of it depends on the machine's speed, so a busy CI host cannot fail the gate.
 - `device_time` (profile runs): the headline is the median step time when both runs have at
   least `min_steps` steps, else the total op self time; rows are per-module and per-op self time.
 - `tpu_time`: a compile run's estimated TPU time (headline: the sum over modules; rows: each
@@ -43,8 +48,10 @@ from tpudiag.analyze.profile_report import ProfileReport
 from tpudiag.errors import ParseError, UsageError
 PROFILE_SCHEMA = "tpudiag.report/1"
 COMPILE_SCHEMA = "tpudiag.compile/1"
-METRICS = ("device_time", "tpu_time", "peak_memory")
-UNITS = {"device_time": "s", "tpu_time": "s", "peak_memory": "bytes"}
+METRICS = ("work", "device_time", "tpu_time", "peak_memory")
+UNITS = {"work": "s", "device_time": "s", "tpu_time": "s", "peak_memory": "bytes"}
+# The machine-independent figures of `work`, compared and flagged beside its headline.
+WORK_FIGURES = ("flops", "bytes_accessed", "op_executions", "peak_allocation_bytes")
 NOTE = ("only the headline decides the exit code; module and op rows are reported for reading, and a "
         "flagged row does not fail the comparison")
 
@@ -106,9 +113,26 @@ def parse_max_regression(text) -> float:
     return value
 
 
-def default_metric(base) -> str:
-    """`device_time` for a profile run, `tpu_time` for a compile run."""
-    return "tpu_time" if isinstance(_as_model(base, "base"), CompileReport) else "device_time"
+def default_metric(base, cur=None) -> tuple[str, str]:
+    """(metric, why) when none is asked for: figures that do not depend on the machine's speed
+    wherever the runs have them. Compile runs: `tpu_time`. Profile runs: `tpu_time` when both have
+    a TPU estimate (`profile --target`); else, for CPU runs, `work` when both have it (two CPU runs
+    differ in speed as the machine's load does); else `device_time`."""
+    base = _as_model(base, "base")
+    cur = base if cur is None else _as_model(cur, "cur")
+    if isinstance(base, CompileReport):
+        return "tpu_time", "compile runs: the TPU compiler's estimates"
+    if not isinstance(cur, ProfileReport):
+        return "device_time", "a profile run"
+    if base.tpu_estimate and cur.tpu_estimate:
+        return "tpu_time", "both runs have a TPU estimate (profile --target), which no machine's speed changes"
+    if base.backend == cur.backend == "cpu" and base.work and cur.work:
+        return "work", ("CPU runs: measured time moves with the machine's load, the executed HLO work does not "
+                        "(--metric device_time compares measured time)")
+    if base.backend == "cpu" and not (base.work and cur.work):
+        return "device_time", ("measured time: a side has no executed-work figures (no HLO dump), so the machine's "
+                               "speed is part of the difference")
+    return "device_time", f"{base.backend} runs: measured device time"
 
 
 # ---------------------------------------------------------------- reading the reports
@@ -198,6 +222,27 @@ def _device_time(report, ident: dict) -> _Side:
     return _Side(report.totals.op_self_s, "total_op_time", steps, modules, ops, occ, ())
 
 
+def _work(report, ident: dict) -> _Side:
+    label = ident["path"]
+    if ident["kind"] != "profile":
+        raise UsageError(f"{label}: work needs a profile run; this is a compile run (compare compile runs with "
+                         "--metric tpu_time or peak_memory)")
+    if report.work is None:
+        raise UsageError(f"{label}: no executed-work figures in this run (no HLO dump to cost its ops; a bare "
+                         "trace or a report written before tpudiag recorded them); use --metric device_time")
+    modules, ops, occ = {}, {}, {}
+    for o in report.work.ops:
+        key = (o.module, o.name)
+        ops[key] = ops.get(key, 0.0) + o.roofline_s
+        occ[key] = occ.get(key, 0) + o.executions
+        modules[o.module] = modules.get(o.module, 0.0) + o.roofline_s
+    notes = ()
+    if report.work.uncosted_ops:
+        notes = (f"{label}: {report.work.uncosted_ops} traced op(s) have no instruction in the HLO dump and count as "
+                 "no work",)
+    return _Side(report.work.roofline_s, f"roofline_work_per_{report.work.per}", (), modules, ops, occ, notes)
+
+
 def _tpu_time(report, ident: dict) -> _Side:
     label = ident["path"]
     if ident["kind"] == "profile":
@@ -243,7 +288,7 @@ def _peak_memory(report, ident: dict) -> _Side:
     return _Side(max(modules.values(), default=0), "peak_hbm_largest_module", (), modules, {}, {}, tuple(notes))
 
 
-_EXTRACT = {"device_time": _device_time, "tpu_time": _tpu_time, "peak_memory": _peak_memory}
+_EXTRACT = {"work": _work, "device_time": _device_time, "tpu_time": _tpu_time, "peak_memory": _peak_memory}
 
 
 # ---------------------------------------------------------------- comparing
@@ -272,7 +317,7 @@ def _drift(base, cur, labels: list[str], cfg: CompareConfig, force: bool) -> tup
         return 1.0, None
     if abs(ratio - 1) > cfg.drift_refuse and not force:
         raise UsageError(f"the machine's speed changed between the runs: {shown}; measured times cannot be "
-                         "compared (--force compares anyway; --metric tpu_time compares TPU estimates)")
+                         "compared (--force compares anyway; --metric work compares the executed HLO work)")
     return ratio, f"machine drift: {shown}; cur's step times are divided by {ratio:.2f}"
 
 
@@ -313,6 +358,20 @@ def _rows(bmap: dict, cmap: dict, unit: str, floor: float | None, limit: float, 
     return rows
 
 
+def _work_figures(bw, cw, limit: float) -> list[dict]:
+    """FLOPs, bytes, op executions and peak allocation of both runs, in WORK_FIGURES order; a figure that
+    grew past `limit` is flagged (only the headline decides the exit code)."""
+    rows = []
+    for name in WORK_FIGURES:
+        b, c = getattr(bw, name), getattr(cw, name)
+        delta = (c or 0) - (b or 0)
+        status = "added" if b is None and c is not None else "removed" if c is None and b is not None else \
+            "unchanged" if b == c else "changed"
+        rows.append({"name": name, "base": b, "cur": c, "delta": delta, "delta_pct": _pct(delta, b or 0),
+                     "status": status, "flagged": bool(b) and c is not None and delta / b > limit})
+    return rows
+
+
 def _side(ident: dict) -> Side:
     argv = ident["argv"]
     return Side(**{**ident, "argv": tuple(argv) if argv is not None else None})
@@ -336,8 +395,7 @@ def compare_reports(base: dict, cur: dict, metric: str | None, max_regression: f
     each document's `artifacts.run_dir`). Raises UsageError for runs that are not comparable
     (unless `force`) or a metric a side lacks; ParseError for a document missing a field.
     """
-    metric = metric or default_metric(base if not isinstance(base, dict) else _as_model(base, base_path or "base"))
-    if metric not in METRICS:
+    if metric is not None and metric not in METRICS:
         raise UsageError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
     if not (isinstance(max_regression, (int, float)) and math.isfinite(max_regression) and max_regression >= 0):
         raise UsageError(f"max_regression {max_regression!r}: must be a finite fraction >= 0 (0.05 = 5%)")
@@ -347,6 +405,7 @@ def compare_reports(base: dict, cur: dict, metric: str | None, max_regression: f
             doc.get("artifacts") if isinstance(doc, dict) else None)
         labels.append(str(given or (artifacts or {}).get("run_dir") or side))
     base, cur = _as_model(base, labels[0]), _as_model(cur, labels[1])
+    metric, metric_reason = (metric, "asked for") if metric else default_metric(base, cur)
     bid, cid = _identity(base, labels[0]), _identity(cur, labels[1])
     warnings = []
     diffs = _differences(bid, cid, metric)
@@ -414,12 +473,18 @@ def compare_reports(base: dict, cur: dict, metric: str | None, max_regression: f
     modules = _rows(bs.modules, cs.modules, unit, floor, max_regression)
     ops = _rows(bs.ops, cs.ops, unit, floor, max_regression,
                 *((bs.occurrences, cs.occurrences) if metric == "device_time" else ()))
+    figures = _work_figures(base.work, cur.work, max_regression) if metric == "work" else None
+    if metric == "work" and base.work.per != cur.work.per:
+        warnings.append(f"base's work is per {base.work.per} and cur's per {cur.work.per} (one traced no steps): "
+                        "setup outside the steps counts on one side only")
     regressions = [_regression_entry("headline", {**headline, "name": basis}, True)] if headline["regression"] else []
     regressions += [_regression_entry("module", r, False) for r in modules if r["flagged"]]
     regressions += [_regression_entry("op", r, False) for r in ops if r["flagged"]]
+    regressions += [_regression_entry("figure", r, False) for r in figures or () if r["flagged"]]
     return Comparison(
         schema=SCHEMA, metric=metric, unit=unit, max_regression_pct=round(100 * max_regression, 6),
         base=_side(bid), cur=_side(cid), forced=bool(diffs), differences=tuple(diffs),
         headline=Headline(**headline), modules=tuple(ChangeRow(**r) for r in modules),
         ops=tuple(ChangeRow(**r) for r in ops), regressions=tuple(Regression(**r) for r in regressions),
-        regression=headline["regression"], note=NOTE, warnings=tuple(warnings))
+        regression=headline["regression"], note=NOTE, warnings=tuple(warnings), metric_reason=metric_reason,
+        figures=None if figures is None else tuple(ChangeRow(**r) for r in figures))

@@ -62,7 +62,7 @@ class ChangeRow(Model):
 
 @dataclass(frozen=True)
 class Regression(Model):
-    kind: str  # headline | module | op
+    kind: str  # headline | module | op | figure
     name: str
     base: float | None
     cur: float | None
@@ -91,6 +91,10 @@ class Comparison(Model):
     regression: bool
     note: str
     warnings: tuple[str, ...]
+    # Why this metric: "asked for", or why the default chose it (analyze.compare.default_metric).
+    metric_reason: str | None = field(default=None, metadata={"omit_none": True})
+    # `work` only: flops, bytes_accessed, op_executions, peak_allocation_bytes of both runs.
+    figures: tuple[ChangeRow, ...] | None = field(default=None, metadata={"omit_none": True})
 
     @property
     def flagged(self) -> tuple[ChangeRow, ...]:

@@ -39,6 +39,8 @@ _OOM = re.compile(r"RESOURCE_EXHAUSTED.*?\(([0-9.]+)G\).*?available HBM \(([0-9.
 # The `--timeout` the "rerun this module" hint suggests: the decoder block's main module needs about
 # 95 s of CPU for its static profile on this 2-core machine (TPU-NOTES), more when the machine is busy.
 _RERUN_TIMEOUT_S = 600
+# "dropped: used more than 8 GiB": the memory limit it hit (the rerun hint doubles it).
+_MEMORY_DROP = re.compile(r"used more than ([0-9.]+) GiB")
 
 
 @dataclass(frozen=True)
@@ -242,9 +244,12 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
     if any(o["modelled"] for o in ops):
         findings.append("collective times are a model (bytes, group size, ICI bandwidth), not compiler estimates")
     if m.static_profile.startswith("dropped"):
-        # The input the worker compiled sits in the module directory: rerun it alone, with more time.
-        rerun = (f". Rerun this module alone with a longer limit: tpudiag compile --target {target.topology} "
-                 f"--timeout {_RERUN_TIMEOUT_S} {m.input_file}") if m.input_file else ""
+        # The input the worker compiled sits in the module directory: rerun it alone, with more room.
+        mem = _MEMORY_DROP.search(m.static_profile)
+        option = (f"--static-memory {2 * float(mem.group(1)):g}", "more memory") if mem else \
+            (f"--timeout {_RERUN_TIMEOUT_S}", "a longer limit")
+        rerun = (f". Rerun this module alone with {option[1]}: tpudiag compile --target {target.topology} "
+                 f"{option[0]} {m.input_file}") if m.input_file else ""
         findings.append(f"static cycle profile {m.static_profile}; op times are roofline floors only{rerun}")
     times = {o["name"]: o["estimated_s"] for o in ops}
     fusions = fusion_summary(build_fusion_report(m.hlo, times, "estimated"))

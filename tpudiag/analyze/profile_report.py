@@ -18,6 +18,7 @@ import pandas as pd
 from tpudiag.analyze.breakdown import Breakdown, split_window
 from tpudiag.analyze.breakdown import ns_to_s as _s
 from tpudiag.analyze.compiles import compile_intervals, compile_table
+from tpudiag.analyze.executed_work import Work, executed_work, op_costs
 from tpudiag.analyze.fusions import build_fusion_report, fusion_summary
 from tpudiag.analyze.timeline import aggregate_ops, build_timeline, step_table
 from tpudiag.analyze.tpu_estimate import TpuEstimate
@@ -86,6 +87,10 @@ class OpRow(Model):
     avg_s: float
     share: float
     xprof: XprofOp | None
+    # One execution's cost from the optimized HLO (analyze/hlo_cost.py); absent when the op has no
+    # instruction in the dump.
+    flops: int | None = field(default=None, metadata={"omit_none": True})
+    bytes_accessed: int | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,8 @@ class ProfileReport(Model):
     tpu_estimate: TpuEstimate | None = field(default=None, metadata={"omit_none": True})  # profile --target
     # The machine's speed: a fixed CPU loop timed before and after the program (compare's drift check).
     calibration_s: tuple[float, ...] | None = field(default=None, metadata={"omit_none": True})
+    # What was executed, machine-independent (analyze/executed_work.py): compare's default on CPU runs.
+    work: Work | None = field(default=None, metadata={"omit_none": True})
     timeline: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_FRAME)
     op_frame: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_FRAME)
 
@@ -145,6 +152,10 @@ def _intervals(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 def _median(values) -> float | None:
     return float(np.median(values)) if len(values) else None
+
+
+def _cost_fields(cost) -> dict:
+    return {} if cost is None else {"flops": int(cost.flops), "bytes_accessed": int(cost.bytes_accessed)}
 
 
 def _fusion_summaries(timeline: pd.DataFrame, modules: dict, top: int) -> list[dict]:
@@ -163,10 +174,11 @@ def _fusion_summaries(timeline: pd.DataFrame, modules: dict, top: int) -> list[d
 def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, cache_hits: int,
                          manifest: Manifest | None, artifacts: dict[str, str], warnings: list[str] | None = None,
                          xprof_stats: pd.DataFrame | None = None, modules: dict | None = None,
-                         fusion_modules: int = 3) -> ProfileReport:
+                         fusion_modules: int = 3, allocated: dict | None = None) -> ProfileReport:
     """`xprof_stats` (XProf's hlo_stats, device planes only) adds XProf's per-op figures to each op row;
-    `modules` ({program_id: HloModule}) adds the fusion summary of the `fusion_modules` modules with
-    the most op time."""
+    `modules` ({program_id: HloModule}) adds each op's HLO cost, the executed work and the fusion
+    summary of the `fusion_modules` modules with the most op time; `allocated` ({program_id: bytes of
+    XLA's buffer assignment}) the work's peak allocation."""
     warnings = list(warnings or [])
     if manifest is not None and manifest.left_running:
         pids = ", ".join(map(str, manifest.left_running))
@@ -201,6 +213,7 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
                 memory_gib_per_s=None if pd.isna(r.memory_gib_per_s) else float(r.memory_gib_per_s),
                 flops_per_byte=None if pd.isna(r.flops_per_byte) else float(r.flops_per_byte))
     steps = step_table(timeline, trace.steps)
+    costs = op_costs(ops, modules or {})
     ctab = compile_table(compiles)
     m = manifest
     return ProfileReport(
@@ -238,7 +251,8 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
                   opcode=r.opcode, bound=r.bound, shape=r.shape,
                   source=r.source if isinstance(r.source, str) else None,
                   occurrences=int(r.occurrences), total_s=_s(r.total_ns), self_s=_s(r.self_ns),
-                  avg_s=_s(r.avg_ns), share=float(r.share), xprof=xprof.get((int(r.program_id), r.op)))
+                  avg_s=_s(r.avg_ns), share=float(r.share), xprof=xprof.get((int(r.program_id), r.op)),
+                  **_cost_fields(costs.get((int(r.program_id), r.op))))
             for r in ops.itertuples()
         ),
         compile=tuple(
@@ -252,6 +266,7 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         fusions=tuple(_fusion_summaries(timeline, modules or {}, fusion_modules)),
         warnings=tuple(warnings),
         calibration_s=m.calibration_s if m else None,
+        work=executed_work(timeline, int(len(steps)), costs, allocated or {}),
         timeline=timeline,
         op_frame=ops,
     )

@@ -80,7 +80,7 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
     `KernelBench` result, the run directory)."""
     from tpudiag.analyze.compile_report import build_compile_report
     from tpudiag.api.compile import module_artifacts
-    from tpudiag.capture.tpu_compile import Limits, ModuleInput, compile_modules
+    from tpudiag.capture.tpu_compile import Limits, ModuleCompile, ModuleInput, compile_modules
     from tpudiag.targets import require_libtpu, resolve_target
 
     specs = specs_named(names)  # an unknown name fails before any work
@@ -110,6 +110,8 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
         done = [0]
 
         def on_compiled(mc):
+            if not isinstance(mc, ModuleCompile):  # a compile began: the count moves when it ends
+                return
             done[0] += 1
             if progress:
                 note = "" if mc.static_profile in ("ok", "off") else f" (static profile: {mc.static_profile[:60]})"

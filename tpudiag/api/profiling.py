@@ -38,6 +38,21 @@ def hlo_modules(dump_dir: Path, program_ids: set[int] | None = None) -> dict:
             if program_ids is None or pid in program_ids}
 
 
+def allocated_bytes(dump_dir: Path, program_ids: set[int], warnings: list[str]) -> dict[int, int]:
+    """{program_id: bytes XLA's buffer assignment allocates} from the dump's memory reports; one that
+    cannot be read is a warning (the work's peak allocation then leaves it out), not a failed report."""
+    from tpudiag.parse.hlo import find_memory_reports, read_allocated_bytes
+
+    out = {}
+    for pid, path in find_memory_reports(dump_dir).items():
+        if pid in program_ids:
+            try:
+                out[pid] = read_allocated_bytes(path)
+            except TpudiagError as e:
+                warnings.append(f"memory report unreadable, left out of the peak allocation: {e}")
+    return out
+
+
 def hlo_index(dump_dir: Path, program_ids: set[int] | None = None) -> dict:
     """{program_id: {op name: OpInfo}} from the after-optimizations HLO in a dump directory."""
     from tpudiag.analyze.categorize import index_module
@@ -146,7 +161,7 @@ def analyze_run(run: Path, xplane: Path | None = None, manifest=None) -> "Profil
         "ir_dump": rundir.IR_DIR,
     }
     report = build_profile_report(trace, index, compiles, hits, manifest, artifacts, warnings, xprof_stats,
-                                  modules=modules)
+                                  modules=modules, allocated=allocated_bytes(run / rundir.HLO_DIR, pids, warnings))
     if missing and not xplanes and report.reason is None:
         # The header shows the reason beside the status; the status stays the manifest's.
         report = replace(report, reason=missing)

@@ -44,11 +44,51 @@ class ModuleInput:
 
 @dataclass(frozen=True)
 class Limits:
-    # With the static profile: 60 s keeps a decoder script at ~1 min (its RNG setup never finishes
-    # profiling, bench/RESULTS.md); TPU-NOTES: an 8k^3 matmul needs 117 s: raise --timeout for those.
+    # CPU seconds (not wall: a busy machine slows a module, it does not shrink its budget) the static
+    # profile of a module of up to SIZE_BASE_OPS ops may take; a larger module gets proportionally
+    # more, up to SIZE_MAX_SCALE times (`static_limit_s`). 60 s keeps a decoder script at ~1 min
+    # (its RNG setup never finishes profiling, bench/RESULTS.md); TPU-NOTES: an 8k^3 matmul needs
+    # 117 s: raise --timeout for those.
     static_timeout_s: float = 60.0
-    compile_timeout_s: float = 300.0  # plain compile
-    memory_bytes: int = 8 << 30  # the static profile can balloon past 10 GB on sorts and top_k
+    scale_with_size: bool = True
+    compile_timeout_s: float = 300.0  # plain compile, wall seconds
+    memory_bytes: int = 8 << 30  # the static profile can balloon past 10 GB on sorts, top_k and long sequences
+
+
+# A module's size for its static-profile budget: its operations (lines that define a value in the
+# StableHLO or HLO text). The RNG setup of the fixture programs has ~260, a one-layer decoder's
+# training step ~570, a Qwen-style block's ~900 (fixtures/programs/).
+SIZE_BASE_OPS = 300
+SIZE_MAX_SCALE = 6.0
+# The wall-clock bound on a static-profile attempt, as a multiple of its CPU limit: a worker that
+# gets a quarter of a core is still waited for; one that gets nothing is not waited for forever.
+WALL_PER_CPU = 4.0
+
+
+def module_ops(path: Path) -> int | None:
+    """Operations in a module's text (`%x = ...` / `x = ...` lines); None for MLIR bytecode."""
+    data = path.read_bytes()
+    if data[:4] == b"ML\xefR":  # MLIR bytecode magic
+        return None
+    return sum(1 for line in data.splitlines() if b" = " in line)
+
+
+def static_limit_s(path: Path, limits: Limits) -> float:
+    """The CPU seconds the static profile of the module at `path` may take under `limits`."""
+    if not limits.scale_with_size:
+        return limits.static_timeout_s
+    ops = module_ops(path)
+    scale = 1.0 if ops is None else min(SIZE_MAX_SCALE, max(1.0, ops / SIZE_BASE_OPS))
+    return round(limits.static_timeout_s * scale, 3)
+
+
+@dataclass(frozen=True)
+class ModuleStarted:
+    """A progress event: a module's compile began (`static_limit_s` None: without the static profile)."""
+
+    name: str
+    static_limit_s: float | None
+    cpu_s: Callable[[], float]  # CPU seconds its worker has used so far
 
 
 @dataclass(frozen=True)
@@ -60,6 +100,7 @@ class ModuleCompile:
     static_profile: str  # "ok" | "off" | why it was dropped ("timeout after 120 s", "aborted: ...")
     result: dict
     cached: str | None = None  # the compile-cache entry it was copied from; None: compiled here
+    static_limit_s: float | None = None  # the static profile's CPU-second limit (None: off, or an older run)
 
 
 def _rss_bytes(pid: int) -> int:
@@ -82,16 +123,39 @@ def _last_error_line(log: Path) -> str:
     return lines[-1][:400] if lines else "no output"
 
 
-def _attempt(spec_path: Path, mdir: Path, static: bool, timeout_s: float, memory_bytes: int) -> tuple[str, str | None]:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class _Worker:
+    """The CPU seconds of the running attempt, for the progress line."""
+
+    def __init__(self):
+        self.pid: int | None = None
+
+    def cpu_s(self) -> float:
+        return _cpu_s(self.pid) if self.pid else 0.0
+
+
+def _attempt(spec_path: Path, mdir: Path, static: bool, limit_s: float, memory_bytes: int,
+             worker: _Worker | None = None) -> tuple[str, str | None]:
     """Run one worker. Returns (outcome, detail): "ok", "failed" (compiler said no), "timeout", "memory", "crashed".
 
-    libtpu splits LIBTPU_INIT_ARGS on spaces and takes quotes literally, so its dumps go to a
-    space-free temporary directory and are moved into the module directory afterwards.
+    With the static profile, `limit_s` is CPU seconds (and WALL_PER_CPU times that in wall seconds);
+    without, wall seconds. libtpu splits LIBTPU_INIT_ARGS on spaces and takes quotes literally, so
+    its dumps go to a space-free temporary directory and are moved into the module directory afterwards.
     """
     (mdir / "result.json").unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="tpudiag-dump-") as tmp:
         try:
-            return _run_worker(spec_path, mdir, _env(mdir, Path(tmp), static), timeout_s, memory_bytes)
+            return _run_worker(spec_path, mdir, _env(mdir, Path(tmp), static), limit_s if static else None,
+                               limit_s * WALL_PER_CPU if static else limit_s, memory_bytes, worker or _Worker())
         finally:
             for sub in ("llo", "static_profile"):
                 if (Path(tmp) / sub).is_dir():
@@ -99,21 +163,31 @@ def _attempt(spec_path: Path, mdir: Path, static: bool, timeout_s: float, memory
                     shutil.move(str(Path(tmp) / sub), str(mdir / sub))
 
 
-def _run_worker(spec_path: Path, mdir: Path, env: dict, timeout_s: float, memory_bytes: int) -> tuple[str, str | None]:
+def _run_worker(spec_path: Path, mdir: Path, env: dict, cpu_limit_s: float | None, wall_limit_s: float,
+                memory_bytes: int, worker: _Worker) -> tuple[str, str | None]:
     with open(mdir / "compile.log", "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "tpudiag.capture.tpu_worker", str(spec_path)], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout_s
-        while proc.poll() is None:
-            if time.monotonic() > deadline:
-                proc.kill()
-                proc.wait()
-                return "timeout", f"timed out after {timeout_s:.0f} s"
-            if _rss_bytes(proc.pid) > memory_bytes:
-                proc.kill()
-                proc.wait()
-                return "memory", f"used more than {memory_bytes / 2**30:.0f} GiB"
-            time.sleep(0.05)
+        worker.pid = proc.pid
+        start = time.monotonic()
+        try:
+            while proc.poll() is None:
+                wall = time.monotonic() - start
+                if cpu_limit_s is not None and _cpu_s(proc.pid) > cpu_limit_s:
+                    proc.kill()
+                    proc.wait()
+                    return "timeout", f"timed out after {cpu_limit_s:.0f} s of CPU ({wall:.0f} s wall)"
+                if wall > wall_limit_s:
+                    proc.kill()
+                    proc.wait()
+                    return "timeout", f"timed out after {wall_limit_s:.0f} s wall"
+                if _rss_bytes(proc.pid) > memory_bytes:
+                    proc.kill()
+                    proc.wait()
+                    return "memory", f"used more than {memory_bytes / 2**30:g} GiB"
+                time.sleep(0.05)
+        finally:
+            worker.pid = None
     result = mdir / "result.json"
     if proc.returncode != 0 or not result.exists():
         return "crashed", f"the TPU compiler aborted (exit {proc.returncode}): {_last_error_line(mdir / 'compile.log')}"
@@ -135,29 +209,36 @@ def _env(mdir: Path, dump: Path, static: bool) -> dict:
 
 
 def compile_module(inp: ModuleInput, mdir: Path, topology: str, static_profile: bool, limits: Limits,
-                   cache: CompileCache | None = None) -> ModuleCompile:
+                   cache: CompileCache | None = None,
+                   started: Callable[[ModuleStarted], None] | None = None) -> ModuleCompile:
     """Compile one module into `mdir`, or copy it from `cache` when the same module was compiled
-    for the same target before (`cached` in module.json then names the entry)."""
+    for the same target before (`cached` in module.json then names the entry). `started` hears when
+    a compile (not a cache copy) begins."""
     mdir.mkdir(parents=True, exist_ok=True)
     suffix = ".mlir" if inp.kind == "mlir" else ".hlo.txt"
     local = mdir / f"input{suffix}"
     shutil.copyfile(inp.path, local)
     spec = mdir / "spec.json"
     spec.write_text(json.dumps({"input": str(local), "kind": inp.kind, "topology": topology, "out_dir": str(mdir)}))
+    limit_s = static_limit_s(local, limits)
     key = cache.key(local, inp.kind, topology, static_profile, _LLO_FLAGS + " " + _STATIC_FLAG) if cache else None
-    hit = bool(key) and cache.fetch(key, mdir, limits.static_timeout_s, limits.memory_bytes)
+    hit = bool(key) and cache.fetch(key, mdir, limit_s, limits.memory_bytes)
     if hit:
         cached = load_module(mdir)
-        res = ModuleCompile(inp.name, mdir, cached.status, cached.error, cached.static_profile, cached.result, key)
+        res = ModuleCompile(inp.name, mdir, cached.status, cached.error, cached.static_profile, cached.result, key,
+                            cached.static_limit_s)
     else:
-        res = _compile_module(inp, mdir, spec, static_profile, limits)
+        worker = _Worker()
+        if started:
+            started(ModuleStarted(inp.name, limit_s if static_profile else None, worker.cpu_s))
+        res = _compile_module(inp, mdir, spec, static_profile, limits, limit_s, worker)
     # What happened, for `tpudiag report RUN` to re-render without recompiling; `cached` names the
     # cache entry the module came from (None: compiled here).
     meta = {"name": res.name, "status": res.status, "error": res.error, "static_profile": res.static_profile,
-            "cached": res.cached}
+            "cached": res.cached, "static_limit_s": res.static_limit_s}
     (mdir / "module.json").write_text(json.dumps(meta, indent=2) + "\n")
     if key and not hit:
-        cache.store(key, mdir, res.status, res.static_profile, limits.static_timeout_s, limits.memory_bytes)
+        cache.store(key, mdir, res.status, res.static_profile, limit_s, limits.memory_bytes)
     return res
 
 
@@ -166,28 +247,35 @@ def load_module(mdir: Path) -> ModuleCompile:
     meta = json.loads((mdir / "module.json").read_text())
     result = json.loads((mdir / "result.json").read_text()) if meta["status"] == "ok" else {}
     return ModuleCompile(meta["name"], mdir, meta["status"], meta["error"], meta["static_profile"], result,
-                         meta.get("cached"))
+                         meta.get("cached"), meta.get("static_limit_s"))
 
 
-def _compile_module(inp: ModuleInput, mdir: Path, spec: Path, static_profile: bool, limits: Limits) -> ModuleCompile:
-    static_note = "off"
+def _compile_module(inp: ModuleInput, mdir: Path, spec: Path, static_profile: bool, limits: Limits, limit_s: float,
+                    worker: _Worker) -> ModuleCompile:
+    static_note, shown_limit = "off", None
     if static_profile:
-        outcome, detail = _attempt(spec, mdir, True, limits.static_timeout_s, limits.memory_bytes)
+        shown_limit = limit_s
+        outcome, detail = _attempt(spec, mdir, True, limit_s, limits.memory_bytes, worker)
         if outcome == "ok":
-            return _done(inp, mdir, "ok")
+            return _done(inp, mdir, "ok", shown_limit)
         if outcome == "failed":  # the compiler rejected the module itself: no point retrying
-            return ModuleCompile(inp.name, mdir, "failed", detail, "not reached: the module failed to compile", {})
+            return ModuleCompile(inp.name, mdir, "failed", detail, "not reached: the module failed to compile", {},
+                                 None, shown_limit)
         static_note = f"dropped: {detail}"
         for sub in ("llo", "static_profile", "hlo"):  # partial dumps of the aborted attempt
             shutil.rmtree(mdir / sub, ignore_errors=True)
-    outcome, detail = _attempt(spec, mdir, False, limits.compile_timeout_s, limits.memory_bytes)
+    # The plain compile never balloons as the static profile does: a smaller static-profile limit
+    # does not apply to it.
+    outcome, detail = _attempt(spec, mdir, False, limits.compile_timeout_s,
+                               max(limits.memory_bytes, Limits.memory_bytes), worker)
     if outcome != "ok":
-        return ModuleCompile(inp.name, mdir, "failed", detail, static_note, {})
-    return _done(inp, mdir, static_note)
+        return ModuleCompile(inp.name, mdir, "failed", detail, static_note, {}, None, shown_limit)
+    return _done(inp, mdir, static_note, shown_limit)
 
 
-def _done(inp: ModuleInput, mdir: Path, static_note: str) -> ModuleCompile:
-    return ModuleCompile(inp.name, mdir, "ok", None, static_note, json.loads((mdir / "result.json").read_text()))
+def _done(inp: ModuleInput, mdir: Path, static_note: str, limit_s: float | None) -> ModuleCompile:
+    return ModuleCompile(inp.name, mdir, "ok", None, static_note, json.loads((mdir / "result.json").read_text()),
+                         None, limit_s)
 
 
 _FROM_ENV = object()
@@ -195,15 +283,17 @@ _FROM_ENV = object()
 
 def compile_modules(inputs: list[ModuleInput], modules_dir: Path, topology: str, *, static_profile: bool = True,
                     limits: Limits = Limits(), jobs: int = 2,
-                    progress: Callable[[ModuleCompile], None] | None = None, cache=_FROM_ENV) -> list[ModuleCompile]:
+                    progress: Callable[[ModuleCompile | ModuleStarted], None] | None = None,
+                    cache=_FROM_ENV) -> list[ModuleCompile]:
     """Compile every input (up to `jobs` at once); failures are results, never exceptions. `cache`:
-    a `CompileCache`, None for none, or (the default) the one the environment names."""
+    a `CompileCache`, None for none, or (the default) the one the environment names. `progress`
+    hears a `ModuleStarted` when a module's compile begins and its `ModuleCompile` when it ends."""
     dirs = [modules_dir / f"{i:02d}-{inp.name}" for i, inp in enumerate(inputs)]
     cache = CompileCache.from_env() if cache is _FROM_ENV else cache
 
     def one(args):
         inp, mdir = args
-        res = compile_module(inp, mdir, topology, static_profile, limits, cache)
+        res = compile_module(inp, mdir, topology, static_profile, limits, cache, started=progress)
         if progress:
             progress(res)
         return res

@@ -179,28 +179,78 @@ def debug_on() -> bool:
 
 
 def progress():
-    """A progress line on stderr while modules compile (counts modules as they finish). The line
-    appears at the first call: `on_module(None)` says the compile started, `on_module(mc)` that a
-    module finished, so a program that runs first (`profile --target`) keeps the terminal to itself."""
+    """A progress line on stderr while modules compile: how many finished, and each module whose
+    static profile is running, with the CPU seconds it has used against its limit. The line appears
+    at the first call: `on_module(None)` says the compile started, a `ModuleStarted` that a module
+    began, a `ModuleCompile` that it finished, so a program that runs first (`profile --target`)
+    keeps the terminal to itself."""
+    import time
+
     from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn
-    from rich.markup import escape
+    from rich.progress import Progress, ProgressColumn, SpinnerColumn
+    from rich.text import Text
+
+    from tpudiag.capture.tpu_compile import ModuleStarted
+    from tpudiag.report.units import printable
 
     err = Console(stderr=True)
-    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), console=err, transient=True,
-                   disable=not err.is_terminal)
-    task = bar.add_task("compiling for TPU...", total=None)
-    done = []
+    done, running = [], {}
 
-    def on_module(mc):
+    def line() -> str:
+        parts = [f"compiling for TPU: {len(done)} module(s) done"]
+        if done:
+            mc = done[-1]
+            how = f"{mc.status}, from the compile cache" if getattr(mc, "cached", None) else mc.status
+            parts.append(f"last {mc.name} ({how})")
+        for name, (ev, t0) in list(running.items()):
+            if ev.static_limit_s is None:
+                parts.append(f"{name}: compiling, {time.monotonic() - t0:.0f} s")
+            else:
+                parts.append(f"{name}: static profile, {ev.cpu_s():.0f} of {ev.static_limit_s:.0f} s CPU "
+                             f"({time.monotonic() - t0:.0f} s wall)")
+        return printable("; ".join(parts))
+
+    class _Line(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text(line())
+
+    bar = Progress(SpinnerColumn(), _Line(), console=err, transient=True, disable=not err.is_terminal)
+    bar.add_task("compile", total=None)
+
+    def on_module(ev):
         if not bar.live.is_started:
             bar.start()
-        if mc is not None:
-            done.append(mc)
-            how = f"{mc.status}, from the compile cache" if getattr(mc, "cached", None) else mc.status
-            bar.update(task, description=escape(f"compiled {len(done)} module(s); last: {mc.name} ({how})"))
+        if isinstance(ev, ModuleStarted):
+            running[ev.name] = (ev, time.monotonic())
+        elif ev is not None:
+            running.pop(ev.name, None)
+            done.append(ev)
 
     return on_module, bar.stop
+
+
+def static_profile_options(timeout_default: float):
+    """`--timeout` and `--static-memory`: the limits of one module's static-profile attempt, past
+    which it is compiled again without the profile (`static_limits` turns them into `Limits`)."""
+    def deco(f):
+        f = click.option("--static-memory", "static_memory_gib", type=click.FloatRange(0.1), default=8,
+                         show_default=True,
+                         help="GiB of memory one module's static profile may use before it is dropped (it grows "
+                              "with sequence length: a 1024-token attention block needs more than 8).")(f)
+        f = click.option("--timeout", "timeout_s", type=click.FloatRange(0.01), default=timeout_default,
+                         show_default=True,
+                         help="CPU seconds the static profile of a module of up to 300 operations may take; "
+                              "larger modules get proportionally more, up to 6x. A busy machine does not shrink "
+                              "it.")(f)
+        return f
+    return deco
+
+
+def static_limits(timeout_s: float, static_memory_gib: float):
+    """The `Limits` of `--timeout` and `--static-memory`."""
+    from tpudiag.capture.tpu_compile import Limits
+
+    return Limits(static_timeout_s=timeout_s, memory_bytes=int(static_memory_gib * 2**30))
 
 
 def cache_options(f):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import cache_options, check_outputs, check_versions, emit, output_format, use_cache_options
+from tpudiag.cli.common import (cache_options, check_outputs, check_versions, emit, output_format, static_limits,
+                                static_profile_options, use_cache_options)
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed
 
@@ -90,22 +91,20 @@ def kernels_verify(seed, junit_path, as_json, no_color, width, names):
               help="Run directory (default: tpudiag-runs/<timestamp>-kernels-bench).")
 @click.option("--no-static-profile", is_flag=True, help="Skip the static cycle profile (roofline floors only).")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Compiles at once.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=120, show_default=True,
-              help="Seconds allowed for one static-profile compile before falling back to a plain compile.")
+@static_profile_options(120)
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels-bench/1).")
 @click.option("--md", "as_md", is_flag=True, help="Print GitHub Markdown.")
 @_text_options
 @cache_options
 @click.argument("names", nargs=-1)
-def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, as_json, as_md, no_color, width, names,
-                  cache_dir, no_cache):
+def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, static_memory_gib, as_json, as_md, no_color,
+                  width, names, cache_dir, no_cache):
     """Compile kernels, their plain-JAX versions and JAX's own kernels for TPU; compare estimated cycles.
 
     Exit 1 if a variant failed to lower or compile (the others are still reported)."""
     from rich.console import Console
 
     from tpudiag import api
-    from tpudiag.capture.tpu_compile import Limits
     from tpudiag.targets import resolve_target
 
     fmt = output_format(as_json, as_md)
@@ -114,7 +113,7 @@ def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, as_json,
     use_cache_options(cache_dir, no_cache)
     err = Console(stderr=True, highlight=False, markup=False, emoji=False)
     result, run = api.kernels_bench(names, target_text, out, static_profile=not no_static_profile, jobs=jobs,
-                                    limits=Limits(static_timeout_s=timeout_s),
+                                    limits=static_limits(timeout_s, static_memory_gib),
                                     progress=(lambda line: err.print(line)) if err.is_terminal else None)
     emit(result, fmt, no_color=no_color, width=width)
     if result.failed:

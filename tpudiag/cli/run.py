@@ -12,8 +12,8 @@ from pathlib import Path
 import click
 
 from tpudiag.cli.common import (cache_options, check_outputs, check_versions, ci_budget, ci_options, debug_on, emit,
-                                output_format, output_options, program_args, progress, use_cache_options,
-                                write_ci_bundle)
+                                output_format, output_options, program_args, progress, static_limits,
+                                static_profile_options, use_cache_options, write_ci_bundle)
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed, NothingTraced, ProgramFailed, UsageError
 
@@ -68,6 +68,7 @@ class PassThroughCommand(click.Command):
               help="Also compile the program's computations for this TPU (v5e, v6e:2x2, ...) and show "
                    "the estimated TPU time beside the measured one.")
 @click.option("--no-static-profile", is_flag=True, help="With --target: skip the static cycle profile.")
+@static_profile_options(60)
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Also write a self-contained HTML report here (no script; opens offline).")
 @cache_options
@@ -75,8 +76,8 @@ class PassThroughCommand(click.Command):
 @output_options("tpudiag.report/1")
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def profile(out, steps, skip, python_trace, target_text, no_static_profile, html_path, ci, max_artifact_mb,
-            as_json, as_md, no_color, width, script, args, cache_dir, no_cache):
+def profile(out, steps, skip, python_trace, target_text, no_static_profile, timeout_s, static_memory_gib, html_path,
+            ci, max_artifact_mb, as_json, as_md, no_color, width, script, args, cache_dir, no_cache):
     """Run SCRIPT [ARGS...] under the profiler and report where its time went.
 
     tpudiag's options may come before or after SCRIPT; the program's own arguments go after `--`
@@ -107,6 +108,7 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, html
         # log). The analysis stack is imported while the program runs (pandas alone is ~0.7 s).
         result = api.profile(script, program_args(args), out, steps=steps, skip=skip, python_trace=python_trace,
                              target=target_text, static_profile=not no_static_profile, progress=progress_cb,
+                             limits=static_limits(timeout_s, static_memory_gib),
                              program_stdout=sys.stderr.buffer if fmt != "text" else None,
                              while_waiting=lambda: importlib.import_module("tpudiag.analyze.profile_report"))
     finally:
@@ -132,8 +134,7 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, html
 @click.option("--no-static-profile", is_flag=True,
               help="Skip the TPU compiler's static cycle profile (much faster; roofline estimates only).")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Modules compiled at once.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=60, show_default=True,
-              help="Seconds a module may spend in the static-profile compile before falling back.")
+@static_profile_options(60)
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True, help="Ops shown per module.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Also write a self-contained HTML report here (no script; opens offline).")
@@ -142,8 +143,8 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, html
 @output_options("tpudiag.compile/1")
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, html_path, ci, max_artifact_mb, as_json,
-             as_md, no_color, width, input_path, args, cache_dir, no_cache):
+def compile_(target_text, out, no_static_profile, jobs, timeout_s, static_memory_gib, top, html_path, ci,
+             max_artifact_mb, as_json, as_md, no_color, width, input_path, args, cache_dir, no_cache):
     """Compile INPUT for a TPU generation on this machine and report the TPU compiler's own estimates.
 
     INPUT is a Python script (run on CPU; every jitted computation it ran is compiled; ARGS go to
@@ -162,13 +163,13 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, top, html_pat
     if args and input_path.suffix != ".py":
         raise UsageError(f"{input_path}: program arguments are only for a .py script")
     from tpudiag import api
-    from tpudiag.capture.tpu_compile import Limits
 
     progress_cb, stop = progress()
     progress_cb(None)
     try:
         result = api.compile_target(target_text, input_path, args, out, static_profile=not no_static_profile,
-                                    jobs=jobs, limits=Limits(static_timeout_s=timeout_s), progress=progress_cb,
+                                    jobs=jobs, limits=static_limits(timeout_s, static_memory_gib),
+                                    progress=progress_cb,
                                     program_stdout=sys.stderr.buffer if fmt != "text" else None)
     finally:
         stop()

@@ -251,3 +251,31 @@ def find_optimized_modules(dump_dir: Path) -> dict[int, Path]:
         if m:
             out[int(m.group(1))] = p
     return out
+
+
+_MEMORY_REPORT = re.compile(r"^module_(\d+)\.(.+?)\.(\w+_)?after_optimizations-memory-usage-report\.txt$")
+_TOTAL_BYTES = re.compile(r"^Total bytes: (\d+)\b", re.M)
+
+
+def find_memory_reports(dump_dir: Path) -> dict[int, Path]:
+    """program_id -> XLA's buffer-assignment memory report (`*-memory-usage-report.txt`) in a dump directory."""
+    out: dict[int, Path] = {}
+    if dump_dir.is_dir():
+        for p in dump_dir.iterdir():
+            m = _MEMORY_REPORT.match(p.name)
+            if m:
+                out[int(m.group(1))] = p
+    return out
+
+
+def read_allocated_bytes(path: Path) -> int:
+    """The bytes XLA's buffer assignment allocates for a module: the sum of each memory space's
+    `Total bytes:` line in its memory report. A file without one is a ParseError naming it."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        raise ParseError(path, f"cannot read: {e.strerror}") from None
+    totals = [int(v) for v in _TOTAL_BYTES.findall(text)]
+    if not totals:
+        raise ParseError(path, "no 'Total bytes:' line: not an XLA memory-usage report")
+    return sum(totals)

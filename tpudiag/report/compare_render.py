@@ -16,7 +16,7 @@ from rich.text import Text
 
 from tpudiag.report.markdown import _esc, code
 from tpudiag.report.rich_text import plain
-from tpudiag.report.units import fmt_bytes, fmt_s, printable
+from tpudiag.report.units import fmt_bytes, fmt_count, fmt_s, printable
 
 BASIS = {
     "median_step": "median step time",
@@ -24,13 +24,18 @@ BASIS = {
     "tpu_step_estimate": "estimated TPU step time",
     "tpu_total_estimate": "estimated TPU time (all modules)",
     "peak_hbm_largest_module": "peak HBM (largest module)",
+    "roofline_work_per_step": "roofline work per step",
+    "roofline_work_per_run": "roofline work (whole run)",
 }
+# `work`'s figures: how each is shown.
+FIGURES = {"flops": ("FLOPs", "count"), "bytes_accessed": ("bytes accessed", "bytes"),
+           "op_executions": ("op executions", "count"), "peak_allocation_bytes": ("peak buffer allocation", "bytes")}
 VERDICT = {
     "regression": "REGRESSION",
     "within_noise": "no regression (within the measured spread)",
     "within_threshold": "no regression (within the threshold)",
     "improvement": "improvement",
-    "unchanged": "unchanged",
+    "unchanged": "no regression (unchanged)",
 }
 _STYLE = {"regression": "bold red", "improvement": "green", "unchanged": "", "within_noise": "",
           "within_threshold": ""}
@@ -39,6 +44,8 @@ _STYLE = {"regression": "bold red", "improvement": "green", "unchanged": "", "wi
 def _fmt(value, unit: str) -> str:
     if value is None:
         return "-"
+    if unit == "count":
+        return fmt_count(value, "")
     return fmt_bytes(value) if unit == "bytes" else fmt_s(value)
 
 
@@ -97,6 +104,8 @@ def render_compare_terminal(comparison, console: Console, top: int = 15) -> None
     head.append(f"metric {printable(c.metric)}: {_basis(h)}   max regression {c.max_regression_pct:g}%")
     if c.forced:
         head.append("   forced", style="bold yellow")
+    if c.metric_reason and c.metric_reason != "asked for":
+        head.append("\n" + printable(f"why this metric: {c.metric_reason}"), style="bright_black")
     console.print(Panel(head, title="tpudiag compare", title_align="left"))
 
     line = Text()
@@ -107,6 +116,15 @@ def render_compare_terminal(comparison, console: Console, top: int = 15) -> None
                 f"cur {_fmt(h.cur_spread, unit)})")
     console.print(line)
     console.print(Text(VERDICT[h.verdict], style=_STYLE[h.verdict]))
+    if c.figures:
+        console.print()
+        table = Table(title="Executed work", title_justify="left", show_edge=False)
+        for col in ("figure", "base", "cur", "delta", "delta %", "status"):
+            table.add_column(col, justify="left" if col in ("figure", "status") else "right", no_wrap=True)
+        for r in c.figures:
+            label, funit = FIGURES.get(r.name, (r.name, "count"))
+            table.add_row(plain(label), *[plain(cell) for cell in _row_cells(r, funit)], style="red" if r.flagged else "")
+        console.print(table)
 
     for title, rows, with_module in (("Modules", c.modules, False), ("Ops", c.ops, True)):
         if not rows:
@@ -141,6 +159,12 @@ def render_compare_markdown(comparison, top: int = 15) -> str:
            "| | base | cur | delta | delta % | spread |", "|---|---:|---:|---:|---:|---:|",
            f"| {_basis(h)} | {_fmt(h.base, unit)} | {_fmt(h.cur, unit)} | "
            f"{_signed(h.delta, unit)} | {_pct(h.delta_pct)} | {_fmt(h.spread, unit)} |"]
+    for r in c.figures or ():
+        label, funit = FIGURES.get(r.name, (r.name, "count"))
+        out.append(f"| {_esc(label)} | {_fmt(r.base, funit)} | {_fmt(r.cur, funit)} | {_signed(r.delta, funit)} | "
+                   f"{_pct(r.delta_pct)} | {'flagged' if r.flagged else '-'} |")
+    if c.metric_reason and c.metric_reason != "asked for":
+        out += ["", f"Why this metric: {_esc(c.metric_reason)}"]
     for title, rows, with_module in (("Modules", c.modules, False), ("Ops", c.ops, True)):
         if not rows:
             continue

@@ -1,0 +1,81 @@
+"""The static profile's budget follows the work: a CPU-second limit (a busy machine does not shrink
+it) scaled with the module's size, the module's limit recorded, progress events while it runs, and
+a rerun hint that names what the module ran out of. Real TPU compiles of real fixture modules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ARTIFACTS, ROOT
+from tpudiag.capture.tpu_compile import (SIZE_BASE_OPS, SIZE_MAX_SCALE, Limits, ModuleCompile, ModuleInput,
+                                         ModuleStarted, compile_modules, module_ops, static_limit_s)
+
+DECODER_IR = sorted((ARTIFACTS / "decoder" / "ir").glob("*.mlir"))
+
+
+def test_the_limit_scales_with_the_modules_operations():
+    sizes = {p.name.split("_", 2)[2]: module_ops(p) for p in DECODER_IR}
+    # Counted from the text: a line that defines a value is an operation.
+    for p in DECODER_IR:
+        assert sizes[p.name.split("_", 2)[2]] == sum(1 for ln in p.read_text().splitlines() if " = " in ln)
+    small, step = DECODER_IR[0], DECODER_IR[-1]
+    assert module_ops(small) < SIZE_BASE_OPS < module_ops(step)
+    limits = Limits(static_timeout_s=60)
+    assert static_limit_s(small, limits) == 60
+    assert static_limit_s(step, limits) == pytest.approx(60 * module_ops(step) / SIZE_BASE_OPS, abs=1e-3)
+    assert static_limit_s(step, Limits(static_timeout_s=60, scale_with_size=False)) == 60
+
+
+def test_a_huge_module_is_capped_and_bytecode_gets_the_base(tmp_path):
+    big = tmp_path / "big.mlir"
+    big.write_text("\n".join(f"  %{i} = stablehlo.add %a, %a : tensor<f32>" for i in range(100 * SIZE_BASE_OPS)))
+    assert static_limit_s(big, Limits(static_timeout_s=10)) == 10 * SIZE_MAX_SCALE
+    code = tmp_path / "code.mlir"
+    code.write_bytes(b"ML\xefR" + bytes(range(256)) * 4)
+    assert module_ops(code) is None and static_limit_s(code, Limits(static_timeout_s=10)) == 10
+
+
+def test_progress_hears_each_start_with_its_limit_then_its_end(tmp_path):
+    inputs = [ModuleInput(p.stem, p, "mlir") for p in DECODER_IR[:2]]
+    events = []
+    results = compile_modules(inputs, tmp_path / "m", "v5e:2x2", static_profile=True, jobs=1, cache=None,
+                              limits=Limits(static_timeout_s=120), progress=events.append)
+    starts = [e for e in events if isinstance(e, ModuleStarted)]
+    ends = [e for e in events if isinstance(e, ModuleCompile)]
+    assert sorted(e.name for e in starts) == sorted(e.name for e in ends) == sorted(i.name for i in inputs)
+    for s in starts:  # each start comes before its end, with the limit the module then ran under
+        assert events.index(s) < next(i for i, e in enumerate(events) if isinstance(e, ModuleCompile)
+                                       and e.name == s.name)
+        assert s.static_limit_s == static_limit_s(next(i.path for i in inputs if i.name == s.name), Limits(120))
+        assert s.cpu_s() == 0.0, "the worker is gone once the module is done"
+    for r in results:
+        assert r.status == "ok" and r.static_profile == "ok"
+        meta = json.loads((r.dir / "module.json").read_text())
+        assert meta["static_limit_s"] == r.static_limit_s == 120
+
+
+def test_the_limit_is_cpu_seconds_and_a_drop_says_so(tmp_path):
+    (res,) = compile_modules([ModuleInput("step", DECODER_IR[-1], "mlir")], tmp_path / "m", "v5e:2x2", jobs=1,
+                             cache=None, limits=Limits(static_timeout_s=0.5, scale_with_size=False))
+    assert res.status == "ok" and res.static_limit_s == 0.5
+    assert res.static_profile.startswith("dropped: timed out after 0 s of CPU (")
+    assert res.static_profile.endswith(" s wall)")
+
+
+def test_a_memory_drop_suggests_more_memory_from_the_command_line(tmp_path):
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "tpudiag", "compile", "--target", "v5e", "--no-cache", "--json",
+                        "--static-memory", "0.1", "--out", str(out), str(DECODER_IR[-1])], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    (m,) = json.loads(p.stdout)["modules"]
+    assert m["static_profile"] == "dropped: used more than 0.1 GiB"
+    (hint,) = [f for f in m["findings"] if "Rerun this module alone" in f]
+    command = hint.split("with more memory: ", 1)[1]
+    assert command.startswith("tpudiag compile --target v5e:2x2 --static-memory 0.2 ")
+    assert Path(command.rsplit(" ", 1)[1]).is_file()
