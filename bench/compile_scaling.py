@@ -29,6 +29,15 @@ the total wall time at every size, and growing linearly with the layers: analyze
 `tpudiag report --json RUN` on the largest static-profile run; never asserts.
 
     python bench/compile_scaling.py [--layers 2 4 8 16] [--timeout 60] [--repeat 3] [--keep DIR]
+
+With `--cache`, it measures the compile cache and the static-profile budget instead:
+- cold and warm: the 16-layer decoder's `tpudiag compile --target v5e` with an empty cache
+  directory, then again with the same one (goal: warm at least 10x faster; the estimates identical);
+- beside: the one-layer decoder's `tpudiag compile --target v5e` at the default settings, with no
+  cache, while a second `tpudiag compile` (the 16-layer decoder, static profile on, no cache) runs
+  beside it on the same machine (goal: its main module, jit_train_step, keeps its static profile).
+
+    python bench/compile_scaling.py --cache [--keep DIR]
 """
 
 from __future__ import annotations
@@ -177,6 +186,57 @@ def hot_spots(run_dir: Path, root: Path, top: int) -> list[str]:
     return lines
 
 
+def _compile_cmd(out: Path, layers: int, *opts: str) -> list[str]:
+    return [*TPUDIAG, "compile", "--target", "v5e", "--json", *opts, "--out", str(out), str(PROGRAM), "--",
+            "--layers", str(layers), "--steps", "1"]
+
+
+def _estimates(run_dir: Path) -> list:
+    doc = json.loads((run_dir / "report.json").read_text())
+    return [(m["name"], m["static_profile"], m["totals"].get("estimated_s")) for m in doc["modules"]]
+
+
+def cache_and_budget(root: Path, layers: int = 16) -> None:
+    """The `--cache` measurements (module docstring), printed with their goals."""
+    cache = root / "cache"
+    cold = run(_compile_cmd(root / "cold", layers, "--cache-dir", str(cache)))
+    warm = run(_compile_cmd(root / "warm", layers, "--cache-dir", str(cache)))
+    same = _estimates(root / "cold") == _estimates(root / "warm")
+    shadow = [json.loads((root / r / "shadow" / "manifest.json").read_text())["wall_s"] for r in ("cold", "warm")]
+
+    other = subprocess.Popen(_compile_cmd(root / "other", 16, "--no-cache"), env=ENV, cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(5)  # the other compile is past its shadow run and into its modules
+        beside = run(_compile_cmd(root / "beside", 1, "--no-cache"))
+        other_busy = other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+    mods = {json.loads((d / "module.json").read_text())["name"]: (d, json.loads((d / "module.json").read_text()))
+            for d in sorted((root / "beside" / "modules").iterdir())}
+    d, step = mods["jit_train_step"]
+    step_s = json.loads((d / "result.json").read_text()).get("compile_s")
+
+    print(f"\n{datetime.now():%Y-%m-%d %H:%M}; `tpudiag compile --target v5e` of decoder.py --steps 1, default limits\n")
+    print(f"{'run':<34} {'wall s':>7} {'shadow s':>8}  static profile per module")
+    for label, wall, sh, r in ((f"{layers} layers, empty cache (cold)", cold, shadow[0], "cold"),
+                               (f"{layers} layers, same cache (warm)", warm, shadow[1], "warm")):
+        print(f"{label:<34} {wall:>7.1f} {sh:>8.1f}  {', '.join(str(e[1]) for e in _estimates(root / r))}")
+    statuses = ", ".join(f"{n}: {m['static_profile']} (limit {m.get('static_limit_s')} s CPU)"
+                         for n, (_, m) in mods.items())
+    print(f"{'1 layer, no cache, beside another':<34} {beside:>7.1f} {'':>8}  {statuses}")
+    print(f"\n  the other compile (16 layers, static profile, no cache) was {'still' if other_busy else 'no longer'} "
+          f"running when the one-layer compile ended; jit_train_step compile_s {step_s} s")
+    print("\ngoals")
+    ratio = cold / warm
+    print(f"  warm cache at least 10x faster than cold: {ratio:.1f}x  {'MET' if ratio >= 10 else 'MISSED'}")
+    print(f"  estimates identical cold and warm: {same}  {'MET' if same else 'MISSED'}")
+    kept = step["static_profile"] == "ok" and other_busy
+    print(f"  decoder block's jit_train_step keeps its static profile beside another compile: "
+          f"{step['static_profile']}  {'MET' if kept else 'MISSED'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 4, 8, 16], help="decoder sizes")
@@ -188,11 +248,21 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each report/analysis timing (best kept)")
     parser.add_argument("--top", type=int, default=12, help="functions listed from the cProfile")
     parser.add_argument("--keep", type=Path, help="write the runs here and keep them (default: a temp dir, removed)")
+    parser.add_argument("--cache", action="store_true",
+                        help="measure the compile cache (cold, warm) and the static-profile budget instead")
     args = parser.parse_args()
 
     root = args.keep or Path(tempfile.mkdtemp(prefix="tpudiag-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
+    if args.cache:
+        try:
+            cache_and_budget(root)
+        finally:
+            if not args.keep:
+                shutil.rmtree(root, ignore_errors=True)
+        print(f"\nbenchmark wall: {time.perf_counter() - t_start:.0f} s")
+        return
     try:
         startup = best(lambda: run([*TPUDIAG, "--help"]), args.repeat)
         t0 = time.perf_counter()

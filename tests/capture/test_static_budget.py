@@ -1,5 +1,5 @@
 """The static profile's budget follows the work: a CPU-second limit (a busy machine does not shrink
-it) scaled with the module's size, the module's limit recorded, progress events while it runs, and
+it) scaled with the module's matmuls, the module's limit recorded, progress events while it runs, and
 a rerun hint that names what the module ran out of. Real TPU compiles of real fixture modules."""
 
 from __future__ import annotations
@@ -12,32 +12,36 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ARTIFACTS, ROOT
-from tpudiag.capture.tpu_compile import (SIZE_BASE_OPS, SIZE_MAX_SCALE, Limits, ModuleCompile, ModuleInput,
-                                         ModuleStarted, compile_modules, module_ops, static_limit_s)
+from tpudiag.capture.tpu_compile import (Limits, ModuleCompile, ModuleInput, ModuleStarted, compile_modules,
+                                         module_matmuls, static_limit_s)
+
+SIZE_BASE_MATMULS, SIZE_MAX_SCALE = Limits().size_base_matmuls, Limits().size_max_scale
 
 DECODER_IR = sorted((ARTIFACTS / "decoder" / "ir").glob("*.mlir"))
 
 
-def test_the_limit_scales_with_the_modules_operations():
-    sizes = {p.name.split("_", 2)[2]: module_ops(p) for p in DECODER_IR}
-    # Counted from the text: a line that defines a value is an operation.
-    for p in DECODER_IR:
-        assert sizes[p.name.split("_", 2)[2]] == sum(1 for ln in p.read_text().splitlines() if " = " in ln)
-    small, step = DECODER_IR[0], DECODER_IR[-1]
-    assert module_ops(small) < SIZE_BASE_OPS < module_ops(step)
+def test_the_limit_scales_with_the_modules_matmuls():
+    counts = [module_matmuls(p) for p in DECODER_IR]
+    assert counts == [p.read_text().count("stablehlo.dot_general ") for p in DECODER_IR]
+    assert counts[:3] == [0, 0, 0] and counts[3] > SIZE_BASE_MATMULS, "setup modules have no matmul; the step has"
+    setup, step = DECODER_IR[2], DECODER_IR[-1]
     limits = Limits(static_timeout_s=60)
-    assert static_limit_s(small, limits) == 60
-    assert static_limit_s(step, limits) == pytest.approx(60 * module_ops(step) / SIZE_BASE_OPS, abs=1e-3)
+    assert static_limit_s(setup, limits) == 60, "the RNG setup (260 operations, no matmul) gets the base"
+    assert static_limit_s(step, limits) == pytest.approx(60 * counts[3] / SIZE_BASE_MATMULS, abs=1e-3)
     assert static_limit_s(step, Limits(static_timeout_s=60, scale_with_size=False)) == 60
+    # The same module as HLO text (the CPU run's optimized dump) counts the same matmuls.
+    (hlo,) = (ARTIFACTS / "decoder" / "hlo").glob("*jit_train_step.cpu_after_optimizations.txt")
+    assert module_matmuls(hlo) == sum(1 for ln in hlo.read_text().splitlines() if " dot(" in ln)
 
 
 def test_a_huge_module_is_capped_and_bytecode_gets_the_base(tmp_path):
     big = tmp_path / "big.mlir"
-    big.write_text("\n".join(f"  %{i} = stablehlo.add %a, %a : tensor<f32>" for i in range(100 * SIZE_BASE_OPS)))
+    line = "  %{} = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<8x8xf32>, tensor<8x8xf32>)"
+    big.write_text("\n".join(line.format(i) for i in range(100 * SIZE_BASE_MATMULS)))
     assert static_limit_s(big, Limits(static_timeout_s=10)) == 10 * SIZE_MAX_SCALE
     code = tmp_path / "code.mlir"
     code.write_bytes(b"ML\xefR" + bytes(range(256)) * 4)
-    assert module_ops(code) is None and static_limit_s(code, Limits(static_timeout_s=10)) == 10
+    assert module_matmuls(code) is None and static_limit_s(code, Limits(static_timeout_s=10)) == 10
 
 
 def test_progress_hears_each_start_with_its_limit_then_its_end(tmp_path):
@@ -56,7 +60,7 @@ def test_progress_hears_each_start_with_its_limit_then_its_end(tmp_path):
     for r in results:
         assert r.status == "ok" and r.static_profile == "ok"
         meta = json.loads((r.dir / "module.json").read_text())
-        assert meta["static_limit_s"] == r.static_limit_s == 120
+        assert meta["static_limit_s"] == r.static_limit_s == 120, "no matmuls in these two: the base"
 
 
 def test_the_limit_is_cpu_seconds_and_a_drop_says_so(tmp_path):

@@ -153,10 +153,9 @@ def _limit_text(bound_by: str, row: dict, target: Target) -> str:
     return "schedule"  # the static cycle estimate is above every roofline floor
 
 
-def _op_rows(m: ModuleArtifacts, target: Target) -> list[dict]:
+def _op_rows(m: ModuleArtifacts, target: Target, costs: dict) -> list[dict]:
     dev = DeviceFigures.of(target)
     info = index_module(m.hlo)
-    costs = module_costs(m.hlo)
     static = {} if m.static is None else {r.op: r for r in m.static.itertuples()}
     llo = {} if m.llo is None else {r.program: r._asdict() for r in m.llo.itertuples()}
     devices = int(m.result.get("replicas", 1)) * int(m.result.get("partitions", 1))
@@ -216,7 +215,8 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
                        f"{have / 2**30:.2f} GiB usable (the TPU compiler's own figures)")
             return {**base, "ops": [], "totals": {"memory": memory}, "findings": [finding, *m.notes]}
         return {**base, "ops": [], "totals": None, "findings": list(m.notes)}
-    ops = _op_rows(m, target)
+    costs = module_costs(m.hlo)  # once: the op rows and the fusion report both read it
+    ops = _op_rows(m, target, costs)
     mem = m.result.get("memory", {})
     peak = (mem.get("argument_bytes", 0) + mem.get("output_bytes", 0) - mem.get("alias_bytes", 0)
             + mem.get("temp_bytes", 0) + mem.get("generated_code_bytes", 0))
@@ -252,7 +252,7 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
                  f"{option[0]} {m.input_file}") if m.input_file else ""
         findings.append(f"static cycle profile {m.static_profile}; op times are roofline floors only{rerun}")
     times = {o["name"]: o["estimated_s"] for o in ops}
-    fusions = fusion_summary(build_fusion_report(m.hlo, times, "estimated"))
+    fusions = fusion_summary(build_fusion_report(m.hlo, times, "estimated", costs))
     return {**base, "ops": ops, "totals": totals, "findings": findings, "fusions": fusions}
 
 

@@ -126,14 +126,14 @@ def _bytes_out(module: HloModule, fusion: Instruction) -> int:
 
 
 def fusion_table(module: HloModule, times: dict[str, float] | None = None,
-                 time_source: str | None = None) -> list[dict]:
+                 time_source: str | None = None, costs: dict | None = None) -> list[dict]:
     """One row per fusion instruction of the executed computations.
 
     `times`: seconds by instruction name (measured self time, or an estimate), and `time_source`
     says which; both are passed through. Rows are ordered by `time_s` (when given), then by bytes
-    moved, then name.
+    moved, then name. `costs`: the module's `module_costs`, when the caller has them already.
     """
-    costs = module_costs(module)
+    costs = module_costs(module) if costs is None else costs
     rows = []
     for comp_name in module.executed_computations:
         for instr in module.computations[comp_name].instructions:
@@ -511,9 +511,9 @@ def fusion_breaks(module: HloModule) -> list[dict]:
 
 
 def build_fusion_report(module: HloModule, times: dict[str, float] | None = None,
-                        time_source: str | None = None) -> FusionReport:
-    """The `tpudiag.fusions/1` document for one module."""
-    fusions = fusion_table(module, times, time_source)
+                        time_source: str | None = None, costs: dict | None = None) -> FusionReport:
+    """The `tpudiag.fusions/1` document for one module (`costs`: its `module_costs`, if computed)."""
+    fusions = fusion_table(module, times, time_source, costs)
     breaks = fusion_breaks(module)
     hbm = [b for b in breaks if b["memory_space"] == 0]
     return FusionReport(

@@ -104,8 +104,14 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
     with RunDir(run, "compile", rundir.COMPILE_SUBDIRS, program=str(input_path), argv=[str(input_path), *args],
                 target=target.to_dict(), static_profile=static_profile, source=source) as rd:
         if is_script:
-            shadow = run_program(input_path, list(args), run / "shadow", trace=False,
-                                 env=dict(os.environ, JAX_PLATFORMS="cpu"), program_stdout=program_stdout)
+            from tpudiag.capture.compile_cache import CompileCache
+
+            env = dict(os.environ, JAX_PLATFORMS="cpu")
+            cache = CompileCache.from_env()
+            # The script by its absolute path: the IR records source locations as the script was named,
+            # so the same script named from another directory is the same module to the compile cache.
+            shadow = run_program(input_path.resolve(), list(args), run / "shadow", trace=False,
+                                 env=cache.jax_cpu_env(env) if cache else env, program_stdout=program_stdout)
             source = {**source, "shadow_run": {"exit_code": shadow.exit_code, "status": shadow.status,
                                                "reason": shadow.reason}}
             rd.update(source=source)

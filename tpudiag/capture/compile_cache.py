@@ -8,6 +8,7 @@ succeeded are stored. One whose static profile was dropped is stored with the li
 under and reused only under the same or smaller limits: retrying it could only end the same way,
 while a longer `--timeout` compiles it again (and a complete result then replaces the entry). The
 random-number and init modules every script has are compiled once per machine, not once per run.
+The CPU run that collects a script's computations keeps JAX's own CPU compile cache in `jax-cpu/`.
 
 Where: `$TPUDIAG_CACHE_DIR`, else `$XDG_CACHE_HOME/tpudiag/compile`, else
 `~/.cache/tpudiag/compile`; `TPUDIAG_NO_CACHE=1` turns it off (the CLI's `--cache-dir` and
@@ -53,6 +54,15 @@ class CompileCache:
             return cls(Path(os.environ["TPUDIAG_CACHE_DIR"]))
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
         return cls(base / "tpudiag" / "compile")
+
+    def jax_cpu_env(self, env: dict) -> dict:
+        """`env` with JAX's own persistent compilation cache turned on under `<root>/jax-cpu`, for the CPU
+        run of a script that `tpudiag compile` makes to collect its computations: a second compile of
+        the same script skips XLA's CPU compiles too. A cache the user set up is left alone."""
+        if env.get("JAX_COMPILATION_CACHE_DIR"):
+            return env
+        return {**env, "JAX_COMPILATION_CACHE_DIR": str(self.root / "jax-cpu"),
+                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
     def key(self, input_path: Path, kind: str, topology: str, static_profile: bool, flags: str) -> str:
         h = hashlib.sha256()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,40 +46,44 @@ class ModuleInput:
 @dataclass(frozen=True)
 class Limits:
     # CPU seconds (not wall: a busy machine slows a module, it does not shrink its budget) the static
-    # profile of a module of up to SIZE_BASE_OPS ops may take; a larger module gets proportionally
-    # more, up to SIZE_MAX_SCALE times (`static_limit_s`). 60 s keeps a decoder script at ~1 min
-    # (its RNG setup never finishes profiling, bench/RESULTS.md); TPU-NOTES: an 8k^3 matmul needs
-    # 117 s: raise --timeout for those.
+    # profile of a module with up to `size_base_matmuls` matmuls may take; a module with more gets
+    # proportionally more, up to `size_max_scale` times (`static_limit_s`). 60 s keeps a decoder
+    # script at ~1 min (its RNG setup never finishes profiling, bench/RESULTS.md); TPU-NOTES: an
+    # 8k^3 matmul needs 117 s: raise --timeout for those.
     static_timeout_s: float = 60.0
     scale_with_size: bool = True
+    # A module's size for its budget is its matmuls (dot_general, dot and convolution ops in the
+    # StableHLO or HLO text). The static profile earns its time on them: compute is what it models
+    # well (TPU-NOTES), and a module without any (the random-number setup: ~1000 slices of one draw
+    # in a 16-layer decoder) never finishes and gains nothing from a longer wait. One decoder
+    # block's forward pass has 9 matmuls, its training step 27, a 16-layer training step 432
+    # (fixtures/programs/decoder.py).
+    size_base_matmuls: int = 9
+    size_max_scale: float = 6.0
+    # The wall-clock bound on a static-profile attempt, as a multiple of its CPU limit: a worker that
+    # gets a quarter of a core is still waited for; one that gets nothing is not waited for forever.
+    wall_per_cpu: float = 4.0
     compile_timeout_s: float = 300.0  # plain compile, wall seconds
     memory_bytes: int = 8 << 30  # the static profile can balloon past 10 GB on sorts, top_k and long sequences
 
 
-# A module's size for its static-profile budget: its operations (lines that define a value in the
-# StableHLO or HLO text). The RNG setup of the fixture programs has ~260, a one-layer decoder's
-# training step ~570, a Qwen-style block's ~900 (fixtures/programs/).
-SIZE_BASE_OPS = 300
-SIZE_MAX_SCALE = 6.0
-# The wall-clock bound on a static-profile attempt, as a multiple of its CPU limit: a worker that
-# gets a quarter of a core is still waited for; one that gets nothing is not waited for forever.
-WALL_PER_CPU = 4.0
+_MATMUL = re.compile(rb"stablehlo\.(?:dot_general|dot|convolution)\b|\s(?:dot|convolution)\(")
 
 
-def module_ops(path: Path) -> int | None:
-    """Operations in a module's text (`%x = ...` / `x = ...` lines); None for MLIR bytecode."""
+def module_matmuls(path: Path) -> int | None:
+    """Matmul operations in a module's text (StableHLO or HLO); None for MLIR bytecode."""
     data = path.read_bytes()
     if data[:4] == b"ML\xefR":  # MLIR bytecode magic
         return None
-    return sum(1 for line in data.splitlines() if b" = " in line)
+    return len(_MATMUL.findall(data))
 
 
 def static_limit_s(path: Path, limits: Limits) -> float:
     """The CPU seconds the static profile of the module at `path` may take under `limits`."""
     if not limits.scale_with_size:
         return limits.static_timeout_s
-    ops = module_ops(path)
-    scale = 1.0 if ops is None else min(SIZE_MAX_SCALE, max(1.0, ops / SIZE_BASE_OPS))
+    n = module_matmuls(path)
+    scale = 1.0 if n is None else min(limits.size_max_scale, max(1.0, n / limits.size_base_matmuls))
     return round(limits.static_timeout_s * scale, 3)
 
 
@@ -144,10 +149,10 @@ class _Worker:
 
 
 def _attempt(spec_path: Path, mdir: Path, static: bool, limit_s: float, memory_bytes: int,
-             worker: _Worker | None = None) -> tuple[str, str | None]:
+             worker: _Worker | None = None, wall_per_cpu: float = Limits.wall_per_cpu) -> tuple[str, str | None]:
     """Run one worker. Returns (outcome, detail): "ok", "failed" (compiler said no), "timeout", "memory", "crashed".
 
-    With the static profile, `limit_s` is CPU seconds (and WALL_PER_CPU times that in wall seconds);
+    With the static profile, `limit_s` is CPU seconds (and `wall_per_cpu` times that in wall seconds);
     without, wall seconds. libtpu splits LIBTPU_INIT_ARGS on spaces and takes quotes literally, so
     its dumps go to a space-free temporary directory and are moved into the module directory afterwards.
     """
@@ -155,7 +160,7 @@ def _attempt(spec_path: Path, mdir: Path, static: bool, limit_s: float, memory_b
     with tempfile.TemporaryDirectory(prefix="tpudiag-dump-") as tmp:
         try:
             return _run_worker(spec_path, mdir, _env(mdir, Path(tmp), static), limit_s if static else None,
-                               limit_s * WALL_PER_CPU if static else limit_s, memory_bytes, worker or _Worker())
+                               limit_s * wall_per_cpu if static else limit_s, memory_bytes, worker or _Worker())
         finally:
             for sub in ("llo", "static_profile"):
                 if (Path(tmp) / sub).is_dir():
@@ -255,7 +260,7 @@ def _compile_module(inp: ModuleInput, mdir: Path, spec: Path, static_profile: bo
     static_note, shown_limit = "off", None
     if static_profile:
         shown_limit = limit_s
-        outcome, detail = _attempt(spec, mdir, True, limit_s, limits.memory_bytes, worker)
+        outcome, detail = _attempt(spec, mdir, True, limit_s, limits.memory_bytes, worker, limits.wall_per_cpu)
         if outcome == "ok":
             return _done(inp, mdir, "ok", shown_limit)
         if outcome == "failed":  # the compiler rejected the module itself: no point retrying

@@ -239,9 +239,9 @@ def static_profile_options(timeout_default: float):
                               "with sequence length: a 1024-token attention block needs more than 8).")(f)
         f = click.option("--timeout", "timeout_s", type=click.FloatRange(0.01), default=timeout_default,
                          show_default=True,
-                         help="CPU seconds the static profile of a module of up to 300 operations may take; "
-                              "larger modules get proportionally more, up to 6x. A busy machine does not shrink "
-                              "it.")(f)
+                         help="CPU seconds the static profile of a module with up to 9 matmuls may take; a "
+                              "module with more gets proportionally more, up to 6x. A busy machine does not "
+                              "shrink it.")(f)
         return f
     return deco
 
