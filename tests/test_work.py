@@ -109,3 +109,19 @@ def test_the_default_gate_passes_a_loaded_rerun_and_fails_an_extra_sort_pass(tmp
     assert worse.stderr.startswith("tpudiag: REGRESSION: roofline work per step")
     added = {r["name"] for r in json.loads(worse.stdout)["ops"] if r["status"] == "added" and r["flagged"]}
     assert any(name.startswith("sort") for name in added), added
+
+
+def test_cli_work_metric_is_offered_and_refused_for_compile_runs(capsys):
+    from tpudiag.cli import main
+
+    runs = ARTIFACT_SETS["jax-0.10"]
+    for args, code in (([str(runs / "mlp_steps8_a"), str(runs / "mlp_steps8_b")], 0),
+                       ([str(runs / "compile_v5e_collective"), str(runs / "compile_v5e_collective")], 2)):
+        with pytest.raises(SystemExit) as e:
+            main(["compare", "--metric", "work", "--json", *args])
+        out, err = capsys.readouterr()
+        assert e.value.code == code, err
+        if code == 0:
+            assert json.loads(out)["metric_reason"] == "asked for"
+        else:
+            assert err.count("\n") == 1 and "work needs a profile run; this is a compile run" in err

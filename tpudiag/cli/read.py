@@ -102,8 +102,9 @@ def hlo_diff(module_name, html_path, fail_on_change, show_all, as_json, as_md, n
 
 
 @cli.command()
-@click.option("--metric", type=click.Choice(["device_time", "tpu_time", "peak_memory"]), default=None,
-              help="What to compare (default: device_time for profile runs, tpu_time for compile runs).")
+@click.option("--metric", type=click.Choice(["work", "device_time", "tpu_time", "peak_memory"]), default=None,
+              help="What to compare (default: figures the machine's speed cannot move: work for CPU profile runs, "
+                   "tpu_time for compile and profile --target runs, else device_time).")
 @click.option("--max-regression", default="5%", show_default=True,
               help="Largest allowed increase of the headline figure: 5% (or the fraction 0.05).")
 @click.option("--force", is_flag=True, help="Compare runs of different programs, backends, targets or kinds anyway.")
@@ -114,9 +115,12 @@ def hlo_diff(module_name, html_path, fail_on_change, show_all, as_json, as_md, n
 def compare(metric, max_regression, force, top, as_json, as_md, no_color, width, base, cur):
     """Did CUR regress against BASE? Each is a run directory or a report JSON file (profile or compile).
 
-    With 3 or more steps in each run the median step times are compared, and an increase counts only
-    beyond --max-regression and the runs' measured spread. Per-module and per-op changes are shown;
-    only the headline figure decides the exit code: 1 on a regression, 0 otherwise.
+    Two CPU profile runs are compared on the work their steps executed (FLOPs, bytes, op executions,
+    peak allocation, from their optimized HLO), which a busy machine cannot move; compile runs on the
+    TPU estimates. With --metric device_time and 3 or more steps in each run the median step times
+    are compared, and an increase counts only beyond --max-regression and the runs' measured spread.
+    Per-module and per-op changes are shown; only the headline figure decides the exit code: 1 on a
+    regression, 0 otherwise.
     """
     from tpudiag import api
     from tpudiag.analyze.compare import parse_max_regression
