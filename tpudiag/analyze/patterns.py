@@ -35,6 +35,7 @@ from tpudiag.model import Model
 from tpudiag.parse.hlo import HloModule, Instruction
 
 VOCAB_MIN = 8192  # classes: below this a plain log-softmax is cheap next to the matmul that made the logits
+MOE_MAX_EXPERTS = 256  # a one-hot over more "experts" is a one-hot of labels or tokens, not a router
 SAMPLING_MIN = 1024  # candidates sorted per row: fewer is a small sort, not a sampler over a vocabulary
 _QUANT = ("s8", "u8", "s4", "u4", "f8e4m3fn", "f8e5m2", "f8e4m3", "f8e4m3fnuz", "f8e5m2fnuz")
 # Walked through between the scores matmul and the exp: scale, mask, bias, max-subtraction.
@@ -113,6 +114,36 @@ class _Finder:
             frontier = nxt
         return None, path
 
+    def is_matmul(self, instr: Instruction) -> bool:
+        """A matmul, or the multiply-and-sum XLA writes for a matrix-vector product (a decode step's
+        QK and PV with one query: no dot left in the HLO)."""
+        if instr.opcode in MATMUL:
+            return True
+        if instr.opcode != "reduce" or not _reducer_is(self.m, instr, "add"):
+            return False
+        mul = self.g.source(self.g.operand(instr, 0))
+        if mul is None or mul.opcode != "multiply":
+            return False
+        a, b = (self.g.source(self.g.operand(mul, k), TRANSPARENT | {"broadcast"}) for k in (0, 1))
+        return a is not None and b is not None and a is not b and a.opcode != "exponential" \
+            and b.opcode != "exponential"
+
+    def reachable(self, instr: Instruction, want, depth: int) -> list[Instruction]:
+        """Every op satisfying `want` downstream of `instr` within `depth` steps."""
+        frontier, seen, out = [instr], {id(instr)}, []
+        for _ in range(depth):
+            nxt = []
+            for i in frontier:
+                for u in self.g.users(i):
+                    if id(u) in seen:
+                        continue
+                    seen.add(id(u))
+                    if want(u):
+                        out.append(u)
+                    nxt.append(u)
+            frontier = nxt
+        return out
+
     def reduce_of(self, instr: Instruction, opcode: str) -> Instruction | None:
         r, _ = self.forward(instr, TRANSPARENT | {"broadcast"},
                             lambda u: u.opcode == "reduce" and _reducer_is(self.m, u, opcode), depth=4)
@@ -148,15 +179,20 @@ class _Finder:
                 continue
             if x.opcode != "exponential":
                 continue
-            qk, spath = self.back(x, _SCORES_PATH, lambda o: o.opcode in MATMUL)
+            qk, spath = self.back(x, _SCORES_PATH, self.is_matmul)
             if qk is None:
                 continue
-            pv, ppath = self.forward(x, _PROBS_PATH, lambda u: u.opcode in MATMUL)
+            pv, ppath = self.forward(x, _PROBS_PATH, self.is_matmul)
             if pv is None:
                 continue
-            scores = _dims(x)
-            red = self.reduce_of(x, "add") or self.reduce_of(x, "maximum")
-            if not scores or red is None or not red.dimensions:
+            red = self.reduce_of(x, "add")
+            if red is None or red is pv:  # XLA may recompute the exp apart from its row sum: the row max then
+                red = self.back(x, _SCORES_PATH, lambda o: o.opcode == "reduce"
+                                and _reducer_is(self.m, o, "maximum"), depth=8)[0]
+            if red is None or not red.dimensions:
+                continue
+            scores = _dims(self.g.operand(red, 0) or x)
+            if not scores:
                 continue
             kd = red.dimensions[-1]
             kv_len = scores[kd]
@@ -166,11 +202,14 @@ class _Finder:
             notes = [f"softmax in {_etype(x)}"]
             if any(p.opcode == "select" for p in spath):
                 notes.append("masked (select before the softmax)")
-            k_src = self.back(qk, TRANSPARENT | {"broadcast", "concatenate", "pad", "slice"},
+            k_src = self.back(qk, TRANSPARENT | {"broadcast", "multiply", "concatenate", "pad", "slice"},
                               lambda o: o.opcode in ("gather", "dynamic-slice"), depth=6)[0]
+            # One query per sequence; with grouped heads XLA may keep the group as a dimension of size <= 8.
             decode = q_len == 1 or k_src is not None and q_len <= 8
             if k_src is not None:
                 notes.append(f"keys read through a {k_src.opcode} (a KV cache)")
+            if decode:
+                q_len = 1
             shapes = {"batch_heads": rows // max(1, q_len), "q_len": q_len, "kv_len": kv_len, "head_dim": head_dim,
                       "dtype": _etype(self.g.source(self.g.operand(qk, 0)) or qk), "softmax_dtype": _etype(x)}
             out.append(self.match("attention_decode" if decode else "attention", [qk, x, pv],
@@ -301,19 +340,27 @@ class _Finder:
                                              + d.name):
                 out.append(self.match("moe", [d], [], {"dtype": _etype(d)}, ["ragged_dot"],
                                       replaced="ragged-dot" if d.opcode == "custom-call" else None))
+        for c in self.g.instructions:
+            if c.opcode != "compare" or c.attributes.get("direction") != "EQ":
                 continue
-            if d.opcode not in MATMUL:
+            iota = self.back(c, TRANSPARENT | {"broadcast"}, lambda t: t.opcode == "iota", depth=3)[0]
+            if iota is None:
                 continue
-            for o in self.g.operands(d):
-                src = self.g.source(o, TRANSPARENT | {"broadcast"})
-                if src is not None and src.opcode == "compare":
-                    iota = self.back(src, TRANSPARENT | {"broadcast"}, lambda t: t.opcode == "iota", depth=3)[0]
-                    if iota is not None:
-                        experts = min(x for x in _dims(src) if x > 1) if any(x > 1 for x in _dims(src)) else 1
-                        out.append(self.match("moe", [d], [src], {"one_hot": list(_dims(src)), "experts": experts,
-                                                                  "dtype": _etype(d)},
-                                              ["dispatch by a dense one-hot matmul"]))
-                        break
+            dims = _dims(c)
+            experts = dims[iota.attributes and int(iota.attributes.get("iota_dimension", "0"))] \
+                if dims and _dims(iota) == dims else max(dims, default=1)
+            # Experts are few and get a dimension of their own in the dispatched activations: a one-hot of
+            # labels (a loss over classes) has neither.
+            dispatch = [d for d in self.reachable(c, self.is_matmul, depth=16)
+                        if len(_dims(d)) >= 3 and experts in _dims(d)]
+            if experts > MOE_MAX_EXPERTS or not dispatch:
+                continue
+            mms = dispatch
+            tokens = max((x for x in dims if x != experts), default=1)
+            shapes = {"tokens": tokens, "experts": experts, "matmuls": len(mms), "dtype": _etype(mms[0])}
+            out.append(self.match("moe", [c, *dispatch], [], shapes,
+                                  [f"dispatch by a dense one-hot over {experts} experts: every token goes through "
+                                   "every expert's matmul, masked"]))
         return _dedupe(out)
 
     def dequant(self) -> list[PatternMatch]:
