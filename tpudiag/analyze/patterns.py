@@ -144,6 +144,27 @@ class _Finder:
             frontier = nxt
         return out
 
+    def stored_dtype(self, instr: Instruction) -> str:
+        """The narrowest float type among the arrays `instr` reads, before the converts and slices in
+        between: a bf16 KV cache upcast to f32 for the matmul is still read as bf16."""
+        seen_types = set()
+        frontier, seen = [instr], {id(instr)}
+        for _ in range(6):
+            nxt = []
+            for i in frontier:
+                for o in self.g.operands(i):
+                    if id(o) in seen:
+                        continue
+                    seen.add(id(o))
+                    seen_types.add(_etype(o))
+                    if o.opcode in TRANSPARENT | {"broadcast", "dynamic-slice", "slice", "gather", "multiply"}:
+                        nxt.append(o)
+            frontier = nxt
+        for t in ("bf16", "f16", "f32"):
+            if t in seen_types:
+                return t
+        return _etype(instr)
+
     def reduce_of(self, instr: Instruction, opcode: str) -> Instruction | None:
         r, _ = self.forward(instr, TRANSPARENT | {"broadcast"},
                             lambda u: u.opcode == "reduce" and _reducer_is(self.m, u, opcode), depth=4)
@@ -208,10 +229,12 @@ class _Finder:
             decode = q_len == 1 or k_src is not None and q_len <= 8
             if k_src is not None:
                 notes.append(f"keys read through a {k_src.opcode} (a KV cache)")
+            kv_rows = rows // max(1, q_len)  # one K/V row per (batch, kv head): grouped heads share it
             if decode:
                 q_len = 1
             shapes = {"batch_heads": rows // max(1, q_len), "q_len": q_len, "kv_len": kv_len, "head_dim": head_dim,
-                      "dtype": _etype(self.g.source(self.g.operand(qk, 0)) or qk), "softmax_dtype": _etype(x)}
+                      "kv_batch_heads": kv_rows,
+                      "dtype": self.stored_dtype(qk), "softmax_dtype": _etype(x)}
             out.append(self.match("attention_decode" if decode else "attention", [qk, x, pv],
                                   [*spath, *ppath, red], shapes, notes))
         return _dedupe(out)

@@ -61,6 +61,10 @@ def _renderers(schema: str):
                 True)
     if schema.startswith("tpudiag.compare/"):
         return compare_render.render_compare_markdown, compare_render.render_compare_terminal, True
+    if schema.startswith("tpudiag.suggest/"):
+        from tpudiag.report.suggest_render import render_suggest_markdown, render_suggest_terminal
+
+        return render_suggest_markdown, render_suggest_terminal, True
     if schema.startswith("tpudiag.kernels-verify/"):
         return None, kernels_render.render_verify, True
     if schema.startswith("tpudiag.kernels-bench/"):

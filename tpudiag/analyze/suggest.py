@@ -1,0 +1,186 @@
+"""`tpudiag suggest`: which ops deserve a custom kernel, from a compile report and its optimized HLO.
+
+In two steps, so that the caller can compile the kernels in between (this module does no I/O):
+
+1. `candidates(report, modules)`: the pattern matches of each compiled module (analyze/patterns.py),
+   grouped by (module, pattern, source line) so a pattern's forward and backward ops count
+   together, each with the estimated TPU time of exactly the ops it covers (`xla_s`, from the
+   compile report's op rows) and its share of the module's estimated time. A matmul fusion that
+   only absorbed a norm's last multiply stays out of a norm's ops: the matmul is not what the
+   kernel replaces.
+2. `build_report(...)`: each candidate with the price of its replacement (the bundled kernel
+   compiled at its shapes, or the pattern's roofline bound where none fits), the speedup and the
+   seconds saved, the confidence and its reason, whether it clears the minimums of
+   `SuggestConfig`, XLA's own replacements, and the static findings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tpudiag.analyze.compile_model import CompileReport
+from tpudiag.analyze.dataflow import MATMUL
+from tpudiag.analyze.patterns import PatternMatch, find_patterns
+from tpudiag.analyze.suggest_model import SCHEMA, Finding, Replaced, Suggestion, SuggestReport
+
+# Patterns whose own work is matmuls: their ops include the matmul fusions.
+_MATMUL_PATTERNS = frozenset({"attention", "attention_decode", "moe", "dequant_matmul"})
+
+
+@dataclass(frozen=True)
+class SuggestConfig:
+    # Below this share of its module's estimated time a pattern is not worth a kernel: a 2% op made
+    # twice as fast saves 1% of the step, less than the noise of the estimate itself.
+    min_share: float = 0.02
+    # Below this speedup the kernel does not beat XLA by more than the estimates' own error (static
+    # cycles for compute, the HBM floor for memory-bound ops: TPU-NOTES puts the HBM model 2-4x off).
+    min_speedup: float = 1.25
+
+
+DEFAULT_SUGGEST_CONFIG = SuggestConfig()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    match: PatternMatch  # the first match of the group (its shapes: the forward pass)
+    module: str
+    ops: tuple[str, ...]
+    source: tuple[str, ...]
+    xla_s: float
+    module_s: float
+    static_ok: bool  # the module's static profile ran: its op times are the compiler's cycles
+    covered: int = field(default=1)  # matches merged into it
+    backward: bool = False  # some of its ops are the pattern's gradient (JAX's `transpose(jvp(...))` ops)
+
+    @property
+    def share(self) -> float:
+        return self.xla_s / self.module_s if self.module_s else 0.0
+
+
+def _has_matmul(module, op_name: str) -> bool:
+    instr = module.instruction(op_name)
+    if instr is None:
+        return False
+    if instr.opcode in MATMUL:
+        return True
+    comps, seen = [c for c in instr.called], set()
+    while comps:
+        name = comps.pop()
+        if name in seen or name not in module.computations:
+            continue
+        seen.add(name)
+        for i in module.computations[name].instructions:
+            if i.opcode in MATMUL:
+                return True
+            comps.extend(i.called)
+    return False
+
+
+def candidates(report: CompileReport, modules: dict) -> tuple[list[Candidate], list[Replaced]]:
+    """Grouped matches of every compiled module with their XLA time; and XLA's own replacements.
+    `modules`: {module name: its optimized HloModule}."""
+    cands, replaced = [], []
+    for m in report.modules:
+        hlo = modules.get(m.name)
+        if not m.ok or hlo is None or m.totals is None:
+            continue
+        times = {o.name: o.estimated_s for o in m.ops}
+        groups: dict[tuple, list[PatternMatch]] = {}
+        for pm in find_patterns(hlo):
+            if pm.replaced_by_xla:
+                replaced.append(Replaced(pattern=pm.pattern, module=m.name, by=pm.replaced_by_xla, ops=pm.ops,
+                                         source=pm.source))
+                continue
+            groups.setdefault((pm.pattern, pm.source[:1]), []).append(pm)
+        for (pattern, _), pms in groups.items():
+            ops, source = [], []
+            for pm in pms:
+                ops += [o for o in pm.ops if o not in ops and o in times
+                        and (pattern in _MATMUL_PATTERNS or not _has_matmul(hlo, o))]
+                source += [s for s in pm.source if s not in source]
+            if not ops:
+                continue
+            backward = any("transpose(" in ((hlo.instruction(o).metadata or {}).get("op_name") or "")
+                           for o in ops if hlo.instruction(o) is not None)
+            cands.append(Candidate(match=pms[0], module=m.name, ops=tuple(ops), source=tuple(source),
+                                   xla_s=sum(times[o] for o in ops), module_s=m.totals.estimated_s,
+                                   static_ok=m.static_profile == "ok", covered=len(pms), backward=backward))
+    cands.sort(key=lambda c: (-c.xla_s, c.module, c.match.pattern))
+    return cands, replaced
+
+
+@dataclass(frozen=True)
+class Price:
+    """What the replacement costs: a compiled kernel's estimate, or why none was compiled."""
+
+    kernel: str | None
+    kernel_s: float | None
+    static_ok: bool = False  # the kernel's module kept its static profile
+    why_not: str | None = None  # no kernel fits, or it failed to lower or compile
+    snippet: str | None = None
+    description: str | None = None
+
+
+def _confidence(c: Candidate, p: Price, basis: str) -> tuple[str, str]:
+    xla = "static cycles" if c.static_ok else "roofline floors (the module's static profile did not run)"
+    if basis == "compiled":
+        kern = "static cycles" if p.static_ok else "roofline floors (its static profile did not run)"
+        level = "high" if c.static_ok and p.static_ok else "medium"
+        why = f"XLA's ops from {xla}; the kernel, compiled at these shapes for the same target, from {kern}"
+    elif basis == "roofline_bound":
+        level = "low"
+        why = (f"XLA's ops from {xla}; no kernel compiled ({p.why_not}), so the replacement is the pattern's "
+               "roofline bound: the least any kernel could take")
+    else:
+        level = "low"
+        why = f"XLA's ops from {xla}; {p.why_not}"
+    return level, why + "; no TPU measurement"
+
+
+def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], replaced: list[Replaced],
+                 prices: dict[int, Price], bounds: dict[int, float | None], findings: list[Finding],
+                 measured: dict | None = None, config: SuggestConfig = DEFAULT_SUGGEST_CONFIG,
+                 notes=()) -> SuggestReport:
+    """`prices` and `bounds` are keyed by the candidate's index in `cands`; `measured` ({source line:
+    measured op self seconds} of a profile run; its CPU op names are not the TPU's) adds each
+    suggestion's share of measured op time."""
+    rows = []
+    measured_total = sum(measured.values()) if measured else 0.0
+    for i, c in enumerate(cands):
+        p = prices.get(i) or Price(None, None, why_not="not priced")
+        bound = bounds.get(i)
+        if p.kernel_s is not None:
+            basis, kernel_s = "compiled", p.kernel_s
+        elif bound is not None:
+            basis, kernel_s = "roofline_bound", bound
+        else:
+            basis, kernel_s = "none", None
+        speedup = c.xla_s / kernel_s if kernel_s else None
+        saved = c.xla_s - kernel_s if kernel_s is not None else None
+        confidence, reason = _confidence(c, p, basis)
+        shown = c.share >= config.min_share and speedup is not None and speedup >= config.min_speedup
+        mshare = None
+        if measured_total:
+            mshare = round(sum(measured.get(src, 0.0) for src in c.source) / measured_total, 6)
+        notes_ = list(c.match.notes) + ([f"{c.covered} matches at this source line"] if c.covered > 1 else [])
+        if c.backward:
+            notes_.append("its ops include the backward pass" + ("; the kernel is priced forward and backward"
+                                                                 if basis == "compiled" else ""))
+        if p.description:
+            notes_.append(f"kernel compiled at {p.description}")
+        rows.append(Suggestion(
+            pattern=c.match.pattern, kernel=p.kernel, module=c.module, ops=c.ops, source=c.source,
+            shapes=dict(c.match.shapes), share=round(c.share, 6), xla_s=round(c.xla_s, 12),
+            kernel_s=None if kernel_s is None else round(kernel_s, 12), kernel_basis=basis,
+            expected_speedup=None if speedup is None else round(speedup, 3),
+            saved_s=None if saved is None else round(saved, 12), confidence=confidence, reason=reason,
+            snippet=p.snippet, notes=tuple(notes_), shown=shown, measured_share=mshare, backward=c.backward))
+    rows.sort(key=lambda r: (not r.shown, -(r.saved_s or 0.0), -r.share, r.module, r.pattern))
+    out_notes = list(notes)
+    if not any(r.shown for r in rows):
+        out_notes.append("no op clears the minimums (share of its module's estimated time >= "
+                         f"{config.min_share:.0%}, expected speedup >= {config.min_speedup:g}x): XLA's own code is "
+                         "as good as a bundled kernel here (--all lists every match)")
+    return SuggestReport(schema=SCHEMA, run_dir=run_dir, target=report.target.topology, chip=report.target.chip,
+                         suggestions=tuple(rows), replaced=tuple(replaced), findings=tuple(findings),
+                         hidden=sum(1 for r in rows if not r.shown), notes=tuple(out_notes))

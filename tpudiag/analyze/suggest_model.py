@@ -1,0 +1,73 @@
+"""The `tpudiag.suggest/1` result as frozen models (docs/suggest.md has every field). No I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tpudiag.model import Model
+
+SCHEMA = "tpudiag.suggest/1"
+
+
+@dataclass(frozen=True)
+class Suggestion(Model):
+    """One pattern in one module, and what replacing it with a kernel would gain."""
+
+    pattern: str
+    kernel: str | None  # the bundled kernel to use; None where none fits (then `kernel_s` is a roofline bound)
+    module: str
+    ops: tuple[str, ...]  # the XLA ops it replaces (top-level instructions)
+    source: tuple[str, ...]  # Python source lines, most frequent first
+    shapes: dict
+    share: float  # xla_s over the module's estimated TPU time
+    xla_s: float  # the estimated TPU time of exactly those ops
+    kernel_s: float | None  # the kernel compiled at these shapes on the same target (or the pattern's roofline bound)
+    kernel_basis: str  # "compiled" | "roofline_bound" | "none"
+    expected_speedup: float | None
+    saved_s: float | None  # per execution of the module
+    confidence: str  # high | medium | low
+    reason: str  # what the estimate rests on, and what it leaves out
+    snippet: str | None
+    notes: tuple[str, ...]
+    shown: bool  # False: below the minimum share or speedup (listed with --all)
+    backward: bool  # the XLA ops include the gradient, and the kernel was priced forward and backward
+    measured_share: float | None = field(default=None, metadata={"omit_none": True})  # of measured op time
+
+
+@dataclass(frozen=True)
+class Replaced(Model):
+    """A pattern XLA already replaced with its own kernel: nothing to suggest."""
+
+    pattern: str
+    module: str
+    by: str
+    ops: tuple[str, ...]
+    source: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Finding(Model):
+    """A static finding from the TPU layouts and the fusion report, with its cost."""
+
+    kind: str  # padding | f32_matmul | relayout_before_matmul | fusion_break
+    module: str
+    op: str
+    source: str | None
+    bytes: int
+    estimated_s: float  # the bytes at the chip's HBM bandwidth
+    detail: str
+
+
+@dataclass(frozen=True)
+class SuggestReport(Model):
+    SCHEMA = SCHEMA
+
+    schema: str
+    run_dir: str
+    target: str
+    chip: str
+    suggestions: tuple[Suggestion, ...]  # ranked by saved_s, then share
+    replaced: tuple[Replaced, ...]
+    findings: tuple[Finding, ...]
+    hidden: int  # suggestions below the minimums (in `suggestions` with shown=False)
+    notes: tuple[str, ...]

@@ -1,0 +1,189 @@
+"""`tpudiag suggest`: a run's kernel suggestions, priced by compiling the bundled kernels at the
+matched shapes for the run's own TPU target.
+
+Reads a compile run, or a profile run made with `--target` (its `tpu/` compile run, and its
+measured op times by source line), or profiles a script with `--target` first. Kernels are
+lowered and compiled in a temporary directory through the same workers and compile cache as
+`kernels bench`, so a second `suggest` of the same shapes costs no compile; the run directory is
+read, never written. Returns a `SuggestReport` (analyze/suggest_model.py).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from tpudiag.capture import rundir
+from tpudiag.errors import InputError
+
+
+def _compile_run_of(run: Path, target_text: str | None) -> tuple[Path, object]:
+    """(the compile run to read, the profile manifest or None); a one-line InputError naming what is
+    missing and the command that makes it."""
+    manifest = rundir.read_manifest(run)
+    if manifest.kind == "compile":
+        return run, None
+    tpu = run / "tpu"
+    if not rundir.is_run_dir(tpu):
+        target = target_text or "v5e"
+        program = manifest.program or "SCRIPT"
+        raise InputError(f"{run}: a profile run without a TPU compile; suggestions need one: "
+                         f"tpudiag profile --target {target} {program} (or tpudiag compile --target {target} "
+                         f"{run / rundir.IR_DIR})")
+    return tpu, manifest
+
+
+def suggest_run(run, target_text: str | None = None, *, static_profile: bool = True, jobs: int = 2, limits=None,
+                progress=None, include_all: bool = False):
+    """Suggestions for a compile run or a profile run made with --target."""
+    from tpudiag.analyze.layout_findings import module_findings
+    from tpudiag.analyze.suggest import DEFAULT_SUGGEST_CONFIG, build_report, candidates
+    from tpudiag.api.compile import compile_run_artifacts
+    from tpudiag.api.profiling import load_report
+    from tpudiag.kernels.at_shapes import roofline_bound
+    from tpudiag.targets import resolve_target
+
+    run = Path(run)
+    if not run.exists():
+        raise InputError(f"{run}: no such file or directory")
+    if run.is_file() and run.name.endswith(".xplane.pb"):
+        raise InputError(f"{run}: a bare trace has no HLO to read; suggestions need a TPU compile: "
+                         f"tpudiag profile --target {target_text or 'v5e'} SCRIPT")
+    if not rundir.is_run_dir(run):
+        raise InputError(f"{run}: not a tpudiag run directory (no manifest.json); give a run directory or a script")
+    compile_dir, profile_manifest = _compile_run_of(run, target_text)
+    arts, report = compile_run_artifacts(compile_dir)
+    if target_text:
+        asked = resolve_target(target_text)
+        if asked.chip.name != report.target.chip:
+            raise InputError(f"{run}: compiled for {report.target.topology}, not {asked.topology}; compile it for "
+                             f"that target first: tpudiag compile --target {target_text} "
+                             f"{run / rundir.IR_DIR if profile_manifest else report.source.get('input', 'INPUT')}")
+    ok = [a for a in arts if a.status == "ok" and a.hlo is not None]
+    if not ok:
+        raise InputError(f"{compile_dir}: every module failed to compile, so there is no optimized HLO to read "
+                         f"(tpudiag report {compile_dir} shows why)")
+    modules = {a.name: a.hlo for a in ok}
+    cands, replaced = candidates(report, modules)
+    target = resolve_target(report.target.topology)
+    bounds = {i: roofline_bound(c.match.pattern, c.match.shapes, target.chip) for i, c in enumerate(cands)}
+    worth = [i for i, c in enumerate(cands) if include_all or c.share >= DEFAULT_SUGGEST_CONFIG.min_share]
+    prices = _price(cands, worth, target, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress)
+    findings = []
+    for m in report.modules:
+        if m.name in modules:
+            findings += module_findings(modules[m.name], m.name, target.chip.hbm_bytes_per_s, m.fusions)
+    measured, notes = None, []
+    if profile_manifest is not None:
+        prof = load_report(run)
+        measured = {}
+        for o in prof.ops:
+            if o.source:
+                measured[o.source] = measured.get(o.source, 0.0) + o.self_s
+        notes.append(f"measured shares are of the CPU run's op time ({prof.backend}), by source line")
+    return build_report(str(run), report, cands, replaced, prices, bounds, findings, measured, notes=notes)
+
+
+def _price(cands, indices, target, *, static_profile, jobs, limits, progress) -> dict:
+    """{candidate index: Price}: each distinct kernel setup lowered and compiled once."""
+    from tpudiag.analyze.compile_report import build_compile_report
+    from tpudiag.analyze.suggest import Price
+    from tpudiag.api.compile import module_artifacts
+    from tpudiag.api.kernels import _lower
+    from tpudiag.capture.tpu_compile import Limits, ModuleInput, compile_modules
+    from tpudiag.kernels.at_shapes import setup_for
+
+    prices, setups, by_key = {}, {}, {}
+    for i in indices:
+        c = cands[i]
+        s = setup_for(c.match.pattern, c.match.shapes, c.match.notes)
+        if isinstance(s, str):
+            prices[i] = Price(None, None, why_not=s)
+            continue
+        if c.backward:
+            s = _with_backward(s)
+            if isinstance(s, str):
+                prices[i] = Price(None, None, why_not=s)
+                continue
+        key = (s.kernel, s.description)
+        by_key.setdefault(key, []).append(i)
+        setups[key] = s
+    if not setups:
+        return prices
+    with tempfile.TemporaryDirectory(prefix="tpudiag-suggest-") as tmp:
+        inputs, failed = [], {}
+        for n, (key, s) in enumerate(setups.items()):
+            path = Path(tmp) / f"{n:02d}-{s.kernel}.mlir"
+            try:
+                _lower(s.fn, s.args, path)
+            except Exception as e:  # the kernel refused these shapes while tracing (block sizes, VMEM)
+                failed[key] = f"{s.kernel} does not lower at {s.description}: {str(e).splitlines()[0][:200]}"
+                continue
+            inputs.append((key, ModuleInput(name=f"{s.kernel}", path=path, kind="mlir")))
+        results = compile_modules([m for _, m in inputs], Path(tmp) / "modules", target.topology,
+                                  static_profile=static_profile, limits=limits or Limits(), jobs=jobs,
+                                  progress=progress) if inputs else []
+        rep = build_compile_report(target, [module_artifacts(r) for r in results], {}) if results else None
+        compiled = {key: (rep.modules[k], results[k]) for k, (key, _) in enumerate(inputs)} if rep else {}
+    for key, idx in by_key.items():
+        s = setups[key]
+        for i in idx:
+            if key in failed:
+                prices[i] = Price(s.kernel, None, why_not=failed[key], snippet=s.snippet, description=s.description)
+                continue
+            m, r = compiled[key]
+            if not m.ok or m.totals is None:
+                prices[i] = Price(s.kernel, None, why_not=f"{s.kernel} failed to compile at {s.description}: {m.error}",
+                                  snippet=s.snippet, description=s.description)
+            else:
+                prices[i] = Price(s.kernel, m.totals.estimated_s, static_ok=m.static_profile == "ok",
+                                  snippet=s.snippet, description=s.description)
+    return prices
+
+
+def _with_backward(s):
+    """The kernel's forward and backward (the gradient of the sum of its outputs with respect to its
+    floating-point inputs), for a pattern whose XLA ops include the gradient; or why it has none."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from tpudiag.kernels.registry import get_spec
+
+    if not get_spec(s.kernel).differentiable:
+        return f"{s.kernel} has no backward kernel, and these ops include the gradient"
+    floats = tuple(k for k, a in enumerate(s.args) if jnp.issubdtype(a.dtype, jnp.floating))
+
+    def loss(*args):
+        out = s.fn(*args)
+        leaves = jax.tree_util.tree_leaves(out)
+        return sum(jnp.sum(x.astype(jnp.float32)) for x in leaves)
+
+    def train(*args):
+        return jax.value_and_grad(loss, argnums=floats)(*args)
+
+    return dataclasses.replace(s, fn=train, description=s.description + ", forward and backward")
+
+
+def suggest(input_path, args=(), target_text: str | None = None, out=None, *, static_profile: bool = True,
+            jobs: int = 2, limits=None, progress=None, include_all: bool = False, program_stdout=None):
+    """`tpudiag suggest INPUT`: a run directory as it is, or a script profiled with --target first.
+    Returns (SuggestReport, the run directory read)."""
+    from tpudiag.api.profiling import profile
+    from tpudiag.errors import ProgramFailed
+
+    path = Path(input_path)
+    if path.suffix == ".py":
+        if not path.is_file():
+            raise InputError(f"{path}: no such file")
+        result = profile(path, list(args), out, target=target_text or "v5e", static_profile=static_profile,
+                         jobs=jobs, limits=limits, progress=progress, program_stdout=program_stdout)
+        if result.capture.exit_code != 0:
+            raise ProgramFailed(f"the program failed ({result.capture.reason}); nothing to suggest from "
+                                f"{result.capture.run_dir}", result.capture.exit_code)
+        run = result.capture.run_dir
+    else:
+        run = path
+    return suggest_run(run, target_text, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress,
+                       include_all=include_all), run

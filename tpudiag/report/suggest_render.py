@@ -1,0 +1,107 @@
+"""Renders a `SuggestReport` (tpudiag.suggest/1): the terminal report (rich) and GitHub Markdown.
+
+Each shows the ranked suggestions (pattern, kernel, ops, source, share, XLA vs kernel time,
+speedup, seconds saved, confidence and its reason, the snippet), then what XLA already replaced
+and the static findings. They compute nothing; names from the program reach rich as plain text
+and Markdown through `markdown._esc` / `markdown.code`.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from tpudiag.report.markdown import _esc, code
+from tpudiag.report.rich_text import plain
+from tpudiag.report.units import fmt_bytes, fmt_s, printable, short_source
+
+PATTERN = {"attention": "attention (prefill)", "attention_decode": "attention (decode, KV cache)",
+           "rmsnorm": "RMSNorm", "layernorm": "LayerNorm", "cross_entropy": "softmax cross-entropy",
+           "rope": "rotary embedding", "sampling": "top-k / top-p sampling", "moe": "MoE dispatch",
+           "dequant_matmul": "dequantize-then-matmul"}
+
+
+def _speed(r) -> str:
+    if r.expected_speedup is None:
+        return "-"
+    bound = " (bound)" if r.kernel_basis == "roofline_bound" else ""
+    return f"{r.expected_speedup:.2f}x{bound}"
+
+
+def _shapes(r) -> str:
+    return ", ".join(f"{k}={v}" for k, v in r.shapes.items())
+
+
+def render_suggest_terminal(rep, console: Console, show_all: bool = False) -> None:
+    rows = [r for r in rep.suggestions if r.shown or show_all]
+    console.print(plain(f"tpudiag suggest  {rep.run_dir}  target {rep.target} ({rep.chip})", style="bold"))
+    if not rows:
+        console.print(plain("No suggestion." + (f" {rep.hidden} match(es) below the minimums (--all lists them)."
+                                                if rep.hidden else "")))
+    for n, r in enumerate(rows, 1):
+        console.print()
+        head = f"{n}. {PATTERN.get(r.pattern, r.pattern)} in {r.module}"
+        head += f" -> {r.kernel}" if r.kernel else " (no bundled kernel fits)"
+        console.print(plain(head + ("" if r.shown else "  [below the minimums]"), style="bold"))
+        t = Table(show_header=False, show_edge=False, box=None, pad_edge=False)
+        t.add_column(style="bright_black", no_wrap=True)
+        t.add_column(overflow="fold")
+        t.add_row("source", plain(", ".join(short_source(s) for s in r.source[:3]) or "-"))
+        t.add_row("ops", plain(", ".join(r.ops[:8]) + (f" (+{len(r.ops) - 8})" if len(r.ops) > 8 else "")))
+        t.add_row("shapes", plain(_shapes(r)))
+        share = f"{r.share:.1%} of {r.module}'s estimated time"
+        if r.measured_share is not None:
+            share += f"; {r.measured_share:.1%} of the measured op time"
+        t.add_row("share", plain(share))
+        t.add_row("time", plain(f"XLA {fmt_s(r.xla_s)} -> {'kernel' if r.kernel_basis == 'compiled' else 'bound'} "
+                                f"{fmt_s(r.kernel_s)}: {_speed(r)}, saves {fmt_s(r.saved_s)} per run of the module"))
+        t.add_row("confidence", plain(f"{r.confidence}: {r.reason}"))
+        for note in r.notes:
+            t.add_row("note", plain(note))
+        console.print(t)
+        for line in (r.snippet or "").splitlines():
+            console.print(plain(line, style="cyan"))
+    if rep.replaced:
+        console.print()
+        console.print(plain("Already replaced by XLA", style="bold"))
+        for x in rep.replaced:
+            console.print(plain(f"  {PATTERN.get(x.pattern, x.pattern)} in {x.module}: {x.by} "
+                                f"({', '.join(short_source(s) for s in x.source[:2]) or 'no source'})"))
+    if rep.findings:
+        console.print()
+        t = Table(title="Findings", title_justify="left", show_edge=False)
+        for col in ("kind", "module", "op", "bytes", "at HBM", "what"):
+            t.add_column(col, justify="right" if col in ("bytes", "at HBM") else "left", overflow="fold")
+        for f in rep.findings:
+            t.add_row(plain(f.kind), plain(f.module), plain(f.op), fmt_bytes(f.bytes), fmt_s(f.estimated_s),
+                      plain(f.detail))
+        console.print(t)
+    for note in rep.notes:
+        console.print(plain(f"note: {note}", style="bright_black"))
+
+
+def render_suggest_markdown(rep, show_all: bool = False) -> str:
+    rows = [r for r in rep.suggestions if r.shown or show_all]
+    out = [f"## tpudiag suggest: {len(rows)} suggestion(s) for {_esc(rep.target)}", ""]
+    if rows:
+        out += ["| # | pattern | kernel | module | source | share | XLA | kernel | speedup | saved | confidence |",
+                "|---:|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+        for n, r in enumerate(rows, 1):
+            out.append(f"| {n} | {_esc(PATTERN.get(r.pattern, r.pattern))} | {code(r.kernel or '-')} | "
+                       f"{_esc(r.module)} | {code(short_source(r.source[0]) if r.source else '-')} | {r.share:.1%} | "
+                       f"{fmt_s(r.xla_s)} | {fmt_s(r.kernel_s)} | {_speed(r)} | {fmt_s(r.saved_s)} | {r.confidence} |")
+        for n, r in enumerate(rows, 1):
+            out += ["", f"**{n}. {_esc(PATTERN.get(r.pattern, r.pattern))}** ({_esc(_shapes(r))}): {_esc(r.reason)}"]
+            if r.snippet:
+                out += ["", "```python", r.snippet, "```"]
+    else:
+        out.append("No suggestion." + (f" {rep.hidden} match(es) below the minimums." if rep.hidden else ""))
+    if rep.replaced:
+        out += ["", "### Already replaced by XLA", ""]
+        out += [f"- {_esc(PATTERN.get(x.pattern, x.pattern))} in {_esc(x.module)}: {_esc(x.by)}" for x in rep.replaced]
+    if rep.findings:
+        out += ["", "### Findings", "", "| kind | module | op | bytes | at HBM | what |", "|---|---|---|---:|---:|---|"]
+        out += [f"| {f.kind} | {_esc(f.module)} | {code(f.op)} | {fmt_bytes(f.bytes)} | {fmt_s(f.estimated_s)} | "
+                f"{_esc(f.detail)} |" for f in rep.findings]
+    out += [f"\n_{_esc(n)}_" for n in rep.notes]
+    return printable("\n".join(out) + "\n", newlines=True)
