@@ -22,6 +22,7 @@ EXPECTED = {
     "int8_layer": {"dequant_matmul"},
     "moe_layer": {"moe"},
     "mlp": set(),
+    "layout_waste": set(),
 }
 
 
@@ -136,3 +137,42 @@ def test_bad_inputs_say_what_is_missing_and_the_command(tmp_path):
         suggest_run(ARTIFACT_SETS["jax-0.10"] / "compile_v5e_collective", "v6e")
     with pytest.raises(InputError, match="no such file or directory"):
         suggest_run(tmp_path / "nope")
+
+
+def test_padding_is_found_where_the_tpu_layout_pads_and_costed(compiled):
+    from tpudiag.api.suggest import suggest_run
+    from tpudiag.parse.shapes import parse_shape
+
+    rep = suggest_run(compiled["layout_waste"], static_profile=False)
+    (pad,) = [f for f in rep.findings if f.kind == "padding"]
+    assert pad.module == "jit_step" and pad.source.endswith("layout_waste.py:31")
+    # [256, 72, 72] bf16 stored as [256, 72, 128]: 256 * 72 * (128 - 72) elements of 2 bytes.
+    assert pad.bytes == 256 * 72 * (128 - 72) * 2
+    assert pad.estimated_s == pytest.approx(2 * pad.bytes / 819e9, rel=1e-9)
+    # The compiler stored the [4096, 100] result transposed (4096 on the lanes): no padding there to report.
+    assert "[4096, 100]" not in " ".join(f.detail for f in rep.findings)
+    assert parse_shape("bf16[256,72,72]{2,1,0:T(8,128)(2,1)}").bytes == 256 * 72 * 72 * 2
+
+
+def test_cli_json_and_md_and_a_bad_input_exit_2(compiled, capsys):
+    import json
+
+    from tpudiag.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["suggest", "--no-static-profile", "--json", str(compiled["sampler"])])
+    out, _ = capsys.readouterr()
+    doc = json.loads(out)
+    assert e.value.code == 0 and doc["schema"] == "tpudiag.suggest/1"
+    (row,) = [r for r in doc["suggestions"] if r["shown"]]
+    assert row["pattern"] == "sampling" and row["kernel"] == "sampling" and row["saved_s"] > 0
+    assert set(row) >= {"pattern", "kernel", "ops", "source", "shapes", "share", "xla_s", "kernel_s",
+                        "expected_speedup", "saved_s", "confidence", "reason", "snippet"}
+    with pytest.raises(SystemExit) as e:
+        main(["suggest", "--no-static-profile", "--md", str(compiled["sampler"])])
+    out, _ = capsys.readouterr()
+    assert e.value.code == 0 and out.startswith("## tpudiag suggest: 1 suggestion(s) for v5e:2x2")
+    with pytest.raises(SystemExit) as e:
+        main(["suggest", str(ARTIFACT_SETS["jax-0.10"] / "mlp")])
+    _, err = capsys.readouterr()
+    assert e.value.code == 2 and err.count("\n") == 1 and "tpudiag profile --target v5e" in err

@@ -31,6 +31,7 @@ class FindingsConfig:
     min_bytes: int = 1 << 20  # smaller arrays cost nanoseconds
     min_break_bytes: int = 4 << 20  # a fusion break that moves less is cheaper than the launch it saves
     top: int = 10  # findings of each kind, largest first
+    min_module_share: float = 0.05  # of the run's estimated time: a module below it is setup, not the step
 
 
 DEFAULT_FINDINGS_CONFIG = FindingsConfig()
@@ -118,7 +119,12 @@ def module_findings(module: HloModule, module_name: str, hbm_bytes_per_s: float,
                                             f"before {g.top(feeds[0]).name}: store the array in the layout the "
                                             "matmul reads, or let XLA fuse the transpose into it"))
     out += sorted(relayouts, key=lambda f: -f.bytes)[:config.top]
+    seen = set()
     for b in (fusions or {}).get("top_breaks", [])[:config.top]:
+        key = (b.get("producer"), b.get("consumer"))
+        if key in seen:
+            continue
+        seen.add(key)
         if b.get("memory_space", 0) == 0 and b.get("bytes", 0) >= config.min_break_bytes:
             out.append(Finding(kind="fusion_break", module=module_name, op=str(b.get("consumer")), source=None,
                                bytes=2 * int(b["bytes"]), estimated_s=round(2 * b["bytes"] / hbm_bytes_per_s, 12),

@@ -36,7 +36,8 @@ def _compile_run_of(run: Path, target_text: str | None) -> tuple[Path, object]:
 def suggest_run(run, target_text: str | None = None, *, static_profile: bool = True, jobs: int = 2, limits=None,
                 progress=None, include_all: bool = False):
     """Suggestions for a compile run or a profile run made with --target."""
-    from tpudiag.analyze.layout_findings import module_findings
+    from tpudiag.analyze.dataflow import MATMUL
+    from tpudiag.analyze.layout_findings import DEFAULT_FINDINGS_CONFIG, module_findings
     from tpudiag.analyze.suggest import DEFAULT_SUGGEST_CONFIG, build_report, candidates
     from tpudiag.api.compile import compile_run_artifacts
     from tpudiag.api.profiling import load_report
@@ -70,9 +71,15 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
     worth = [i for i, c in enumerate(cands) if include_all or c.share >= DEFAULT_SUGGEST_CONFIG.min_share]
     prices = _price(cands, worth, target, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress)
     findings = []
+    total = sum(m.totals.estimated_s for m in report.modules if m.name in modules)
     for m in report.modules:
-        if m.name in modules:
-            findings += module_findings(modules[m.name], m.name, target.chip.hbm_bytes_per_s, m.fusions)
+        # Findings only where the time is, and in modules that compute (a matmul or a matched pattern):
+        # the random-number setup's u32 fusion breaks are not the step's.
+        hlo = modules.get(m.name)
+        computes = hlo is not None and (m.name in {c.module for c in cands}
+                                        or any(i.opcode in MATMUL for i in hlo.instructions()))
+        if computes and total and m.totals.estimated_s >= DEFAULT_FINDINGS_CONFIG.min_module_share * total:
+            findings += module_findings(hlo, m.name, target.chip.hbm_bytes_per_s, m.fusions)
     measured, notes = None, []
     if profile_manifest is not None:
         prof = load_report(run)
