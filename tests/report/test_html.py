@@ -93,7 +93,9 @@ def test_profile_page_is_self_contained_with_every_section(decoder):
     for s in doc["fusions"]:
         assert f"<code>{html.escape(s['module'])}</code>: {s['breaks']} breaks" in fus
         assert all(html.escape(b["reason"]) in fus for b in s["top_breaks"])
-    assert "None yet" in _section(page, "suggestions") and "tpudiag suggest" in page
+    # A profile run without --target has no TPU compile: the section says how to get suggestions.
+    sug = _section(page, "suggestions")
+    assert f"tpudiag suggest {html.escape(str(doc['artifacts']['run_dir']))}" in sug and "profile --target" in sug
 
 
 def test_compile_page_plots_every_op_with_flops_under_the_chips_ceilings(compiled):
@@ -127,6 +129,9 @@ def test_compile_page_plots_every_op_with_flops_under_the_chips_ceilings(compile
     top = _section(page, "top-ops")
     assert [m["name"] for m in ranked] == re.findall(r"<h3><code>(.*?)</code>", top)
     assert re.findall(r"<h3><code>(.*?)</code>", _section(page, "fusions")) == [m["name"] for m in ranked]
+    # The compile report's own (unpriced) suggestions: a line each, or that none clears the minimums.
+    sug = _section(page, "suggestions")
+    assert "<li>" in sug and (("tpudiag suggest" in sug) or ("No op clears the minimums" in sug))
 
 
 def test_names_from_the_program_and_the_compiler_stay_text(decoder, compiled):

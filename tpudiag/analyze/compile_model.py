@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tpudiag.analyze.suggest_model import SuggestReport
 from tpudiag.model import Model
 
 SCHEMA = "tpudiag.compile/1"
@@ -143,9 +144,15 @@ class CompileReport(Model):
     modules: tuple[ModuleReport, ...]
     totals: CompileTotals
     artifacts: dict[str, str] | None = field(default=None, metadata={"omit_none": True})
+    # The patterns a kernel replaces, with their XLA time and roofline bound, unpriced (analyze/suggest.py);
+    # `tpudiag suggest RUN` compiles the bundled kernels for them.
+    suggestions: SuggestReport | None = field(default=None, metadata={"omit_none": True})
 
     def with_artifacts(self, artifacts: dict[str, str]) -> CompileReport:
-        return replace(self, artifacts=artifacts)
+        sug = self.suggestions
+        if sug is not None and artifacts.get("run_dir"):
+            sug = replace(sug, run_dir=artifacts["run_dir"])
+        return replace(self, artifacts=artifacts, suggestions=sug)
 
     @property
     def ranked_modules(self) -> tuple[ModuleReport, ...]:

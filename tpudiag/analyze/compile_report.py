@@ -15,13 +15,14 @@ ICI bandwidth, and flagged `modelled`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
 from tpudiag.analyze.categorize import index_module
 from tpudiag.analyze.fusions import build_fusion_report, fusion_summary
 from tpudiag.analyze.hlo_cost import module_costs
+from tpudiag.analyze.suggest import unpriced_report
 from tpudiag.parse.hlo import RUNS_CALLEES, HloModule, Instruction
 from tpudiag.targets import Target
 
@@ -268,7 +269,7 @@ def build_compile_report(target: Target, modules: list[ModuleArtifacts], source:
     docs = [_module_doc(m, target) for m in modules]
     ok = [d for d in docs if d["status"] == "ok"]
     chip, dev = target.chip, DeviceFigures.of(target)
-    return CompileReport(
+    report = CompileReport(
         schema=SCHEMA,
         status="ok" if len(ok) == len(docs) and docs else ("partial" if ok else "failed"),
         target=CompileTarget(chip=chip.name, topology=target.topology, chips=target.chips, devices=target.devices,
@@ -281,3 +282,5 @@ def build_compile_report(target: Target, modules: list[ModuleArtifacts], source:
         totals=CompileTotals(modules=len(docs), failed=len(docs) - len(ok),
                              estimated_s=round(sum(d["totals"]["estimated_s"] for d in ok), 12)),
     )
+    hlo = {m.name: m.hlo for m in modules if m.status == "ok" and m.hlo is not None}
+    return replace(report, suggestions=unpriced_report(report, hlo, chip)) if hlo else report

@@ -16,13 +16,15 @@ In two steps, so that the caller can compile the kernels in between (this module
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 from tpudiag.analyze.compile_model import CompileReport
 from tpudiag.analyze.dataflow import MATMUL
 from tpudiag.analyze.patterns import PatternMatch, find_patterns
 from tpudiag.analyze.suggest_model import SCHEMA, Finding, Replaced, Suggestion, SuggestReport
 
+_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s8": 1, "u8": 1, "s32": 4}
 # Patterns whose own work is matmuls: their ops include the matmul fusions.
 _MATMUL_PATTERNS = frozenset({"attention", "attention_decode", "moe", "dequant_matmul"})
 
@@ -180,7 +182,68 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
     if not any(r.shown for r in rows):
         out_notes.append("no op clears the minimums (share of its module's estimated time >= "
                          f"{config.min_share:.0%}, expected speedup >= {config.min_speedup:g}x): XLA's own code is "
-                         "as good as a bundled kernel here (--all lists every match)")
+                         "as good as a bundled kernel here (tpudiag suggest --all lists every match)")
     return SuggestReport(schema=SCHEMA, run_dir=run_dir, target=report.target.topology, chip=report.target.chip,
                          suggestions=tuple(rows), replaced=tuple(replaced), findings=tuple(findings),
                          hidden=sum(1 for r in rows if not r.shown), notes=tuple(out_notes))
+
+
+def roofline_bound(pattern: str, shapes: dict, chip, backward: bool = False) -> float | None:
+    """The least seconds the pattern needs on `chip` at `shapes` (largest of its unavoidable bytes at HBM
+    bandwidth and its FLOPs at the bf16 peak); None where the shapes do not say enough. `backward`:
+    forward and backward, three times the forward's (a gradient reads and computes about twice what
+    the forward does)."""
+    b = _BYTES.get(shapes.get("dtype", "bf16"), 2)
+    flops = nbytes = 0.0
+    if pattern in ("attention", "attention_decode"):
+        bh, sq, sk, d = shapes["batch_heads"], shapes["q_len"], shapes["kv_len"], shapes["head_dim"]
+        kvh = shapes.get("kv_batch_heads", bh)  # grouped query heads read one K and V row per kv head
+        flops = 4.0 * bh * sq * sk * d
+        nbytes = 2 * (2 * bh * sq * d) + b * 2 * kvh * sk * d  # Q and O in bf16; K and V as stored
+    elif pattern in ("rmsnorm", "layernorm"):
+        nbytes = 2.0 * b * shapes["rows"] * shapes["hidden"]
+        flops = 4.0 * shapes["rows"] * shapes["hidden"]
+    elif pattern == "cross_entropy":
+        nbytes = 2.0 * shapes["rows"] * shapes["vocab"]  # the bf16 logits, read once
+        flops = 4.0 * shapes["rows"] * shapes["vocab"]
+    elif pattern == "rope":
+        nbytes = 2.0 * b * math.prod(shapes["shape"])
+    elif pattern == "sampling":
+        nbytes = 4.0 * shapes["rows"] * shapes["vocab"]
+    elif pattern == "dequant_matmul":
+        (k, n), (m, _) = shapes["weight"], shapes["out"]
+        nbytes = k * n * 1 + 2.0 * (m * k + m * n)
+        flops = 2.0 * m * k * n
+    else:
+        return None
+    return (3 if backward else 1) * max(nbytes / chip.hbm_bytes_per_s, flops / chip.peak_bf16_flops_per_s)
+
+
+def findings_for(report: CompileReport, modules: dict, cands: list[Candidate], hbm_bytes_per_s: float) -> list[Finding]:
+    """Layout findings of the modules that compute (a matmul or a matched pattern) and hold at least
+    `min_module_share` of the run's estimated time: the random-number setup's u32 fusion breaks are
+    not the step's."""
+    from tpudiag.analyze.layout_findings import DEFAULT_FINDINGS_CONFIG, module_findings
+
+    total = sum(m.totals.estimated_s for m in report.modules if m.name in modules and m.totals is not None)
+    with_patterns = {c.module for c in cands}
+    out: list[Finding] = []
+    for m in report.modules:
+        hlo = modules.get(m.name)
+        if hlo is None or m.totals is None or not total:
+            continue
+        computes = m.name in with_patterns or any(i.opcode in MATMUL for i in hlo.instructions())
+        if computes and m.totals.estimated_s >= DEFAULT_FINDINGS_CONFIG.min_module_share * total:
+            out += module_findings(hlo, m.name, hbm_bytes_per_s, m.fusions)
+    return out
+
+
+def unpriced_report(report: CompileReport, modules: dict, chip, run_dir: str = "") -> SuggestReport:
+    """The suggestions a compile report carries: the matches with their XLA time and each pattern's
+    roofline bound, no kernel compiled (`tpudiag suggest RUN` compiles them)."""
+    cands, replaced = candidates(report, modules)
+    bounds = {i: roofline_bound(c.match.pattern, c.match.shapes, chip, c.backward) for i, c in enumerate(cands)}
+    prices = {i: Price(None, None, why_not="not compiled here: tpudiag suggest RUN compiles the bundled kernel at "
+                                            "these shapes") for i in range(len(cands))}
+    findings = findings_for(report, modules, cands, chip.hbm_bytes_per_s)
+    return build_report(run_dir, report, cands, replaced, prices, bounds, findings)

@@ -27,8 +27,10 @@ class CompileResult:
     report: object  # analyze.compile_report.CompileReport (imported lazily: pandas)
 
 
-def module_artifacts(mc):
-    """Parse what one compile worker left in its module directory (`ModuleCompile` -> `ModuleArtifacts`)."""
+def module_artifacts(mc, with_llo: bool = True):
+    """Parse what one compile worker left in its module directory (`ModuleCompile` -> `ModuleArtifacts`).
+    `with_llo=False` skips the LLO bundle dump (slot utilization and bundle counts only; no op time
+    depends on it), the slowest artifact to read."""
     from tpudiag.analyze.compile_report import ModuleArtifacts
     from tpudiag.parse import llo
 
@@ -46,7 +48,7 @@ def module_artifacts(mc):
                 static = llo.read_static_profiles(mc.dir / "static_profile")
             except TpudiagError as e:
                 notes.append(f"static cycle profile unreadable, op times are roofline floors: {e}")
-        if (mc.dir / "llo").is_dir():
+        if with_llo and (mc.dir / "llo").is_dir():
             try:
                 lframe = llo.read_llo_dump(mc.dir / "llo")
             except TpudiagError as e:
@@ -132,9 +134,9 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
     return CompileResult(run_dir=run, report=report)
 
 
-def compile_run_artifacts(run: Path):
+def compile_run_artifacts(run: Path, with_llo: bool = True):
     """(each module's parsed artifacts, the compile report built from them) of a compile run: every
-    artifact parsed once, never recompiled."""
+    artifact parsed once, never recompiled (`with_llo`: as for `module_artifacts`)."""
     from tpudiag.analyze.compile_report import build_compile_report
     from tpudiag.capture.tpu_compile import load_module
     from tpudiag.targets import resolve_target
@@ -144,7 +146,7 @@ def compile_run_artifacts(run: Path):
     target = resolve_target((manifest.target or {}).get("topology", ""))
     mdirs = sorted(p for p in (run / "modules").iterdir() if (p / "module.json").is_file()) \
         if (run / "modules").is_dir() else []
-    arts = [module_artifacts(load_module(d)) for d in mdirs]
+    arts = [module_artifacts(load_module(d), with_llo) for d in mdirs]
     source = dict(manifest.source or {})
     if "input" not in source and manifest.program:  # a run stopped before its manifest had a source
         source["input"] = manifest.program

@@ -36,12 +36,9 @@ def _compile_run_of(run: Path, target_text: str | None) -> tuple[Path, object]:
 def suggest_run(run, target_text: str | None = None, *, static_profile: bool = True, jobs: int = 2, limits=None,
                 progress=None, include_all: bool = False):
     """Suggestions for a compile run or a profile run made with --target."""
-    from tpudiag.analyze.dataflow import MATMUL
-    from tpudiag.analyze.layout_findings import DEFAULT_FINDINGS_CONFIG, module_findings
-    from tpudiag.analyze.suggest import DEFAULT_SUGGEST_CONFIG, build_report, candidates
+    from tpudiag.analyze.suggest import DEFAULT_SUGGEST_CONFIG, build_report, candidates, findings_for, roofline_bound
     from tpudiag.api.compile import compile_run_artifacts
     from tpudiag.api.profiling import load_report
-    from tpudiag.kernels.at_shapes import roofline_bound
     from tpudiag.targets import resolve_target
 
     run = Path(run)
@@ -53,7 +50,7 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
     if not rundir.is_run_dir(run):
         raise InputError(f"{run}: not a tpudiag run directory (no manifest.json); give a run directory or a script")
     compile_dir, profile_manifest = _compile_run_of(run, target_text)
-    arts, report = compile_run_artifacts(compile_dir)
+    arts, report = compile_run_artifacts(compile_dir, with_llo=False)  # no op time depends on the LLO dump
     if target_text:
         asked = resolve_target(target_text)
         if asked.chip.name != report.target.chip:
@@ -67,19 +64,11 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
     modules = {a.name: a.hlo for a in ok}
     cands, replaced = candidates(report, modules)
     target = resolve_target(report.target.topology)
-    bounds = {i: roofline_bound(c.match.pattern, c.match.shapes, target.chip) for i, c in enumerate(cands)}
+    bounds = {i: roofline_bound(c.match.pattern, c.match.shapes, target.chip, c.backward)
+              for i, c in enumerate(cands)}
     worth = [i for i, c in enumerate(cands) if include_all or c.share >= DEFAULT_SUGGEST_CONFIG.min_share]
     prices = _price(cands, worth, target, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress)
-    findings = []
-    total = sum(m.totals.estimated_s for m in report.modules if m.name in modules)
-    for m in report.modules:
-        # Findings only where the time is, and in modules that compute (a matmul or a matched pattern):
-        # the random-number setup's u32 fusion breaks are not the step's.
-        hlo = modules.get(m.name)
-        computes = hlo is not None and (m.name in {c.module for c in cands}
-                                        or any(i.opcode in MATMUL for i in hlo.instructions()))
-        if computes and total and m.totals.estimated_s >= DEFAULT_FINDINGS_CONFIG.min_module_share * total:
-            findings += module_findings(hlo, m.name, target.chip.hbm_bytes_per_s, m.fusions)
+    findings = findings_for(report, modules, cands, target.chip.hbm_bytes_per_s)
     measured, notes = None, []
     if profile_manifest is not None:
         prof = load_report(run)
@@ -130,7 +119,8 @@ def _price(cands, indices, target, *, static_profile, jobs, limits, progress) ->
         results = compile_modules([m for _, m in inputs], Path(tmp) / "modules", target.topology,
                                   static_profile=static_profile, limits=limits or Limits(), jobs=jobs,
                                   progress=progress) if inputs else []
-        rep = build_compile_report(target, [module_artifacts(r) for r in results], {}) if results else None
+        rep = build_compile_report(target, [module_artifacts(r, with_llo=False) for r in results], {}) \
+            if results else None
         compiled = {key: (rep.modules[k], results[k]) for k, (key, _) in enumerate(inputs)} if rep else {}
     for key, idx in by_key.items():
         s = setups[key]

@@ -3,19 +3,13 @@ compiles for the target to price the replacement, and the snippet it shows.
 
 `setup_for(pattern, shapes)` returns an `AtShapes` (the kernel's name, its arguments as
 `jax.ShapeDtypeStruct`s, the function to lower, a drop-in snippet with the real shapes filled in)
-or a one-line reason why no bundled kernel fits. `roofline_bound(pattern, shapes, chip)` is the
-least time the pattern needs at those shapes on a chip (its unavoidable bytes at HBM bandwidth,
-its FLOPs at peak), the fallback figure where no kernel fits. Imports jax only when called.
+or a one-line reason why no bundled kernel fits. Imports jax only when called.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
-
-_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s8": 1, "u8": 1, "s32": 4}
-
 
 @dataclass(frozen=True)
 class AtShapes:
@@ -114,32 +108,3 @@ def setup_for(pattern: str, shapes: dict, notes=()) -> AtShapes | str:
     if pattern == "rope":
         return "rope takes q and k together at [B, S, H, D]; one rotated tensor alone is not priced"
     return f"no bundled kernel for {pattern}"
-
-
-def roofline_bound(pattern: str, shapes: dict, chip) -> float | None:
-    """The least seconds the pattern needs on `chip` at `shapes` (largest of its unavoidable bytes at HBM
-    bandwidth and its FLOPs at the bf16 peak); None where the shapes do not say enough."""
-    b = _BYTES.get(shapes.get("dtype", "bf16"), 2)
-    flops = nbytes = 0.0
-    if pattern in ("attention", "attention_decode"):
-        bh, sq, sk, d = shapes["batch_heads"], shapes["q_len"], shapes["kv_len"], shapes["head_dim"]
-        kvh = shapes.get("kv_batch_heads", bh)  # grouped query heads read one K and V row per kv head
-        flops = 4.0 * bh * sq * sk * d
-        nbytes = 2 * (2 * bh * sq * d) + b * 2 * kvh * sk * d  # Q and O in bf16; K and V as stored
-    elif pattern in ("rmsnorm", "layernorm"):
-        nbytes = 2.0 * b * shapes["rows"] * shapes["hidden"]
-        flops = 4.0 * shapes["rows"] * shapes["hidden"]
-    elif pattern == "cross_entropy":
-        nbytes = 2.0 * shapes["rows"] * shapes["vocab"]  # the bf16 logits, read once
-        flops = 4.0 * shapes["rows"] * shapes["vocab"]
-    elif pattern == "rope":
-        nbytes = 2.0 * b * math.prod(shapes["shape"])
-    elif pattern == "sampling":
-        nbytes = 4.0 * shapes["rows"] * shapes["vocab"]
-    elif pattern == "dequant_matmul":
-        (k, n), (m, _) = shapes["weight"], shapes["out"]
-        nbytes = k * n * 1 + 2.0 * (m * k + m * n)
-        flops = 2.0 * m * k * n
-    else:
-        return None
-    return max(nbytes / chip.hbm_bytes_per_s, flops / chip.peak_bf16_flops_per_s)

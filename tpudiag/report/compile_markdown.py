@@ -38,4 +38,9 @@ def render_compile_markdown(report, top: int = 10) -> str:
             out += ["", *code_block(fusion_summary_lines(m.fusions))]
         for f in m.findings:
             out += ["", f"> {_esc(f)}"]
+    if report.suggestions is not None:
+        from tpudiag.report.suggest_render import summary_lines
+
+        out += ["", "### Suggestions", ""]
+        out += [f"- {_esc(line)}" for line in summary_lines(report.suggestions, (report.artifacts or {}).get("run_dir"))]
     return printable("\n".join(out) + "\n", newlines=True)

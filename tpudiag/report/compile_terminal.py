@@ -78,6 +78,13 @@ def render_compile_terminal(report, console: Console, top: int = 10, modules: in
                            style="bright_black"))
     for m in report.failed_modules:
         console.print(plain(f"{m.name}: failed to compile: {m.error}", style="red"))
+    if report.suggestions is not None:
+        from tpudiag.report.suggest_render import summary_lines
+
+        console.print()
+        console.print(Text("Suggestions", style="bold"))
+        for line in summary_lines(report.suggestions, (report.artifacts or {}).get("run_dir")):
+            console.print(plain(f"  {line}"))
     console.print()
     console.print(Text(f"Artifacts  {printable((report.artifacts or {}).get('run_dir', ''))}", style="bold"))
 

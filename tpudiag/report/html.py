@@ -498,10 +498,18 @@ def _fusions(summaries) -> list[str]:
     return out + ["</section>"]
 
 
-def _suggestions() -> list[str]:
-    return ['<section id="suggestions"><h2>Suggestions</h2>',
-            '<p class="muted">None yet: a later version adds <code>tpudiag suggest</code>, which turns these '
-            "figures into what to change.</p></section>"]
+def _suggestions(result) -> list[str]:
+    """The compile report's unpriced suggestions; a profile run points at `tpudiag suggest`."""
+    from tpudiag.report.suggest_render import summary_lines
+
+    rep = getattr(result, "suggestions", None)
+    run_dir = (result.artifacts or {}).get("run_dir")
+    if rep is None:
+        return ['<section id="suggestions"><h2>Suggestions</h2>',
+                f'<p class="muted"><code>tpudiag suggest {_h(run_dir or "RUN")}</code> (after <code>profile '
+                "--target</code>) names the ops that deserve a custom kernel, with the gain.</p></section>"]
+    items = "".join(f"<li>{_h(line)}</li>" for line in summary_lines(rep, run_dir))
+    return ['<section id="suggestions"><h2>Suggestions</h2>', f"<ul>{items}</ul></section>"]
 
 
 def render_html(result, timeline_rows: list[dict] | None = None, top_ops: int = 15, top_compiles: int = 10) -> str:
@@ -531,7 +539,7 @@ def render_html(result, timeline_rows: list[dict] | None = None, top_ops: int = 
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>{_h(title)}</title>", f"<style>{_CSS}</style></head><body>", '<header id="header">']
     out += head + ["</header>"]
-    out += sections + _suggestions()
+    out += sections + _suggestions(result)
     out.append(f'<footer><p class="muted">{_h(result.schema)} &middot; rendered by tpudiag; the page has no script '
                "and fetches nothing.</p></footer>")
     out.append("</body></html>")

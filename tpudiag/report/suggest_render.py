@@ -105,3 +105,20 @@ def render_suggest_markdown(rep, show_all: bool = False) -> str:
                 f"{_esc(f.detail)} |" for f in rep.findings]
     out += [f"\n_{_esc(n)}_" for n in rep.notes]
     return printable("\n".join(out) + "\n", newlines=True)
+
+
+def summary_lines(rep, run_dir: str | None = None) -> list[str]:
+    """The shown suggestions of a compile report's unpriced section, one line each, and how to price
+    them: what the compile and profile --target reports print under "Suggestions"."""
+    rows = [r for r in rep.suggestions if r.shown]
+    if not rows:
+        return ["No op clears the minimums for a custom kernel." + (f" {rep.hidden} match(es) below them "
+                                                                     "(tpudiag suggest --all)." if rep.hidden else "")]
+    out = []
+    for r in rows:
+        where = short_source(r.source[0]) if r.source else "?"
+        bound = "bound" if r.kernel_basis == "roofline_bound" else "kernel"
+        out.append(f"{PATTERN.get(r.pattern, r.pattern)} in {r.module} at {where}: {r.share:.1%} of the module, "
+                   f"XLA {fmt_s(r.xla_s)}, {bound} {fmt_s(r.kernel_s)} ({_speed(r)})")
+    out.append(f"tpudiag suggest {run_dir or 'RUN'} compiles the bundled kernels at these shapes for the gain")
+    return out
