@@ -195,6 +195,10 @@ def test_profile_with_a_tpu_target(tmp_path):
     assert any(ln["source"].endswith(("mlp.py:55", "mlp.py:56")) and ln["cpu_self_s"] > 0 for ln in est["lines"])
     assert (run / "tpu" / "report.json").is_file()
     assert json.loads(tpudiag("report", "--json", str(run)).stdout) == doc
+    # The compile's unpriced suggestions ride along: a plain MLP has none worth a kernel.
+    assert est["suggestions"]["schema"] == "tpudiag.suggest/1" and est["suggestions"]["suggestions"] == []
+    text = tpudiag("report", "--no-color", "--width", "120", str(run)).stdout
+    assert "Suggestions\n  No op clears the minimums for a custom kernel." in text
 
 
 def test_profile_target_is_checked_before_the_program_runs(tmp_path):

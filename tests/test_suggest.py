@@ -176,3 +176,26 @@ def test_cli_json_and_md_and_a_bad_input_exit_2(compiled, capsys):
         main(["suggest", str(ARTIFACT_SETS["jax-0.10"] / "mlp")])
     _, err = capsys.readouterr()
     assert e.value.code == 2 and err.count("\n") == 1 and "tpudiag profile --target v5e" in err
+
+
+def test_ragged_dot_lowered_for_tpu_is_already_replaced(tmp_path):
+    """`lax.ragged_dot` lowered for TPU becomes libtpu's own ragged-dot kernels: listed as replaced, not
+    suggested. (A script's CPU run lowers it for CPU, densely; hence the direct TPU lowering here.)"""
+    import jax
+    import jax.numpy as jnp
+
+    from tpudiag import api
+    from tpudiag.api.kernels import _lower
+    from tpudiag.api.suggest import suggest_run
+
+    def f(x, w, sizes):
+        return jax.lax.ragged_dot(x, w, sizes)
+
+    args = (jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16), jax.ShapeDtypeStruct((8, 1024, 2048), jnp.bfloat16),
+            jax.ShapeDtypeStruct((8,), jnp.int32))
+    _lower(f, args, tmp_path / "ragged.mlir")
+    run = api.compile_target("v5e", tmp_path / "ragged.mlir", (), tmp_path / "run", static_profile=False).run_dir
+    rep = suggest_run(run, static_profile=False)
+    assert [(r.pattern, r.by) for r in rep.replaced] == [("moe", "ragged-dot")]
+    assert {"ragged-dot-metadata", "ragged-dot-none"} <= set(rep.replaced[0].ops)
+    assert not any(s.pattern == "moe" for s in rep.suggestions)

@@ -90,8 +90,14 @@ def candidates(report: CompileReport, modules: dict) -> tuple[list[Candidate], l
         groups: dict[tuple, list[PatternMatch]] = {}
         for pm in find_patterns(hlo):
             if pm.replaced_by_xla:
-                replaced.append(Replaced(pattern=pm.pattern, module=m.name, by=pm.replaced_by_xla, ops=pm.ops,
-                                         source=pm.source))
+                same = next((r for r in replaced if (r.pattern, r.module, r.by) == (pm.pattern, m.name,
+                                                                                 pm.replaced_by_xla)), None)
+                if same is None:
+                    replaced.append(Replaced(pattern=pm.pattern, module=m.name, by=pm.replaced_by_xla, ops=pm.ops,
+                                             source=pm.source))
+                else:  # one kernel XLA wrote, in several custom calls (metadata, then the matmul)
+                    replaced[replaced.index(same)] = replace(same, ops=same.ops + pm.ops,
+                                                             source=same.source + pm.source)
                 continue
             groups.setdefault((pm.pattern, pm.source[:1]), []).append(pm)
         for (pattern, _), pms in groups.items():

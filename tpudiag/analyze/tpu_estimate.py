@@ -18,12 +18,13 @@ compile, each paired with its CPU program id by compile order (`_pair_compiles`)
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from tpudiag.analyze.breakdown import ns_to_s
 from tpudiag.analyze.compile_model import CompileReport, CompileTarget, ModuleReport
+from tpudiag.analyze.suggest_model import SuggestReport
 from tpudiag.model import Model
 
 SECTION = "tpu_estimate"
@@ -66,6 +67,8 @@ class TpuEstimate(Model):
     step: TpuStep
     lines: tuple[TpuLine, ...]
     note: str
+    # The compile's unpriced suggestions (CompileReport.suggestions): what `tpudiag suggest RUN` prices.
+    suggestions: SuggestReport | None = field(default=None, metadata={"omit_none": True})
 
 
 def _executions(tl: pd.DataFrame, key: str) -> pd.Series:
@@ -137,4 +140,4 @@ def build_tpu_estimate(timeline: pd.DataFrame, step_count: int, report: CompileR
                         for src, (cpu, tpu) in lines.items()), key=lambda r: (-r.tpu_estimated_s, r.source))
     return TpuEstimate(target=report.target, status=report.status, modules=tuple(modules),
                        step=TpuStep(count=step_count, tpu_estimated_s=round(step_tpu_s, 12) if step_count else None),
-                       lines=tuple(line_rows), note=NOTE)
+                       lines=tuple(line_rows), note=NOTE, suggestions=report.suggestions)

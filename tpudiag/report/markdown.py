@@ -94,6 +94,11 @@ def render_markdown(report, top: int = 15, top_compiles: int = 10) -> str:
             out.append(f"| {code(m.name)} | {m.executions} | {fmt_s(m.cpu_self_s)} | "
                        f"{fmt_s(m.tpu_estimated_s)} | {fmt_s(m.tpu_estimated_total_s)} | {_esc(m.status)} |")
         out += ["", f"_{_esc(est.note)}_"]
+        if est.suggestions is not None:
+            from tpudiag.report.suggest_render import summary_lines
+
+            out += ["", "### Suggestions", ""]
+            out += [f"- {_esc(line)}" for line in summary_lines(est.suggestions, report.artifacts.get("run_dir"))]
     for w in report.warnings:
         out += ["", f"> **Warning:** {_esc(w)}"]
     return printable("\n".join(out) + "\n", newlines=True)

@@ -118,7 +118,13 @@ def _tpu_estimate(report, top: int) -> Group:
         lines.add_column(Text(col), justify=just, no_wrap=True)
     for ln in est.lines[:top]:
         lines.add_row(plain(short_source(ln.source, keep=1)), fmt_s(ln.cpu_self_s), fmt_s(ln.tpu_estimated_s))
-    return Group(head, mods, lines, plain(est.note, style="bright_black"))
+    parts = [head, mods, lines, plain(est.note, style="bright_black")]
+    if est.suggestions is not None:
+        from tpudiag.report.suggest_render import summary_lines
+
+        parts += [Text("\nSuggestions", style="bold"),
+                  *[plain(f"  {line}") for line in summary_lines(est.suggestions, report.artifacts.get("run_dir"))]]
+    return Group(*parts)
 
 
 def _artifacts(report) -> Text:
