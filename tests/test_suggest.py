@@ -31,9 +31,16 @@ def compiled(tmp_path_factory):
     """Each fixture program compiled for v5e (no static profile: the detectors read the HLO)."""
     from tpudiag import api
 
+    from concurrent.futures import ThreadPoolExecutor
+
     root = tmp_path_factory.mktemp("suggest")
-    return {name: api.compile_target("v5e", PROGRAMS / f"{name}.py", (), root / name, static_profile=False).run_dir
-            for name in EXPECTED}
+
+    def one(name):  # each compile is a CPU run and worker processes: two at once keep both cores busy
+        return name, api.compile_target("v5e", PROGRAMS / f"{name}.py", (), root / name, static_profile=False,
+                                        jobs=1).run_dir
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, EXPECTED))
 
 
 def _found(run) -> set[str]:
@@ -199,3 +206,82 @@ def test_ragged_dot_lowered_for_tpu_is_already_replaced(tmp_path):
     assert [(r.pattern, r.by) for r in rep.replaced] == [("moe", "ragged-dot")]
     assert {"ragged-dot-metadata", "ragged-dot-none"} <= set(rep.replaced[0].ops)
     assert not any(s.pattern == "moe" for s in rep.suggestions)
+
+
+def _random_inputs(names_shapes: dict, key):
+    import jax
+    import jax.numpy as jnp
+
+    out = {}
+    for n, (shape, dtype) in names_shapes.items():
+        key, sub = jax.random.split(key)
+        if dtype == "int32_labels":
+            out[n] = jax.random.randint(sub, shape, 0, names_shapes["logits"][0][1], jnp.int32)
+        elif dtype == "int8":
+            out[n] = jax.random.randint(sub, shape, -127, 128, jnp.int32).astype(jnp.int8)
+        elif dtype == "uniform":
+            out[n] = jax.random.uniform(sub, shape, jnp.float32, 0.01, 0.99)
+        else:
+            out[n] = jax.random.normal(sub, shape, jnp.dtype(dtype))
+    return out
+
+
+# Each kernel's snippet at small shapes: the variables it names, and the reference call it must match.
+SNIPPETS = {
+    "rmsnorm": ({"rows": 64, "hidden": 256, "dtype": "bf16"},
+                {"x": ((64, 256), "bfloat16"), "resid": ((64, 256), "bfloat16"), "weight": ((256,), "bfloat16")},
+                "normed", lambda ref, v: ref(v["x"], v["resid"], v["weight"], eps=1e-6)[0]),
+    "cross_entropy": ({"rows": 16, "vocab": 1024, "dtype": "f32"},
+                      {"logits": ((16, 1024), "bfloat16"), "labels": ((16,), "int32_labels")},
+                      "loss", lambda ref, v: ref(v["logits"], v["labels"]).mean()),
+    "sampling": ({"rows": 8, "vocab": 1024, "dtype": "f32"},
+                 {"logits": ((8, 1024), "float32"), "u": ((8,), "uniform")},
+                 "tokens", lambda ref, v: ref(v["logits"], v["u"], k=64, p=0.9, temperature=1.0)),
+    "dequant_matmul": ({"weight": [256, 256], "weight_dtype": "s8", "out": [16, 256], "dtype": "bf16"},
+                       {"x": ((16, 256), "bfloat16"), "w_int8": ((256, 256), "int8"),
+                        "scales": ((256,), "uniform")},
+                       "y", lambda ref, v: ref(v["x"], v["w_int8"], v["scales"])),
+}
+
+
+@pytest.mark.parametrize("pattern", sorted(SNIPPETS))
+def test_each_snippet_runs_in_interpret_mode_against_its_reference(pattern):
+    import ast
+
+    import jax
+    import numpy as np
+
+    from tpudiag.kernels.at_shapes import setup_for
+    from tpudiag.kernels.registry import get_spec
+
+    shapes, names, result, reference_call = SNIPPETS[pattern]
+    setup = setup_for(pattern, shapes)
+    tree = ast.parse(setup.snippet)
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                and n.func.id in {"rmsnorm_residual", "cross_entropy", "sample", "int8_matmul"})
+    call.keywords.append(ast.keyword(arg="interpret", value=ast.Constant(True)))
+    inputs = _random_inputs(names, jax.random.PRNGKey(3))
+    ns = dict(inputs)  # the snippet may rebind its inputs (`normed, resid = rmsnorm_residual(x, resid, ...)`)
+    exec(compile(ast.fix_missing_locations(tree), "<snippet>", "exec"), ns)
+    spec = get_spec(setup.kernel)
+    want = reference_call(spec.reference, inputs)
+    got = ns[result]
+    if pattern == "sampling":
+        assert np.array_equal(np.asarray(got), np.asarray(want))
+    else:
+        tol = spec.tolerances["bfloat16"]
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=tol.atol,
+                                   rtol=tol.rtol)
+
+
+def test_a_compile_run_whose_modules_all_failed_is_a_one_line_error(tmp_path):
+    """The collective step is sharded over 8 devices: compiled for a 4-chip v5e:2x2 it fails, and with
+    it every module of the run."""
+    from tpudiag import api
+    from tpudiag.api.suggest import suggest_run
+
+    step = ARTIFACT_SETS["jax-0.10"] / "collective" / "ir" / "jax_ir0008_jit_step_compile.mlir"
+    run = api.compile_target("v5e:2x2", step, (), tmp_path / "run", static_profile=False).run_dir
+    with pytest.raises(InputError, match=r"every module failed to compile, so there is no optimized HLO to read "
+                                         r"\(tpudiag report .* shows why\)"):
+        suggest_run(run, static_profile=False)

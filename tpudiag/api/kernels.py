@@ -30,11 +30,14 @@ def _variants(setup) -> list[tuple[str, object]]:
     return [(v, fn) for v, fn in zip(VARIANTS, (setup.kernel, setup.xla, setup.jax_kernel)) if fn is not None]
 
 
-def _lower(fn, args, path: Path) -> None:
+def _lower(fn, args, path: Path, debug_info: bool = True) -> None:
+    """`fn` lowered for TPU at `args` into `path`. `debug_info=False` leaves out source locations,
+    which name the caller's stack: the same kernel lowered from another call path is then the same
+    module to the compile cache."""
     import jax
 
     lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",))
-    path.write_text(lowered.as_text(debug_info=True))
+    path.write_text(lowered.as_text(debug_info=debug_info))
 
 
 def specs_named(names) -> list:
