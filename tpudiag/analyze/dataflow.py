@@ -107,20 +107,3 @@ class Dataflow:
         while instr.computation in self._fusion_of and seen < 64:
             instr, seen = self._fusion_of[instr.computation], seen + 1
         return instr
-
-    def upstream(self, instr: Instruction, depth: int, stop=MATMUL) -> list[Instruction]:
-        """The instructions `instr` reads from, breadth first, up to `depth` steps back, not going past
-        an op in `stop` (which is included)."""
-        out, frontier, seen = [], [instr], {id(instr)}
-        for _ in range(depth):
-            nxt = []
-            for i in frontier:
-                for o in self.operands(i):
-                    if id(o) in seen:
-                        continue
-                    seen.add(id(o))
-                    out.append(o)
-                    if o.opcode not in stop:
-                        nxt.append(o)
-            frontier = nxt
-        return out

@@ -79,13 +79,14 @@ class _Finder:
         self.order = {id(i): n for n, i in enumerate(module.instructions())}
 
     # -- walking ----------------------------------------------------------------------------------
-    def back(self, instr: Instruction, through: frozenset, want, depth: int = 12) -> tuple[Instruction | None, list]:
-        """The first op satisfying `want` reached from `instr` back through `through`; and the path."""
+    def _walk(self, instr: Instruction, step, through: frozenset, want, depth: int) -> tuple[Instruction | None, list]:
+        """Breadth first from `instr` along `step` (operands or users) through ops in `through`: the first
+        op satisfying `want`, and the path walked."""
         frontier, seen, path = [instr], {id(instr)}, []
         for _ in range(depth):
             nxt = []
             for i in frontier:
-                for o in self.g.operands(i):
+                for o in step(i):
                     if id(o) in seen:
                         continue
                     seen.add(id(o))
@@ -97,22 +98,13 @@ class _Finder:
             frontier = nxt
         return None, path
 
+    def back(self, instr: Instruction, through: frozenset, want, depth: int = 12) -> tuple[Instruction | None, list]:
+        """The first op satisfying `want` reached from `instr` back through `through`; and the path."""
+        return self._walk(instr, self.g.operands, through, want, depth)
+
     def forward(self, instr: Instruction, through: frozenset, want, depth: int = 8) -> tuple[Instruction | None, list]:
-        frontier, seen, path = [instr], {id(instr)}, []
-        for _ in range(depth):
-            nxt = []
-            for i in frontier:
-                for u in self.g.users(i):
-                    if id(u) in seen:
-                        continue
-                    seen.add(id(u))
-                    if want(u):
-                        return u, path + [u]
-                    if u.opcode in through:
-                        path.append(u)
-                        nxt.append(u)
-            frontier = nxt
-        return None, path
+        """The same, downstream."""
+        return self._walk(instr, self.g.users, through, want, depth)
 
     def is_matmul(self, instr: Instruction) -> bool:
         """A matmul, or the multiply-and-sum XLA writes for a matrix-vector product (a decode step's
