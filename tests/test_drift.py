@@ -41,8 +41,8 @@ def test_a_slower_machine_is_divided_out_and_a_much_slower_one_refused():
     assert any("divided by 2.50" in w for w in forced.warnings)
 
 
-def _compare(a, b):
-    return subprocess.run([sys.executable, "-m", "tpudiag", "compare", "--metric", "device_time", "--max-regression", "25%",
+def _compare(a, b, metric="device_time"):
+    return subprocess.run([sys.executable, "-m", "tpudiag", "compare", "--metric", metric, "--max-regression", "25%",
                            str(a), str(b)],
                           env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
@@ -63,7 +63,16 @@ def test_real_runs_record_the_loop_and_the_gate_holds_under_load(tmp_path):
     loaded = _compare(tmp_path / "base", tmp_path / "loaded")
     assert loaded.returncode in (0, 2), loaded.stdout + loaded.stderr
     assert loaded.returncode == 0 or "speed" in loaded.stderr
-    # Four times the matmul work is a regression all the same.
-    profile_sized_mlp(tmp_path / "bigger", "--hidden", "4096")
+    # Sixteen times the matmul work is a regression all the same. On a many-core runner the base
+    # step is mostly dispatch overhead, so a 4x change can hide in it (seen: +<25% with 4096);
+    # 16x cannot. Timed, the gate may still refuse when the machine drifted; the machine-independent
+    # `work` metric always says REGRESSION.
+    profile_sized_mlp(tmp_path / "bigger", "--hidden", "16384")
     bigger = _compare(tmp_path / "base", tmp_path / "bigger")
-    assert bigger.returncode == 1 and "REGRESSION" in bigger.stdout + bigger.stderr
+    assert bigger.returncode in (1, 2), bigger.stdout + bigger.stderr
+    if bigger.returncode == 1:
+        assert "REGRESSION" in bigger.stdout + bigger.stderr
+    else:
+        assert "speed" in bigger.stderr
+    work = _compare(tmp_path / "base", tmp_path / "bigger", metric="work")
+    assert work.returncode == 1 and "REGRESSION" in work.stdout + work.stderr, work.stdout + work.stderr
