@@ -16,6 +16,7 @@ from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
 # What each fixture program is written to contain, and nothing else.
 EXPECTED = {
     "qwen_block": {"attention", "rmsnorm", "rope"},
+    "qwen_layers": {"attention", "rmsnorm", "rope"},  # the block's forward, four layers under lax.scan
     "decode_step": {"attention_decode"},
     "lm_head": {"cross_entropy"},
     "sampler": {"sampling"},
@@ -24,6 +25,8 @@ EXPECTED = {
     "mlp": set(),
     "layout_waste": set(),
 }
+# Entries of EXPECTED that are a program run with arguments.
+RUNS_AS = {"qwen_layers": ("qwen_block", ("--forward", "--layers", "4"))}
 
 
 def _jax_series() -> tuple[int, int]:
@@ -55,7 +58,8 @@ def compiled(tmp_path_factory):
     root = tmp_path_factory.mktemp("suggest")
 
     def one(name):  # each compile is a CPU run and worker processes: two at once keep both cores busy
-        return name, api.compile_target("v5e", PROGRAMS / f"{name}.py", (), root / name, static_profile=False,
+        script, args = RUNS_AS.get(name, (name, ()))
+        return name, api.compile_target("v5e", PROGRAMS / f"{script}.py", args, root / name, static_profile=False,
                                         jobs=1).run_dir
 
     try:
@@ -112,7 +116,7 @@ def test_the_gain_comes_from_the_two_compiles(compiled):
     assert att.shown and att.kernel == "flash_attention" and att.kernel_basis == "compiled" and att.backward
     report = analyze_compile_run(run)
     mod = next(m for m in report.modules if m.name == att.module)
-    times = {o.name: o.estimated_s for o in mod.ops}
+    times = {o.name: o.total_s for o in mod.ops}
     assert att.xla_s == pytest.approx(sum(times[o] for o in att.ops), rel=1e-9)
     assert att.share == pytest.approx(att.xla_s / mod.totals.estimated_s, rel=1e-5)
     assert att.expected_speedup == pytest.approx(att.xla_s / att.kernel_s, rel=1e-3)
@@ -122,6 +126,28 @@ def test_the_gain_comes_from_the_two_compiles(compiled):
     # fusions at these shapes: listed, not shown.
     rms = next(s for s in rep.suggestions if s.pattern == "rmsnorm")
     assert rms.kernel == "rmsnorm" and not rms.shown and rms.expected_speedup < 1
+
+
+def test_a_pattern_in_a_scanned_layer_counts_every_layer(compiled):
+    """Four layers under lax.scan: the TPU HLO records no trip count; the loop is read as 4 trips, the
+    module's total counts the body four times, and the suggestion's times and saving count every layer."""
+    from tpudiag.api.compile import analyze_compile_run
+    from tpudiag.api.suggest import suggest_run
+
+    run = compiled["qwen_layers"]
+    report = analyze_compile_run(run)
+    mod = next(m for m in report.modules if m.name == "jit_forward_layers")
+    assert {o.runs for o in mod.ops} >= {1, 4}
+    assert mod.totals.estimated_s == pytest.approx(sum(o.estimated_s * o.runs for o in mod.ops), rel=1e-9)
+    assert any("4 times per execution" in f for f in mod.findings)
+    rep = suggest_run(run, static_profile=False, include_all=True)
+    att = next(s for s in rep.suggestions if s.pattern == "attention")
+    times = {o.name: o.estimated_s for o in mod.ops}
+    assert att.runs == 4 and att.kernel_basis == "compiled"
+    assert att.xla_s == pytest.approx(4 * sum(times[o] for o in att.ops), rel=1e-9)
+    assert att.share == pytest.approx(att.xla_s / mod.totals.estimated_s, rel=1e-5)
+    assert att.saved_s == pytest.approx(att.xla_s - att.kernel_s, rel=1e-9)
+    assert any("runs 4 times per execution" in n for n in att.notes)
 
 
 def test_a_well_shaped_mlp_gets_no_suggestion(compiled):

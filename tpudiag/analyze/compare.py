@@ -268,7 +268,7 @@ def _tpu_time(report, ident: dict) -> _Side:
             continue
         modules[m.name] = modules.get(m.name, 0.0) + m.estimated_s  # a function compiled at two shapes: summed
         for o in m.ops:
-            ops[(m.name, o.name)] = ops.get((m.name, o.name), 0.0) + o.estimated_s
+            ops[(m.name, o.name)] = ops.get((m.name, o.name), 0.0) + o.total_s
     return _Side(sum(modules.values()), "tpu_total_estimate", (), modules, ops, {}, tuple(notes))
 
 

@@ -32,7 +32,7 @@ class OpEstimate(Model):
     bytes_accessed: int
     ici_bytes: int
     modelled: bool  # a collective: its time is a model (bytes, group size, ICI), not the compiler's
-    estimated_s: float
+    estimated_s: float  # one run of the op
     bound_by: str  # static_cycles | hbm | compute | ici
     bundles: int | None
     utilization: dict[str, float] | None
@@ -40,6 +40,14 @@ class OpEstimate(Model):
     loops: int | None
     loop_depth: int | None
     limit: str
+    # Runs per execution of the module: the trip counts of the while loops around it (analyze/loops.py;
+    # 1 where unknown). The module's totals count estimated_s x runs.
+    runs: int = 1
+
+    @property
+    def total_s(self) -> float:
+        """Every run of the op in one execution of its module."""
+        return self.estimated_s * self.runs
 
     @property
     def arithmetic_intensity(self) -> float | None:

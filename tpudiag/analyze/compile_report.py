@@ -22,6 +22,7 @@ import pandas as pd
 from tpudiag.analyze.categorize import index_module
 from tpudiag.analyze.fusions import build_fusion_report, fusion_summary
 from tpudiag.analyze.hlo_cost import module_costs
+from tpudiag.analyze.loops import loop_runs
 from tpudiag.analyze.suggest import unpriced_report
 from tpudiag.parse.hlo import RUNS_CALLEES, HloModule, Instruction
 from tpudiag.targets import Target
@@ -160,6 +161,7 @@ def _op_rows(m: ModuleArtifacts, target: Target, costs: dict) -> list[dict]:
     static = {} if m.static is None else {r.op: r for r in m.static.itertuples()}
     llo = {} if m.llo is None else {r.program: r._asdict() for r in m.llo.itertuples()}
     devices = int(m.result.get("replicas", 1)) * int(m.result.get("partitions", 1))
+    runs = loop_runs(m.hlo).runs
     rows = []
     for comp in (m.hlo.computations[c] for c in m.hlo.executed_computations):
         for instr in comp.instructions:
@@ -191,7 +193,7 @@ def _op_rows(m: ModuleArtifacts, target: Target, costs: dict) -> list[dict]:
                 "fusion_kind": instr.fusion_kind, "category": oi.category, "source": oi.source,
                 "estimated_cycles": cycles, "cycles_source": cycles_source, "flops": flops,
                 "bytes_accessed": nbytes, "ici_bytes": round(ici), "modelled": oi.bound == "communication",
-                "estimated_s": round(candidates[bound_by], 12), "bound_by": bound_by,
+                "estimated_s": round(candidates[bound_by], 12), "runs": runs.get(comp.name, 1), "bound_by": bound_by,
                 "bundles": int(lrow["bundles"]) if lrow.get("bundles") == lrow.get("bundles") and "bundles" in lrow else None,
                 "utilization": util or None,
                 "spills": int(lrow.get("spill_stores", 0) + lrow.get("spill_loads", 0)) if lrow else None,
@@ -200,7 +202,7 @@ def _op_rows(m: ModuleArtifacts, target: Target, costs: dict) -> list[dict]:
             }
             row["limit"] = _limit_text(bound_by, row, target)
             rows.append(row)
-    rows.sort(key=lambda r: (-r["estimated_s"], r["name"]))
+    rows.sort(key=lambda r: (-r["estimated_s"] * r["runs"], r["name"]))
     return rows
 
 
@@ -226,8 +228,8 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
     cost = m.result.get("cost", {})
     optimal = cost.get("optimal_seconds")
     totals = {
-        "estimated_s": round(sum(o["estimated_s"] for o in ops), 12),
-        "estimated_cycles": sum(o["estimated_cycles"] or 0 for o in ops),
+        "estimated_s": round(sum(o["estimated_s"] * o["runs"] for o in ops), 12),
+        "estimated_cycles": sum((o["estimated_cycles"] or 0) * o["runs"] for o in ops),
         "ops_with_static_cycles": sum(o["cycles_source"] == "static_profile" for o in ops),
         "ops": len(ops),
         "flops": int(cost.get("flops", 0)),
@@ -239,6 +241,13 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
         "memory": {**mem, "peak_hbm_bytes": peak, "hbm_capacity_bytes": cap, "fits": fits},
     }
     findings = list(m.notes)
+    loops = loop_runs(m.hlo)
+    if loops.trips:
+        findings.append("while loops run " + ", ".join(f"{w} {t} times" for w, t in loops.trips.items())
+                        + " per execution: their bodies' op times count that many times in the totals "
+                          "(op rows give one run's time and `runs`)")
+    if loops.unknown:
+        findings.append(f"trip count unknown for {', '.join(loops.unknown)}: the loop body counts once in the totals")
     if not fits:
         findings.append(f"needs {peak / 2**30:.1f} GiB of HBM per device, a {target.chip.name} device has "
                         f"{cap / 2**30:.0f} GiB")

@@ -53,6 +53,7 @@ class Candidate:
     static_ok: bool  # the module's static profile ran: its op times are the compiler's cycles
     covered: int = field(default=1)  # matches merged into it
     backward: bool = False  # some of its ops are the pattern's gradient (JAX's `transpose(jvp(...))` ops)
+    runs: int = 1  # runs per execution of the module: the trip counts of the loops around it
 
     @property
     def share(self) -> float:
@@ -86,7 +87,8 @@ def candidates(report: CompileReport, modules: dict) -> tuple[list[Candidate], l
         hlo = modules.get(m.name)
         if not m.ok or hlo is None or m.totals is None:
             continue
-        times = {o.name: o.estimated_s for o in m.ops}
+        times = {o.name: o.total_s for o in m.ops}  # every run in one execution (loop bodies)
+        runs = {o.name: o.runs for o in m.ops}
         groups: dict[tuple, list[PatternMatch]] = {}
         for pm in find_patterns(hlo):
             if pm.replaced_by_xla:
@@ -112,7 +114,8 @@ def candidates(report: CompileReport, modules: dict) -> tuple[list[Candidate], l
                            for o in ops if hlo.instruction(o) is not None)
             cands.append(Candidate(match=pms[0], module=m.name, ops=tuple(ops), source=tuple(source),
                                    xla_s=sum(times[o] for o in ops), module_s=m.totals.estimated_s,
-                                   static_ok=m.static_profile == "ok", covered=len(pms), backward=backward))
+                                   static_ok=m.static_profile == "ok", covered=len(pms), backward=backward,
+                                   runs=max(runs[o] for o in ops)))
     cands.sort(key=lambda c: (-c.xla_s, c.module, c.match.pattern))
     return cands, replaced
 
@@ -157,10 +160,11 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
     for i, c in enumerate(cands):
         p = prices.get(i) or Price(None, None, why_not="not priced")
         bound = bounds.get(i)
+        # The kernel is priced for one run of the pattern; a loop body's pattern runs `runs` times.
         if p.kernel_s is not None:
-            basis, kernel_s = "compiled", p.kernel_s
+            basis, kernel_s = "compiled", p.kernel_s * c.runs
         elif bound is not None:
-            basis, kernel_s = "roofline_bound", bound
+            basis, kernel_s = "roofline_bound", bound * c.runs
         else:
             basis, kernel_s = "none", None
         speedup = c.xla_s / kernel_s if kernel_s else None
@@ -176,13 +180,16 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
                                                                  if basis == "compiled" else ""))
         if p.description:
             notes_.append(f"kernel compiled at {p.description}")
+        if c.runs > 1:
+            notes_.append(f"runs {c.runs} times per execution of {c.module} (a loop body): the times count every run")
         rows.append(Suggestion(
             pattern=c.match.pattern, kernel=p.kernel, module=c.module, ops=c.ops, source=c.source,
             shapes=dict(c.match.shapes), share=round(c.share, 6), xla_s=round(c.xla_s, 12),
             kernel_s=None if kernel_s is None else round(kernel_s, 12), kernel_basis=basis,
             expected_speedup=None if speedup is None else round(speedup, 3),
             saved_s=None if saved is None else round(saved, 12), confidence=confidence, reason=reason,
-            snippet=p.snippet, notes=tuple(notes_), shown=shown, measured_share=mshare, backward=c.backward))
+            snippet=p.snippet, notes=tuple(notes_), shown=shown, measured_share=mshare, backward=c.backward,
+            runs=c.runs))
     rows.sort(key=lambda r: (not r.shown, -(r.saved_s or 0.0), -r.share, r.module, r.pattern))
     out_notes = list(notes)
     if not any(r.shown for r in rows):

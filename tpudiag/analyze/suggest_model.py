@@ -20,11 +20,11 @@ class Suggestion(Model):
     source: tuple[str, ...]  # Python source lines, most frequent first
     shapes: dict
     share: float  # xla_s over the module's estimated TPU time
-    xla_s: float  # the estimated TPU time of exactly those ops
-    kernel_s: float | None  # the kernel compiled at these shapes on the same target (or the pattern's roofline bound)
+    xla_s: float  # the estimated TPU time of exactly those ops, every run in one execution of the module
+    kernel_s: float | None  # the kernel compiled at these shapes on the same target (or the pattern's roofline bound), times runs
     kernel_basis: str  # "compiled" | "roofline_bound" | "none"
     expected_speedup: float | None
-    saved_s: float | None  # per execution of the module
+    saved_s: float | None  # per execution of the module (every run of the pattern in it)
     confidence: str  # high | medium | low
     reason: str  # what the estimate rests on, and what it leaves out
     snippet: str | None
@@ -32,6 +32,7 @@ class Suggestion(Model):
     shown: bool  # False: below the minimum share or speedup (listed with --all)
     backward: bool  # the XLA ops include the gradient, and the kernel was priced forward and backward
     measured_share: float | None = field(default=None, metadata={"omit_none": True})  # of measured op time
+    runs: int = 1  # runs of the pattern per execution of the module (the trip counts of the loops around it)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from tpudiag.model import Model
 
 SECTION = "tpu_estimate"
 NOTE = ("TPU times are the TPU compiler's static estimates and roofline floors, not measurements; "
-        "loop bodies count once per execution")
+        "a loop body counts its trip count where the HLO shows it, once where it does not")
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def build_tpu_estimate(timeline: pd.DataFrame, step_count: int, report: CompileR
             continue
         for o in m.ops:
             if o.source:
-                lines[o.source][1] += o.estimated_s * runs
+                lines[o.source][1] += o.estimated_s * o.runs * runs
         if pid is not None and cpu_lines is not None:
             for (p, source), ns in cpu_lines.items():
                 if p == pid:

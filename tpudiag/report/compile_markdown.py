@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from tpudiag.report.markdown import _esc, code, code_block
-from tpudiag.report.units import fmt_bytes, fmt_int, fmt_s, fusion_summary_lines, printable, short_source
+from tpudiag.report.units import fmt_bytes, fmt_int, fmt_runs, fmt_s, fusion_summary_lines, printable, short_source
 
 
 def render_compile_markdown(report, top: int = 10) -> str:
@@ -31,7 +31,7 @@ def render_compile_markdown(report, top: int = 10) -> str:
                 "| op | opcode | est. time | bound by | cycles | FLOPs | bytes | source | what limits it |",
                 "|---|---|---:|---|---:|---:|---:|---|---|"]
         for o in m.ops[:top]:
-            out.append(f"| {code(o.name)} | {_esc(o.opcode)} | {fmt_s(o.estimated_s)} | {_esc(o.bound_by)} | "
+            out.append(f"| {code(o.name)} | {_esc(o.opcode)} | {fmt_runs(o.estimated_s, o.runs)} | {_esc(o.bound_by)} | "
                        f"{fmt_int(o.estimated_cycles)} | {fmt_int(o.flops)} | {fmt_bytes(o.bytes_accessed)} | "
                        f"{_esc(short_source(o.source))} | {_esc(o.limit)} |")
         if m.fusions:

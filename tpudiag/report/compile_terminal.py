@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tpudiag.report.rich_text import plain
-from tpudiag.report.units import (fmt_bytes, fmt_ghz, fmt_int, fmt_pct, fmt_s, fusion_summary_lines, printable,
+from tpudiag.report.units import (fmt_bytes, fmt_ghz, fmt_int, fmt_pct, fmt_runs, fmt_s, fusion_summary_lines, printable,
                                   short_source)
 
 
@@ -65,7 +65,7 @@ def render_compile_terminal(report, console: Console, top: int = 10, modules: in
             wrap = col in ("op", "limit")
             ops.add_column(col, justify=just, no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
         for o in m.ops[:top]:
-            ops.add_row(plain(o.name), fmt_s(o.estimated_s), plain(o.limit), fmt_int(o.estimated_cycles),
+            ops.add_row(plain(o.name), fmt_runs(o.estimated_s, o.runs), plain(o.limit), fmt_int(o.estimated_cycles),
                         fmt_bytes(o.bytes_accessed), _busiest(o.utilization), plain(short_source(o.source, keep=1)))
         console.print(ops)
         if m.fusions:

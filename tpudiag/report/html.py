@@ -21,7 +21,7 @@ from __future__ import annotations
 import html
 import math
 
-from tpudiag.report.units import (BREAKDOWN_PARTS, clip, fmt_bytes, fmt_count, fmt_ghz, fmt_pct, fmt_s, printable,
+from tpudiag.report.units import (BREAKDOWN_PARTS, clip, fmt_bytes, fmt_count, fmt_ghz, fmt_pct, fmt_runs, fmt_s, printable,
                                   short_source)
 
 # One colour per breakdown part; the same hues as the terminal report.
@@ -288,7 +288,7 @@ def _compile_top_ops(report) -> list[str]:
         rows = []
         for o in ops:
             tip = f"{o.name}: {fmt_s(o.estimated_s)} estimated ({o.limit})"
-            rows.append([f"<code>{_h(o.name)}</code>", _h(o.category), _h(fmt_s(o.estimated_s)),
+            rows.append([f"<code>{_h(o.name)}</code>", _h(o.category), _h(fmt_runs(o.estimated_s, o.runs)),
                          _h(o.limit), _h(fmt_count(o.flops, "FLOP")), _h(fmt_bytes(o.bytes_accessed)),
                          _hbar(o.estimated_s / top if top else 0, _BOUND_COLORS.get(o.bound_by, _OTHER_COLOR), tip),
                          f'<span class="mono" title="{_h(o.source)}">{_h(short_source(o.source))}</span>'])

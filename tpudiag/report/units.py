@@ -35,6 +35,12 @@ def printable(text, newlines: bool = False) -> str:
     return _UNPRINTABLE.sub(_escape_char, text)
 
 
+def fmt_runs(seconds: float | None, runs: int) -> str:
+    """One run's time, and how many runs an execution has where that is more than one (a loop
+    body's op: `1.20 ms x4`)."""
+    return fmt_s(seconds) + (f" x{runs}" if runs > 1 else "")
+
+
 def fmt_s(seconds: float | None) -> str:
     if seconds is None:
         return "-"
