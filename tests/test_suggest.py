@@ -22,6 +22,7 @@ EXPECTED = {
     "sampler": {"sampling"},
     "int8_layer": {"dequant_matmul"},
     "moe_layer": {"moe"},
+    "bf16_attention": {"attention"},  # found, and XLA's own kernel already replaced it
     "mlp": set(),
     "layout_waste": set(),
 }
@@ -148,6 +149,20 @@ def test_a_pattern_in_a_scanned_layer_counts_every_layer(compiled):
     assert att.share == pytest.approx(att.xla_s / mod.totals.estimated_s, rel=1e-5)
     assert att.saved_s == pytest.approx(att.xla_s - att.kernel_s, rel=1e-9)
     assert any("runs 4 times per execution" in n for n in att.notes)
+
+
+def test_attention_xla_already_replaced_is_named_not_suggested(compiled):
+    """All-bf16 attention: libtpu (0.0.42 and 0.0.50) fuses its softmax and PV into its own
+    `online-softmax` kernel. The match is reported as replaced, with its source and what the kernel
+    leaves outside; no kernel is suggested for it, even with --all."""
+    from tpudiag.api.suggest import suggest_run
+
+    rep = suggest_run(compiled["bf16_attention"], static_profile=False, include_all=True)
+    assert not [s for s in rep.suggestions if s.pattern == "attention"]
+    (x,) = rep.replaced
+    assert (x.pattern, x.by, x.module) == ("attention", "online-softmax", "jit_prefill_attention")
+    assert x.source and x.source[0].split(":")[0].endswith("bf16_attention.py")
+    assert any("2048x2048 score matrix (64 MiB)" in n for n in x.notes)
 
 
 def test_a_well_shaped_mlp_gets_no_suggestion(compiled):

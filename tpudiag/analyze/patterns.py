@@ -28,6 +28,7 @@ transpose), so casts, scales, masks and head repeats between the pieces do not h
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tpudiag.analyze.dataflow import MATMUL, TRANSPARENT, Dataflow
@@ -186,9 +187,17 @@ class _Finder:
         out = []
         for x in self.g.instructions:
             if x.opcode == "custom-call" and "online-softmax" in (x.attrs or "") + x.name:
-                out.append(self.match("attention", [x], [], {"dtype": _etype(x)},
-                                      ("libtpu rewrote this all-bf16 attention into its own kernel",),
-                                      replaced="online-softmax"))
+                # The kernel takes the scores (the QK^T fusion's output, which carries the source
+                # line) and V: softmax and PV run inside it, the scores are still written out.
+                scores = self.m.operand(x, 0)
+                covered = [scores] if scores is not None and scores.opcode not in ("parameter", "constant") else []
+                shapes, notes = {"dtype": _etype(x)}, ["libtpu rewrote this all-bf16 attention into its own kernel"]
+                s = scores.parsed_shape if scores is not None else None
+                if s is not None and s.is_array and len(s.dims) >= 3:
+                    shapes.update(batch_heads=math.prod(s.dims[:-2]), q_len=s.dims[-2], kv_len=s.dims[-1])
+                    notes.append(f"its input is the {s.dims[-2]}x{s.dims[-1]} score matrix ({s.bytes / 2**20:.3g} MiB), "
+                                 "materialized by the QK^T fusion: softmax and PV are fused, QK^T is not")
+                out.append(self.match("attention", [x], covered, shapes, tuple(notes), replaced="online-softmax"))
                 continue
             if x.opcode != "exponential":
                 continue

@@ -96,7 +96,7 @@ def candidates(report: CompileReport, modules: dict) -> tuple[list[Candidate], l
                                                                                  pm.replaced_by_xla)), None)
                 if same is None:
                     replaced.append(Replaced(pattern=pm.pattern, module=m.name, by=pm.replaced_by_xla, ops=pm.ops,
-                                             source=pm.source))
+                                             source=pm.source, notes=pm.notes))
                 else:  # one kernel XLA wrote, in several custom calls (metadata, then the matmul)
                     replaced[replaced.index(same)] = replace(same, ops=same.ops + pm.ops,
                                                              source=same.source + pm.source)

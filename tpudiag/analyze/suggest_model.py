@@ -44,6 +44,7 @@ class Replaced(Model):
     by: str
     ops: tuple[str, ...]
     source: tuple[str, ...]
+    notes: tuple[str, ...] = ()  # what XLA's kernel covers, and what it leaves outside
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,8 @@ def render_suggest_terminal(rep, console: Console, show_all: bool = False) -> No
         for x in rep.replaced:
             console.print(plain(f"  {PATTERN.get(x.pattern, x.pattern)} in {x.module}: {x.by} "
                                 f"({', '.join(short_source(s) for s in x.source[:2]) or 'no source'})"))
+            for note in x.notes:
+                console.print(plain(f"    {note}", style="dim"))
     if rep.findings:
         console.print()
         t = Table(title="Findings", title_justify="left", show_edge=False)
@@ -98,7 +100,8 @@ def render_suggest_markdown(rep, show_all: bool = False) -> str:
         out.append("No suggestion." + (f" {rep.hidden} match(es) below the minimums." if rep.hidden else ""))
     if rep.replaced:
         out += ["", "### Already replaced by XLA", ""]
-        out += [f"- {_esc(PATTERN.get(x.pattern, x.pattern))} in {_esc(x.module)}: {_esc(x.by)}" for x in rep.replaced]
+        out += [f"- {_esc(PATTERN.get(x.pattern, x.pattern))} in {_esc(x.module)}: {_esc(x.by)}"
+                + "".join(f"; {_esc(n)}" for n in x.notes) for x in rep.replaced]
     if rep.findings:
         out += ["", "### Findings", "", "| kind | module | op | bytes | at HBM | what |", "|---|---|---|---:|---:|---|"]
         out += [f"| {f.kind} | {_esc(f.module)} | {code(f.op)} | {fmt_bytes(f.bytes)} | {fmt_s(f.estimated_s)} | "
