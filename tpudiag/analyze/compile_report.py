@@ -291,5 +291,5 @@ def build_compile_report(target: Target, modules: list[ModuleArtifacts], source:
         totals=CompileTotals(modules=len(docs), failed=len(docs) - len(ok),
                              estimated_s=round(sum(d["totals"]["estimated_s"] for d in ok), 12)),
     )
-    hlo = {m.name: m.hlo for m in modules if m.status == "ok" and m.hlo is not None}
+    hlo = {m.artifacts_dir: m.hlo for m in modules if m.status == "ok" and m.hlo is not None}
     return replace(report, suggestions=unpriced_report(report, hlo, chip)) if hlo else report

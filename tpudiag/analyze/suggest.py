@@ -81,10 +81,11 @@ def _has_matmul(module, op_name: str) -> bool:
 
 def candidates(report: CompileReport, modules: dict) -> tuple[list[Candidate], list[Replaced]]:
     """Grouped matches of every compiled module with their XLA time; and XLA's own replacements.
-    `modules`: {module name: its optimized HloModule}."""
+    `modules`: {the module's `artifacts` directory: its optimized HloModule} (a function compiled at
+    two shapes is two modules of one name)."""
     cands, replaced = [], []
     for m in report.modules:
-        hlo = modules.get(m.name)
+        hlo = modules.get(m.artifacts)
         if not m.ok or hlo is None or m.totals is None:
             continue
         times = {o.name: o.total_s for o in m.ops}  # every run in one execution (loop bodies)
@@ -238,11 +239,11 @@ def findings_for(report: CompileReport, modules: dict, cands: list[Candidate], h
     not the step's."""
     from tpudiag.analyze.layout_findings import DEFAULT_FINDINGS_CONFIG, module_findings
 
-    total = sum(m.totals.estimated_s for m in report.modules if m.name in modules and m.totals is not None)
+    total = sum(m.totals.estimated_s for m in report.modules if m.artifacts in modules and m.totals is not None)
     with_patterns = {c.module for c in cands}
     out: list[Finding] = []
     for m in report.modules:
-        hlo = modules.get(m.name)
+        hlo = modules.get(m.artifacts)
         if hlo is None or m.totals is None or not total:
             continue
         computes = m.name in with_patterns or any(i.opcode in MATMUL for i in hlo.instructions())

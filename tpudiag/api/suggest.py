@@ -61,7 +61,7 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
     if not ok:
         raise InputError(f"{compile_dir}: every module failed to compile, so there is no optimized HLO to read "
                          f"(tpudiag report {compile_dir} shows why)")
-    modules = {a.name: a.hlo for a in ok}
+    modules = {a.artifacts_dir: a.hlo for a in ok}
     cands, replaced = candidates(report, modules)
     target = resolve_target(report.target.topology)
     bounds = {i: roofline_bound(c.match.pattern, c.match.shapes, target.chip, c.backward)
