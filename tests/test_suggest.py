@@ -165,6 +165,24 @@ def test_attention_xla_already_replaced_is_named_not_suggested(compiled):
     assert any("2048x2048 score matrix (64 MiB)" in n for n in x.notes)
 
 
+def test_a_dense_moe_dispatch_gets_a_routed_bound(compiled):
+    """moe_layer.py: tokens 512, 8 experts, SwiGLU 1024 -> 2048 -> 1024, one-hot dispatch. No bundled
+    kernel takes a dense dispatch; the bound is top-1 routing's FLOPs against the expert weights."""
+    from tpudiag.api.suggest import suggest_run
+    from tpudiag.targets import resolve_target
+
+    rep = suggest_run(compiled["moe_layer"], static_profile=False, include_all=True)
+    (moe,) = [s for s in rep.suggestions if s.pattern == "moe"]
+    assert moe.kernel is None and moe.kernel_basis == "roofline_bound" and moe.confidence == "low"
+    t, e, d, f = 512, 8, 1024, 2048
+    assert moe.shapes["dense_flops"] == 3 * 2 * t * e * d * f  # every token through every expert
+    assert moe.shapes["weight_bytes"] == 3 * e * d * f * 2
+    chip = resolve_target("v5e").chip
+    assert moe.kernel_s == pytest.approx(max(moe.shapes["weight_bytes"] / chip.hbm_bytes_per_s,
+                                             3 * 2 * t * d * f / chip.peak_bf16_flops_per_s), rel=1e-6)
+    assert moe.xla_s > moe.kernel_s
+
+
 def test_a_well_shaped_mlp_gets_no_suggestion(compiled):
     from tpudiag.api.suggest import suggest_run
 

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass, field
 
 from tpudiag.analyze.dataflow import MATMUL, TRANSPARENT, Dataflow
+from tpudiag.analyze.hlo_cost import op_cost
 from tpudiag.model import Model
 from tpudiag.parse.hlo import HloModule, Instruction
 
@@ -381,10 +382,17 @@ class _Finder:
                 continue
             mms = dispatch
             tokens = max((x for x in dims if x != experts), default=1)
-            shapes = {"tokens": tokens, "experts": experts, "matmuls": len(mms), "dtype": _etype(mms[0])}
+            shapes = {"tokens": tokens, "experts": experts, "matmuls": len(mms), "dtype": _etype(mms[0]),
+                      # For a bound: the dense dispatch's FLOPs, and its expert weights (each matmul's
+                      # largest operand) that any kernel must read once.
+                      "dense_flops": sum(op_cost(self.m, d).flops for d in mms),
+                      "weight_bytes": sum(max((o.parsed_shape.bytes for o in self.g.operands(d)
+                                               if o.parsed_shape.is_array), default=0) for d in mms)}
             out.append(self.match("moe", [c, *dispatch], [], shapes,
                                   [f"dispatch by a dense one-hot over {experts} experts: every token goes through "
-                                   "every expert's matmul, masked"]))
+                                   "every expert's matmul, masked",
+                                   "the bound routes each token to one expert and reads each expert's weights once; "
+                                   "top-k routing computes k times its FLOPs"]))
         return _dedupe(out)
 
     def dequant(self) -> list[PatternMatch]:

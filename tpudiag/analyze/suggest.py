@@ -224,6 +224,11 @@ def roofline_bound(pattern: str, shapes: dict, chip, backward: bool = False) -> 
         nbytes = 2.0 * b * math.prod(shapes["shape"])
     elif pattern == "sampling":
         nbytes = 4.0 * shapes["rows"] * shapes["vocab"]
+    elif pattern == "moe" and "dense_flops" in shapes:
+        # Routed, each token goes through k >= 1 experts instead of all of them: top-1's FLOPs are
+        # the least any routing kernel computes; the expert weights are read at least once.
+        flops = shapes["dense_flops"] / max(1, shapes["experts"])
+        nbytes = float(shapes["weight_bytes"])
     elif pattern == "dequant_matmul":
         (k, n), (m, _) = shapes["weight"], shapes["out"]
         nbytes = k * n * 1 + 2.0 * (m * k + m * n)
