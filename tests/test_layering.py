@@ -68,6 +68,12 @@ def test_kernels_build_kernels_and_drive_no_capture(path):
     assert not {m for m in _tpudiag_imports(path) if m.startswith(("tpudiag.capture", "tpudiag.api"))}
 
 
+@pytest.mark.parametrize("path", sorted((PKG / "parity").glob("*.py")), ids=lambda p: p.name)
+def test_parity_runs_functions_and_neither_captures_nor_renders(path):
+    assert not {m for m in _tpudiag_imports(path) if m.startswith(("tpudiag.capture", "tpudiag.report",
+                                                                    "tpudiag.api", "tpudiag.cli"))}
+
+
 @pytest.mark.parametrize("path", sorted((PKG / "report").glob("*.py")), ids=lambda p: p.name)
 def test_report_reads_no_configuration(path):
     """Renderers format what the models hold; thresholds and heuristics (config.py) are analyze/'s."""

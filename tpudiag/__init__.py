@@ -11,6 +11,15 @@ profiled child must set its dump flags before jax loads).
 __version__ = "0.1.0"
 
 
+def validate(reference, candidate, inputs=None, **kwargs):
+    """Check `candidate` against `reference` (callables or `FILE.py:FUNC`): values, gradients,
+    determinism, in several input regimes, against float64; see `tpudiag.api.validate.validate`.
+    Returns a `ValidateResult`: `assert result.ok, result.summary()`."""
+    from tpudiag.api.validate import validate as run
+
+    return run(reference, candidate, inputs, **kwargs)
+
+
 def compile(fn, *args, target: str = "v5e", **kwargs):  # noqa: A001 - the name users expect
     """Compile `fn(*args)` for a TPU target on this machine; see `tpudiag.api.compile_function`."""
     from tpudiag.api import compile_function

@@ -13,7 +13,8 @@ import pytest
 
 from tpudiag.kernels import rmsnorm
 from tpudiag.kernels.spec import Tolerance
-from tpudiag.kernels.verify import VERIFY_SCHEMA, compare, verify_spec
+from tpudiag.analyze.numerics import tolerance_check
+from tpudiag.kernels.verify import VERIFY_SCHEMA, verify_spec
 from tpudiag.report.kernels_render import render_junit
 
 FIRST = dataclasses.replace(rmsnorm.SPEC, cases=lambda: rmsnorm.SPEC.cases()[:1])
@@ -24,7 +25,9 @@ def test_a_correct_kernel_passes_every_check():
     assert res.ok, res.summary()
     (case,) = res.cases
     whats = [c.what for c in case.checks]
-    assert whats[:3] == ["kernel vs reference", "kernel vs float64", "reference vs float64"]
+    # RMSNorm returns (normed, new residual): the three comparisons of each output, then the gradients'.
+    assert whats[:6] == [f"[{n}] {w}" for n in (0, 1) for w in ("kernel vs reference", "kernel vs float64",
+                                                                "reference vs float64")]
     assert any(w.startswith("grad[") for w in whats) == FIRST.cases()[0].grad
     doc = res.to_dict()
     assert doc["schema"] == VERIFY_SCHEMA and doc["passed"] == 1 and doc["failed"] == 0
@@ -44,7 +47,7 @@ def test_a_kernel_off_by_one_percent_fails_with_the_worst_element():
     assert not res.ok
     (case,) = res.failures
     bad = [c for c in case.checks if not c.ok]
-    assert {c.what for c in bad} >= {"kernel vs reference", "kernel vs float64"}
+    assert {c.what for c in bad} >= {"[0] kernel vs reference", "[0] kernel vs float64"}
     assert all(c.worst_ratio > 1 and "worst at" in c.detail for c in bad)
     assert "FAIL rmsnorm" in res.summary() and "seed 3" in res.summary()
 
@@ -68,16 +71,25 @@ def test_the_tolerance_rule_is_numpys_allclose(seed):
     want = rng.normal(size=(64,)) * 10
     got = want + rng.normal(size=(64,)) * 10 ** rng.uniform(-4, -1)
     tol = Tolerance(atol=1e-3, rtol=1e-3, reason="test")
-    assert compare("x", got, want, tol).ok == np.allclose(got, want, rtol=1e-3, atol=1e-3)
+    assert tolerance_check("x", got, want, tol.atol, tol.rtol).ok == np.allclose(got, want, rtol=1e-3, atol=1e-3)
 
 
 def test_mismatches_of_shape_finiteness_and_integers_are_named():
-    tol = Tolerance(1e-3, 1e-3, "test")
-    assert "shape (2,)" in compare("x", np.ones(2), np.ones(3), tol).detail
-    assert "non-finite" in compare("x", np.array([1.0, np.nan]), np.array([1.0, 2.0]), tol).detail
-    check = compare("x", np.array([1, 2, 3]), np.array([1, 2, 4]), tol, exact=True)
-    assert not check.ok and "1 of 3 differ" in check.detail
-    assert compare("x", (np.ones(2), np.ones(2)), (np.ones(2),), tol).detail == "2 outputs, expected 1"
+    def check(got, want, exact=False):
+        return tolerance_check("x", np.asarray(got), np.asarray(want), 1e-3, 1e-3, exact=exact)
+
+    assert "shape (2,)" in check(np.ones(2), np.ones(3)).detail
+    assert "non-finite" in check([1.0, np.nan], [1.0, 2.0]).detail
+    bad = check([1, 2, 3], [1, 2, 4], exact=True)
+    assert not bad.ok and "1 of 3 differ" in bad.detail and bad.worst_ratio is None
+
+
+def test_a_kernel_returning_another_number_of_outputs_fails_by_name():
+    def kernel(*args, **kw):
+        return rmsnorm.SPEC.kernel(*args, **kw)[0]  # drops the residual output
+    res = verify_spec(dataclasses.replace(FIRST, kernel=kernel))
+    (case,) = res.failures
+    assert "1 outputs, expected 2" in case.why
 
 
 def test_junit_has_one_testcase_per_case_and_the_failure_text():

@@ -29,6 +29,7 @@ _WHERE = {
     "ProfileResult": "profiling", "analyze_run": "profiling", "analyze_xplane": "profiling", "empty_trace": "profiling",
     "finish_capture": "profiling", "hlo_index": "profiling", "hlo_modules": "profiling", "html_report": "profiling",
     "load_report": "profiling", "profile": "profiling", "write_html": "profiling", "write_report": "profiling",
+    "validate": "validate",
 }
 __all__ = sorted(_WHERE)
 

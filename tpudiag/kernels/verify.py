@@ -17,25 +17,12 @@ from typing import Callable
 
 import numpy as np
 
+from tpudiag.analyze.numerics import Check
 from tpudiag.errors import one_line
 from tpudiag.kernels.spec import Case, KernelSpec, Tolerance
+from tpudiag.parity.harness import Outputs, compare_outputs
 
 VERIFY_SCHEMA = "tpudiag.kernels-verify/1"
-
-
-@dataclass(frozen=True)
-class Check:
-    """One comparison of `got` against `want`, elementwise: |got - want| <= atol + rtol * |want|."""
-
-    what: str  # "kernel vs reference", "kernel vs float64", "reference vs float64", "grad[0] kernel vs reference"...
-    ok: bool
-    max_abs_err: float
-    worst_ratio: float  # max over elements of |got - want| / (atol + rtol * |want|); <= 1 passes
-    detail: str | None = None  # the worst element, or what did not match
-
-    def to_dict(self) -> dict:
-        return {"what": self.what, "ok": self.ok, "max_abs_err": self.max_abs_err,
-                "worst_ratio": self.worst_ratio, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -54,8 +41,9 @@ class CaseResult:
 
     @property
     def worst_ratio(self) -> float | None:
-        """The largest error/tolerance ratio of the case's checks (<= 1 passes); None without checks."""
-        return max((c.worst_ratio for c in self.checks), default=None)
+        """The largest error/tolerance ratio of the case's checks (<= 1 passes; inf where a check has
+        no finite figure); None without checks."""
+        return max((float("inf") if c.worst_ratio is None else c.worst_ratio for c in self.checks), default=None)
 
     @property
     def why(self) -> str:
@@ -115,41 +103,19 @@ def tolerance_for(spec: KernelSpec, dtype: str, grad: bool = False) -> Tolerance
 
 def _leaves(x) -> list:
     import jax
-    return jax.tree_util.tree_leaves(x)
+    return [np.asarray(v) for v in jax.tree_util.tree_leaves(x)]
 
 
-def compare(what: str, got, want, tol: Tolerance, exact: bool = False) -> Check:
-    """Compare two pytrees of arrays leaf by leaf, in float64 on the host."""
-    g_leaves, w_leaves = _leaves(got), _leaves(want)
-    if len(g_leaves) != len(w_leaves):
-        return Check(what, False, float("inf"), float("inf"), f"{len(g_leaves)} outputs, expected {len(w_leaves)}")
-    max_abs, worst, detail = 0.0, 0.0, None
-    for n, (g, w) in enumerate(zip(g_leaves, w_leaves)):
-        g, w = np.asarray(g), np.asarray(w)
-        where = f"output {n} " if len(g_leaves) > 1 else ""
-        if g.shape != w.shape:
-            return Check(what, False, float("inf"), float("inf"), f"{where}shape {g.shape}, expected {w.shape}")
-        if exact:
-            bad = np.argwhere(g != w)
-            if bad.size:
-                i = tuple(bad[0])
-                return Check(what, False, float("inf"), float("inf"),
-                             f"{where}{len(bad)} of {g.size} differ; at {i}: {g[i]} vs {w[i]}")
-            continue
-        g64, w64 = g.astype(np.float64), w.astype(np.float64)
-        if not np.all(np.isfinite(g64) == np.isfinite(w64)):
-            i = tuple(np.argwhere(np.isfinite(g64) != np.isfinite(w64))[0])
-            return Check(what, False, float("inf"), float("inf"), f"{where}non-finite mismatch at {i}: {g64[i]} vs {w64[i]}")
-        fin = np.isfinite(w64)
-        err = np.where(fin, np.abs(g64 - w64), 0.0)
-        ratio = err / (tol.atol + tol.rtol * np.abs(w64))
-        if err.size and float(ratio.max()) > worst:
-            i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
-            worst = float(ratio.max())
-            detail = f"{where}worst at {tuple(int(j) for j in i)}: {g64[i]:.6g} vs {w64[i]:.6g}"
-        max_abs = max(max_abs, float(err.max()) if err.size else 0.0)
-    ok = worst <= 1.0
-    return Check(what, ok, max_abs, worst, None if ok and not exact else detail)
+def _checks(prefix: str, got, want, truth, tol: Tolerance, exact: bool) -> list[Check]:
+    """The harness's three comparisons (kernel vs reference, kernel vs float64, reference vs
+    float64) under the kernel's elementwise tolerance; a different number of outputs is one failed check."""
+    g, w, t = _leaves(got), _leaves(want), _leaves(truth)
+    if len(g) != len(w):
+        return [Check(f"{prefix}kernel vs reference".strip(), False, "structure", None, None, None,
+                      f"{len(g)} outputs, expected {len(w)}")]
+    checks, _ = compare_outputs(Outputs(g, w, t), prefix.strip(), atol_rtol=(tol.atol, tol.rtol), exact=exact,
+                                names=("kernel", "reference"))
+    return checks
 
 
 def _to_f64(args):
@@ -170,7 +136,7 @@ def _grads(fn, args, argnums, cts):
         full = list(args)
         for i, a in zip(argnums, diff):
             full[i] = a
-        outs = _leaves(fn(*full))
+        outs = jax.tree_util.tree_leaves(fn(*full))
         return sum(jnp.sum(o.astype(ct.dtype) * ct) for o, ct in zip(outs, cts) if ct is not None)
 
     return jax.grad(loss, argnums=tuple(range(len(argnums))))(*(args[i] for i in argnums))
@@ -188,24 +154,22 @@ def run_case(spec: KernelSpec, case: Case, key) -> CaseResult:
         kp, rp = case.all_kernel_params(), case.reference_params()
         out = spec.kernel(*args, interpret=True, **kp)
         ref = spec.reference(*args, **rp)
-        checks.append(compare("kernel vs reference", out, ref, tol, case.exact))
         with jax.enable_x64():
             ref64 = spec.reference(*_to_f64(args), **rp)
-            checks.append(compare("kernel vs float64", out, ref64, tol, case.exact))
-            checks.append(compare("reference vs float64", ref, ref64, tol, case.exact))
+            checks += _checks("", out, ref, ref64, tol, case.exact)
         if case.grad:
             gtol = tolerance_for(spec, case.dtype, grad=True)
             ckey = jax.random.fold_in(key, 7919)
             cts = [jax.random.normal(jax.random.fold_in(ckey, n), o.shape, jnp.float32)
-                   if jnp.issubdtype(o.dtype, jnp.floating) else None for n, o in enumerate(_leaves(out))]
+                   if jnp.issubdtype(o.dtype, jnp.floating) else None
+                   for n, o in enumerate(jax.tree_util.tree_leaves(out))]
             g_k = _grads(lambda *a: spec.kernel(*a, interpret=True, **kp), args, case.grad_argnums, cts)
             g_r = _grads(lambda *a: spec.reference(*a, **rp), args, case.grad_argnums, cts)
             with jax.enable_x64():
                 cts64 = [None if c is None else c.astype(jnp.float64) for c in cts]
                 g_64 = _grads(lambda *a: spec.reference(*a, **rp), _to_f64(args), case.grad_argnums, cts64)
             for n, argnum in enumerate(case.grad_argnums):
-                checks.append(compare(f"grad[{argnum}] kernel vs reference", g_k[n], g_r[n], gtol))
-                checks.append(compare(f"grad[{argnum}] kernel vs float64", g_k[n], g_64[n], gtol))
+                checks += _checks(f"grad[{argnum}]", g_k[n], g_r[n], g_64[n], gtol, False)
         error = None
     except Exception as e:  # a kernel that fails is a failed case, reported with its cause
         error = one_line(e, 500)

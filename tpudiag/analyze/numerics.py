@@ -1,0 +1,232 @@
+"""How far one array is from another, and whether that is far enough to fail: the checks of
+`tpudiag validate` and `tpudiag kernels verify`.
+
+Two rules, one comparison:
+
+- `ParityRule` (validate): the candidate's error against a float64 computation may be at most `k`
+  times the reference's own error against it, plus a floor of a few units of the output dtype's
+  epsilon. Errors are normwise (the largest absolute error over the largest |float64 value|), so a
+  near-zero element does not turn one rounding into an infinite relative error. A port may be as
+  wrong as the reference it ports, not more.
+- `Tolerance` (kernels verify): elementwise |got - want| <= atol + rtol * |want|, each kernel's
+  own figures with their reasons (kernels/spec.py).
+
+Both report the same statistics (`ErrorStats`): max absolute and relative error, the distance in
+units in the last place of the output dtype (max, p99.9, mean), the fraction of elements within the
+floor, where NaN and Inf disagree, and the first differing element. Integer and boolean outputs must
+match exactly. Pure NumPy, no I/O; float64 on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpudiag.model import Model
+
+
+@dataclass(frozen=True)
+class NumericsConfig:
+    # A port may be twice as far from float64 as its reference: another summation order or a fused
+    # multiply-add is as right as the reference's, and its error is of the same size, not equal.
+    k: float = 2.0
+    # The floor, in units of the output dtype's epsilon (normwise): both sides round their outputs
+    # to the dtype (half an ulp each) and a reference whose own error is ~0 (a NumPy reference in
+    # float64, or an exact case) still leaves the candidate its rounding. XProf's parity contract
+    # recommends 2 ULP with a hard ceiling of 8 for bf16/f16 and 4 for f32; normwise, 4 eps sits
+    # between them.
+    floor_eps: float = 4.0
+    # The ULP percentile reported beside the max and the mean (XProf reports p99.9).
+    ulp_percentile: float = 99.9
+
+
+DEFAULT_NUMERICS = NumericsConfig()
+
+# Epsilon (2^-mantissa bits) of each floating dtype the harness meets, by NumPy/JAX name.
+EPS = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10, "float32": 2.0 ** -23, "float64": 2.0 ** -52,
+       "float8_e4m3fn": 2.0 ** -3, "float8_e5m2": 2.0 ** -2}
+
+
+@dataclass(frozen=True)
+class ParityRule:
+    """Pass iff the candidate's normwise error against float64 <= k * the reference's + floor."""
+
+    k: float
+    floor: float  # normwise, absolute after scaling: floor_eps * eps(dtype)
+
+    @classmethod
+    def for_dtype(cls, dtype: str, config: NumericsConfig = DEFAULT_NUMERICS) -> "ParityRule":
+        return cls(config.k, config.floor_eps * EPS.get(dtype, EPS["float32"]))
+
+    def describe(self) -> str:
+        return f"error <= {self.k:g} x reference's + {self.floor:.3g}"
+
+
+@dataclass(frozen=True)
+class FirstDiff(Model):
+    """The first element (in C order) past the floor: where, both values, and the float64 value."""
+
+    index: tuple[int, ...]
+    got: float
+    want: float
+    truth: float | None
+
+
+@dataclass(frozen=True)
+class ErrorStats(Model):
+    max_abs: float
+    max_rel: float  # over elements whose |want| is above the floor's scale
+    normwise: float  # max_abs / max |want| over finite elements (the figure the parity rule reads)
+    ulp_max: float
+    ulp_p999: float
+    ulp_mean: float
+    within_floor: float  # fraction of elements within the floor (normwise, elementwise)
+    nonfinite_mismatch: int  # elements where one side is NaN or Inf and the other is not (or a different one)
+    first_diff: FirstDiff | None
+
+
+@dataclass(frozen=True)
+class Check(Model):
+    """One comparison of an output (or a gradient) of one side against another."""
+
+    what: str  # "candidate vs float64", "grad[q] candidate vs reference", "determinism", ...
+    ok: bool
+    rule: str  # the rule in words, with its figures
+    # The error over what the rule allows (<= 1 passes), and the largest absolute error; None where
+    # no finite figure exists (the shapes, the NaN/Inf positions or exact values disagree).
+    worst_ratio: float | None
+    max_abs_err: float | None
+    stats: ErrorStats | None
+    detail: str | None = None  # what failed, in one line
+
+
+def _max_abs(stats: ErrorStats) -> float | None:
+    return None if stats.nonfinite_mismatch else stats.max_abs
+
+
+def _ulps(got: np.ndarray, want: np.ndarray, dtype: str) -> np.ndarray:
+    """|got - want| in units of the last place of `dtype` at |want|: the spacing of the dtype there."""
+    eps = EPS.get(dtype, EPS["float32"])
+    tiny = {"bfloat16": 2.0 ** -126, "float16": 2.0 ** -14, "float32": 2.0 ** -126}.get(dtype, 2.0 ** -1022)
+    mag = np.maximum(np.abs(want), tiny)
+    spacing = np.exp2(np.floor(np.log2(mag))) * eps
+    return np.abs(got - want) / spacing
+
+
+def error_stats(got, want, dtype: str, floor: float, config: NumericsConfig = DEFAULT_NUMERICS,
+                truth=None) -> ErrorStats:
+    """Statistics of `got` against `want` (float64 on the host); `floor` is normwise."""
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    fin_g, fin_w = np.isfinite(g), np.isfinite(w)
+    same_nonfinite = (~fin_g & ~fin_w) & ((np.isnan(g) & np.isnan(w)) | (g == w))
+    mismatch = int(np.count_nonzero((fin_g != fin_w) | (~fin_g & ~fin_w & ~same_nonfinite)))
+    both = fin_g & fin_w
+    err = np.where(both, np.abs(g - w), 0.0)
+    scale = float(np.max(np.abs(w[both]))) if np.any(both) else 0.0
+    scale = scale if scale > 0 else 1.0
+    max_abs = float(err.max()) if err.size else 0.0
+    rel_ok = both & (np.abs(w) > floor * scale)
+    max_rel = float(np.max(err[rel_ok] / np.abs(w[rel_ok]))) if np.any(rel_ok) else 0.0
+    ulps = _ulps(g[both], w[both], dtype) if np.any(both) else np.zeros(0)
+    bad = (err > floor * scale) | ((fin_g != fin_w) | (~fin_g & ~fin_w & ~same_nonfinite))
+    first = None
+    if np.any(bad):
+        i = tuple(int(j) for j in np.unravel_index(int(np.argmax(bad)), bad.shape)) if bad.shape else ()
+        t = None if truth is None else float(np.asarray(truth, np.float64)[i])
+        first = FirstDiff(index=i, got=float(g[i]), want=float(w[i]), truth=t)
+    return ErrorStats(
+        max_abs=max_abs, max_rel=max_rel, normwise=max_abs / scale,
+        ulp_max=float(ulps.max()) if ulps.size else 0.0,
+        ulp_p999=float(np.percentile(ulps, config.ulp_percentile)) if ulps.size else 0.0,
+        ulp_mean=float(ulps.mean()) if ulps.size else 0.0,
+        within_floor=float(1.0 - np.count_nonzero(bad) / bad.size) if bad.size else 1.0,
+        nonfinite_mismatch=mismatch, first_diff=first)
+
+
+def _is_exact(a: np.ndarray) -> bool:
+    return a.dtype.kind in "biu"
+
+
+def _shape_problem(got: np.ndarray, want: np.ndarray) -> str | None:
+    if got.shape != want.shape:
+        return f"shape {got.shape}, expected {want.shape}"
+    return None
+
+
+def exact_check(what: str, got, want) -> Check:
+    """Integer, index and boolean outputs: equal element for element."""
+    g, w = np.asarray(got), np.asarray(want)
+    problem = _shape_problem(g, w)
+    if problem:
+        return Check(what, False, "exact", None, None, None, problem)
+    bad = np.argwhere(g != w)
+    if not bad.size:
+        return Check(what, True, "exact", 0.0, 0.0, None)
+    i = tuple(int(j) for j in bad[0])
+    return Check(what, False, "exact", None, None, None,
+                 f"{len(bad)} of {g.size} differ; first at {i}: {g[i]} vs {w[i]}")
+
+
+def parity_check(what: str, cand, truth, ref_error: float, dtype: str, rule: ParityRule,
+                 config: NumericsConfig = DEFAULT_NUMERICS) -> Check:
+    """`cand` against the float64 `truth`, allowed `rule.k * ref_error + rule.floor` (normwise)."""
+    c, t = np.asarray(cand), np.asarray(truth)
+    problem = _shape_problem(c, t)
+    if problem:
+        return Check(what, False, rule.describe(), None, None, None, problem)
+    if _is_exact(c) or _is_exact(t):
+        return exact_check(what, c, t)
+    allowed = rule.k * ref_error + rule.floor
+    stats = error_stats(c, t, dtype, allowed, config, truth=t)
+    ratio = None if stats.nonfinite_mismatch else stats.normwise / allowed
+    ok = ratio is not None and ratio <= 1.0
+    detail = None
+    if stats.nonfinite_mismatch:
+        detail = f"NaN/Inf where the other side has none: {stats.nonfinite_mismatch} element(s)"
+    elif not ok:
+        detail = (f"normwise error {stats.normwise:.3g} > {allowed:.3g} (the reference's {ref_error:.3g} x "
+                  f"{rule.k:g} + floor {rule.floor:.3g})")
+    if detail and stats.first_diff is not None:
+        f = stats.first_diff
+        detail += f"; first at {f.index}: {f.got:.6g} vs {f.want:.6g}"
+    return Check(what, ok, rule.describe(), ratio, _max_abs(stats), stats, detail)
+
+
+def normwise_error(got, truth) -> float:
+    """The normwise error of `got` against `truth` over the elements finite on both sides (0 for
+    empty arrays): the reference's yardstick. Where the reference itself turns NaN or Inf, that is
+    reported by its own measure, and the candidate is held to the floor there."""
+    g, t = np.asarray(got, np.float64), np.asarray(truth, np.float64)
+    if g.shape != t.shape or not g.size:
+        return 0.0
+    return error_stats(g, t, "float64", 0.0).normwise
+
+
+def tolerance_check(what: str, got, want, atol: float, rtol: float, dtype: str = "float32",
+                    exact: bool = False) -> Check:
+    """Elementwise |got - want| <= atol + rtol * |want| (kernels verify's rule)."""
+    g, w = np.asarray(got), np.asarray(want)
+    if exact or _is_exact(g) or _is_exact(w):
+        return exact_check(what, g, w)
+    problem = _shape_problem(g, w)
+    rule = f"|err| <= {atol:g} + {rtol:g} x |want|"
+    if problem:
+        return Check(what, False, rule, None, None, None, problem)
+    g64, w64 = g.astype(np.float64), w.astype(np.float64)
+    stats = error_stats(g64, w64, dtype, 0.0)
+    if stats.nonfinite_mismatch:
+        i = tuple(int(j) for j in np.argwhere(np.isfinite(g64) != np.isfinite(w64))[0]) \
+            if np.any(np.isfinite(g64) != np.isfinite(w64)) else ()
+        where = f" at {i}: {g64[i]} vs {w64[i]}" if i else ""
+        return Check(what, False, rule, None, None, stats, f"non-finite mismatch{where}")
+    fin = np.isfinite(w64)
+    err = np.where(fin, np.abs(g64 - w64), 0.0)
+    ratio = err / (atol + rtol * np.abs(w64))
+    worst = float(ratio.max()) if ratio.size else 0.0
+    ok = worst <= 1.0
+    detail = None
+    if not ok:
+        i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+        detail = f"worst at {tuple(int(j) for j in i)}: {g64[i]:.6g} vs {w64[i]:.6g}"
+    return Check(what, ok, rule, worst, stats.max_abs, stats, detail)

@@ -1,0 +1,1 @@
+"""The parity harness behind `tpudiag validate` and `tpudiag kernels verify` (harness.py)."""

@@ -1,0 +1,275 @@
+"""The parity harness: one case (a regime at a shape) of a candidate against its reference and a
+float64 computation, values and gradients, plus determinism; the shrinking of a failing case; and
+the whole run. `tpudiag validate` and `tpudiag kernels verify` both check through `compare_outputs`.
+
+Per case:
+1. the candidate, the reference and the reference in float64 (a NumPy reference is float64 already)
+   run on the same inputs;
+2. each output: candidate vs float64 under the rule (analyze/numerics.py) with the reference's own
+   error as the yardstick; candidate vs reference and reference vs float64 are measured and
+   reported; integer outputs must be equal;
+3. `grad`: the VJP with a random cotangent of every floating input, the same way;
+4. `determinism`: the candidate again on the same inputs, equal bit for bit.
+
+A case that fails is shrunk: every dimension halved (alike across arguments) while it still fails,
+then the simplest regime (`normal`) tried at that size; the smallest failing case is reported with
+its first differing element.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+from tpudiag.analyze.numerics import (DEFAULT_NUMERICS, Check, NumericsConfig, ParityRule, error_stats, exact_check,
+                                      normwise_error, parity_check, tolerance_check)
+from tpudiag.analyze.validate_model import SCHEMA, Measure, Shrunk, ValidateCase, ValidateResult
+from tpudiag.errors import InputError, one_line
+from tpudiag.parity import inputs as inp
+from tpudiag.parity.sides import Side, call, float64_call, grads
+
+_SHRINK_STEPS = 8  # halvings at most: 1024 -> 4
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What a case's sides returned: flat lists of NumPy arrays."""
+
+    cand: list
+    ref: list
+    truth: list
+
+
+def _dtype(a: np.ndarray) -> str:
+    return str(a.dtype)
+
+
+def _structure(o: Outputs, cand_label: str, ref_label: str) -> None:
+    """Both sides return the same number of outputs of the same shapes: else a one-line InputError."""
+    if len(o.cand) != len(o.ref):
+        raise InputError(f"{cand_label} returns {len(o.cand)} output(s), {ref_label} returns {len(o.ref)}")
+    for n, (c, r) in enumerate(zip(o.cand, o.ref)):
+        if c.shape != r.shape:
+            where = f"output {n}" if len(o.cand) > 1 else "the output"
+            raise InputError(f"{cand_label}: {where} has shape {list(c.shape)}, {ref_label}'s has {list(r.shape)}")
+
+
+def compare_outputs(o: Outputs, prefix: str, *, rule: ParityRule | None = None, atol_rtol=None,
+                    config: NumericsConfig = DEFAULT_NUMERICS, exact: bool = False,
+                    names: tuple[str, str] = ("candidate", "reference")) -> tuple[list[Check], list[Measure]]:
+    """The checks and measures of one set of outputs. `rule` (validate): the parity rule per output
+    dtype (None: `ParityRule.for_dtype`). `atol_rtol` (kernels verify): an elementwise tolerance,
+    checked for candidate vs reference, candidate vs float64 and reference vs float64."""
+    checks, measures = [], []
+    cn, rn = names
+    many = len(o.cand) > 1
+    for n, (c, r, t) in enumerate(zip(o.cand, o.ref, o.truth)):
+        tag = f"{prefix}[{n}] " if many else (f"{prefix} " if prefix else "")
+        dt = _dtype(c)
+        if atol_rtol is not None:
+            atol, rtol = atol_rtol
+            checks.append(tolerance_check(f"{tag}{cn} vs {rn}", c, r, atol, rtol, dt, exact))
+            checks.append(tolerance_check(f"{tag}{cn} vs float64", c, t, atol, rtol, dt, exact))
+            checks.append(tolerance_check(f"{tag}{rn} vs float64", r, t, atol, rtol, dt, exact))
+            continue
+        if exact or c.dtype.kind in "biu":
+            checks.append(exact_check(f"{tag}{cn} vs {rn}", c, r))
+            continue
+        rl = rule or ParityRule.for_dtype(dt, config)
+        ref_err = normwise_error(r, t)
+        checks.append(parity_check(f"{tag}{cn} vs float64", c, t, ref_err, dt, rl, config))
+        measures.append(Measure(f"{tag}{cn} vs {rn}", error_stats(c, r, dt, rl.floor, config)))
+        rs = error_stats(r, t, dt, rl.floor, config)
+        measures.append(Measure(f"{tag}{rn} vs float64", rs,
+                                f"the reference turns NaN/Inf at {rs.nonfinite_mismatch} element(s)"
+                                if rs.nonfinite_mismatch else None))
+    return checks, measures
+
+
+def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+@dataclass(frozen=True)
+class Pair:
+    ref: Side
+    cand: Side
+    static: dict
+    grad: bool
+    determinism: bool
+    config: NumericsConfig = DEFAULT_NUMERICS
+
+
+def _is_float(a: np.ndarray) -> bool:
+    return a.dtype.kind == "f" or str(a.dtype) == "bfloat16"
+
+
+def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tuple[list[Check], list[Measure]]:
+    """Every check of one case (raises what a side raises). `named`: the inputs, (name, array)."""
+    note = None
+    try:  # the reference first: it is the oracle, and inputs it cannot take are a bad argument
+        ref = call(pair.ref, named, pair.static)
+        if pair.ref.kind == "jax":
+            truth, note = float64_call(pair.ref, named, pair.static)
+        else:
+            truth = call(pair.ref, named, pair.static, f64=True)
+    except InputError:
+        raise
+    except Exception as e:
+        raise InputError(f"{pair.ref.label} raised on these inputs ({_describe(named)}): {one_line(e, 300)}") from e
+    o = Outputs(call(pair.cand, named, pair.static), ref, truth)
+    _structure(o, pair.cand.label, pair.ref.label)
+    checks, measures = compare_outputs(o, "", config=pair.config)
+    if note:
+        measures.append(Measure("float64 run", None, note))
+    if pair.grad:
+        floats = [k for k, (_, a) in enumerate(named) if _is_float(a)]
+        rng = np.random.default_rng(seed + 7919)
+        cts = [rng.standard_normal(c.shape) if _is_float(c) else None for c in o.cand]
+        wrt = tuple(floats)
+        g = Outputs(grads(pair.cand, named, pair.static, cts, wrt), grads(pair.ref, named, pair.static, cts, wrt),
+                    grads(pair.ref, named, pair.static, cts, wrt, f64=True))
+        for j, k in enumerate(floats):
+            one = Outputs([g.cand[j]], [g.ref[j]], [g.truth[j]])
+            ch, me = compare_outputs(one, f"grad[{named[k][0]}]", config=pair.config)
+            checks += ch
+            measures += me
+    if pair.determinism:
+        again = call(pair.cand, named, pair.static)
+        same = all(_bits_equal(a, b) for a, b in zip(o.cand, again))
+        detail = None
+        if not same:
+            n = next(k for k, (a, b) in enumerate(zip(o.cand, again)) if not _bits_equal(a, b))
+            a, b = np.asarray(o.cand[n], np.float64), np.asarray(again[n], np.float64)
+            diff = np.argwhere(a != b) if a.shape == b.shape else np.zeros((0, 0))
+            if diff.size:
+                idx = tuple(int(j) for j in diff[0])
+                detail = (f"two runs on the same inputs differ at {len(diff)} element(s); first at {idx}: "
+                          f"{a[idx]:.9g} vs {b[idx]:.9g}")
+            else:
+                detail = f"two runs on the same inputs differ in their bits (output {n}: NaN payloads or signed zeros)"
+        checks.append(Check("determinism", same, "bit for bit", 0.0 if same else None, 0.0 if same else None,
+                            None, detail))
+    return checks, measures
+
+
+def _run(pair: Pair, named, seed: int) -> tuple[list[Check], list[Measure], str | None]:
+    try:
+        checks, measures = check_case(pair, named, seed)
+        return checks, measures, None
+    except InputError:
+        raise  # the two sides do not fit together: a bad argument, not a failed case
+    except Exception as e:  # a side that raises is a failed case, with its cause
+        return [], [], one_line(e, 400)
+
+
+def _describe(named) -> str:
+    return " ".join(f"{n}={a.dtype}[{','.join(map(str, a.shape))}]" for n, a in named)
+
+
+def _fails(pair: Pair, named, seed) -> tuple[bool, list[Check], str | None]:
+    try:
+        checks, _, error = _run(pair, named, seed)
+    except InputError as e:  # a smaller size the reference does not take
+        return True, [], str(e)
+    return error is not None or not checks or not all(c.ok for c in checks), checks, error
+
+
+def _named(specs, regime: str, seed: int) -> list[tuple[str, np.ndarray]]:
+    return list(zip((s.name for s in specs), inp.make_args(specs, regime, seed)))
+
+
+def shrink(pair: Pair, specs, regime: str, seed: int) -> Shrunk | None:
+    """The smallest failing case reachable by halving every dimension (a spec only), then the
+    `normal` regime at that size. None where no smaller case fails."""
+    best, cur = None, specs
+    for _ in range(_SHRINK_STEPS):
+        sizes = inp.shrink_map(cur)
+        if not sizes:
+            break
+        smaller = inp.resized(cur, sizes)
+        bad, checks, error = _fails(pair, _named(smaller, regime, seed), seed)
+        if not bad or error is not None:  # passes, or a side refuses the size: stop here
+            break
+        cur, best = smaller, (regime, smaller, checks)
+    if regime != "normal" and best is not None:
+        bad, checks, error = _fails(pair, _named(cur, "normal", seed), seed)
+        if bad and error is None:
+            best = ("normal", cur, checks)
+    if best is None:
+        return None
+    reg, sp, checks = best
+    first = next((c for c in checks if not c.ok), None)
+    return Shrunk(regime=reg, inputs=" ".join(s.text() for s in sp), check=first.what if first else "",
+                  detail=first.detail if first else None)
+
+
+def _check_names(side: Side, names: tuple[str, ...]) -> None:
+    """Inputs named by a spec or a generator's dict must be the function's parameters, where its
+    signature names them: else a one-line InputError."""
+    if side.params and not all(n in side.params for n in names) and len(names) != len(side.params):
+        raise InputError(f"{side.label} takes ({', '.join(side.params)}); the inputs are "
+                         f"({', '.join(names)})")
+
+
+def _from_generator(made, cand: Side) -> list[tuple[str, np.ndarray]]:
+    if isinstance(made, dict):
+        return [(k, np.asarray(v)) for k, v in made.items()]
+    if not isinstance(made, (tuple, list)):
+        made = (made,)
+    names = cand.params if len(cand.params) >= len(made) else tuple(f"arg{i}" for i in range(len(made)))
+    return [(names[i], np.asarray(v)) for i, v in enumerate(made)]
+
+
+def validate_pair(ref: Side, cand: Side, *, specs=None, generator: Callable | None = None, regimes=("normal",),
+                  static: dict | None = None, grad: bool = False, determinism: bool = True, seed: int | None = None,
+                  shrink_failures: bool = True, config: NumericsConfig = DEFAULT_NUMERICS, inputs_text: str = "",
+                  progress: Callable[[ValidateCase], None] | None = None) -> ValidateResult:
+    """Every regime of the pair; `specs` (a parsed spec) or `generator(seed, regime)` gives the inputs."""
+    seed = secrets.randbelow(2**31) if seed is None else seed
+    static = dict(static or {})
+    pair = Pair(ref, cand, static, grad, determinism, config)
+    if grad and ref.kind == "numpy":
+        raise InputError(f"{ref.label}: a NumPy reference has no gradient; --grad needs a JAX or PyTorch reference")
+    if specs is not None:
+        for side in (ref, cand):
+            _check_names(side, tuple(a.name for a in specs))
+    cases, skipped = [], []
+    for n, regime in enumerate(regimes):
+        case_seed = (seed * 1000003 + n) % 2**31
+        t0 = time.perf_counter()
+        case_specs = None
+        if generator is not None:
+            made = generator(case_seed, regime)
+            if made is None:
+                skipped.append(regime)
+                continue
+            named = _from_generator(made, cand)
+            for side in (ref, cand):
+                if isinstance(made, dict):
+                    _check_names(side, tuple(k for k, _ in named))
+        else:
+            case_specs = inp.resized(specs, inp.shrink_map(specs, odd=True), keep_last=True) \
+                if regime == "odd_lengths" else specs
+            named = _named(specs, regime, case_seed)
+        checks, measures, error = _run(pair, named, case_seed)
+        case = ValidateCase(regime=regime, inputs=_describe(named), seed=case_seed, checks=tuple(checks),
+                            measures=tuple(measures), error=error, seconds=round(time.perf_counter() - t0, 3))
+        if not case.ok and shrink_failures and case_specs is not None:
+            small = shrink(pair, case_specs, "normal" if regime == "odd_lengths" else regime, case_seed)
+            if small is not None:
+                case = replace(case, shrunk=small)
+        cases.append(case)
+        if progress:
+            progress(case)
+    passed = sum(c.ok for c in cases)
+    return ValidateResult(
+        schema=SCHEMA, reference=ref.label, candidate=cand.label, kinds={"reference": ref.kind, "candidate": cand.kind},
+        seed=seed, inputs=inputs_text, static={k: repr(v) for k, v in static.items()}, regimes=tuple(regimes),
+        skipped=tuple(skipped), grad=grad, determinism=determinism,
+        rule={"k": config.k, "floor_eps": config.floor_eps}, cases=tuple(cases),
+        ok=bool(cases) and passed == len(cases), passed=passed, failed=len(cases) - passed)
