@@ -8,7 +8,9 @@ The pair: fixtures/programs/parity/refs.py:attention (f32 softmax, causal) and p
 - the peer: a fresh `python -c` script that does the same work by hand for the same nine regimes
   (inputs drawn the same way, the candidate, the reference and the reference under x64, the
   gradients of all three, the candidate again for determinism) and checks with
-  `np.testing.assert_allclose` (atol/rtol 2e-2 for the values, bit equality for determinism).
+  `np.testing.assert_allclose` (atol/rtol 2e-2; every check runs and failures are counted), and bit
+  equality for determinism. It does the same work as tpudiag, not the same judgement: no ULP
+  statistics, no shrinking, and its float64 is the reference under x64 as written.
 
 Each is run `--repeat` times (default 2), alternating; the best of each is compared.
 Goal: tpudiag <= 1.5x the plain script. Prints the table; never asserts.
@@ -37,6 +39,7 @@ import refs, ports
 from tpudiag.parity import inputs as inp
 specs = inp.parse_spec("{spec}")
 regimes = inp.regimes_for(specs, "all")
+failed = []
 for n, regime in enumerate(regimes):
     q, k, v = (jnp.asarray(a) for a in inp.make_args(specs, regime, 1000 + n))
     out = ports.attention(q, k, v)
@@ -51,13 +54,15 @@ for n, regime in enumerate(regimes):
         g_64 = grads(refs.attention, tuple(a.astype(jnp.float64) for a in (q, k, v)), jnp.float64)
     again = ports.attention(q, k, v)
     f = lambda x: np.asarray(x, np.float64)
-    np.testing.assert_allclose(f(out), f(ref64), atol=2e-2, rtol=2e-2)
-    np.testing.assert_allclose(f(ref), f(ref64), atol=2e-2, rtol=2e-2)
-    for a, b, c in zip(g_c, g_r, g_64):
-        np.testing.assert_allclose(f(a), f(c), atol=5e-2, rtol=5e-2)
-        np.testing.assert_allclose(f(b), f(c), atol=5e-2, rtol=5e-2)
-    assert np.asarray(out).tobytes() == np.asarray(again).tobytes()
-print(len(regimes), "regimes")
+    pairs = [(out, ref64), (ref, ref64)] + [(a, c) for a, c in zip(g_c, g_64)] + [(b, c) for b, c in zip(g_r, g_64)]
+    for got, want in pairs:  # every check runs; a failure is counted, as a test suite would
+        try:
+            np.testing.assert_allclose(f(got), f(want), atol=2e-2, rtol=2e-2)
+        except AssertionError:
+            failed.append(regime)
+    if np.asarray(out).tobytes() != np.asarray(again).tobytes():
+        failed.append(regime + " determinism")
+print(len(regimes), "regimes;", len(failed), "failed checks")
 '''
 
 

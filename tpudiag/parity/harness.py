@@ -30,7 +30,7 @@ from tpudiag.analyze.numerics import (DEFAULT_NUMERICS, Check, NumericsConfig, P
 from tpudiag.analyze.validate_model import SCHEMA, Measure, Shrunk, ValidateCase, ValidateResult
 from tpudiag.errors import InputError, one_line
 from tpudiag.parity import inputs as inp
-from tpudiag.parity.sides import Side, call, float64_call, grads
+from tpudiag.parity.sides import Side, call, clear_compiled, float64_call, grads
 
 _SHRINK_STEPS = 8  # halvings at most: 1024 -> 4
 
@@ -232,6 +232,7 @@ def validate_pair(ref: Side, cand: Side, *, specs=None, generator: Callable | No
     """Every regime of the pair; `specs` (a parsed spec) or `generator(seed, regime)` gives the inputs."""
     seed = secrets.randbelow(2**31) if seed is None else seed
     static = dict(static or {})
+    clear_compiled()
     pair = Pair(ref, cand, static, grad, determinism, config)
     if grad and ref.kind == "numpy":
         raise InputError(f"{ref.label}: a NumPy reference has no gradient; --grad needs a JAX or PyTorch reference")

@@ -171,6 +171,28 @@ def _positional(s: Side, named, kw):
     return lambda *xs: _invoke(s, list(zip(names, xs)), kw)
 
 
+_JITTED: dict = {}
+
+
+def _jitted(key: tuple, make: Callable) -> Callable:
+    """One `jax.jit` per (side, inputs' names, static arguments, purpose): each regime of a run
+    reuses its compile for the same shapes (eager dispatch would compile every primitive)."""
+    import jax
+
+    if key not in _JITTED:
+        _JITTED[key] = jax.jit(make())
+    return _JITTED[key]
+
+
+def clear_compiled() -> None:
+    """Forget the jitted runs of earlier pairs (a long pytest session validates many)."""
+    _JITTED.clear()
+
+
+def _key(s: Side, named, static: dict, *more) -> tuple:
+    return (id(s.fn), s.label, tuple(n for n, _ in named), repr(sorted(static.items())), *more)
+
+
 def float64_call(s: Side, named: list[tuple[str, np.ndarray]], static: dict) -> tuple[list[np.ndarray], str | None]:
     """A JAX side evaluated in float64 throughout (parity/upcast.py), or, where that cannot be done,
     under x64 as written; the second item says which when it is the latter."""
@@ -182,7 +204,7 @@ def float64_call(s: Side, named: list[tuple[str, np.ndarray]], static: dict) -> 
     with jax.enable_x64():
         args = [_jax(a, True) for _, a in named]
         try:
-            out = in_float64(_positional(s, named, kw), {})(*args)
+            out = _jitted(_key(s, named, static, "float64"), lambda: in_float64(_positional(s, named, kw), {}))(*args)
             return [np.asarray(x) for x in leaves(jax.block_until_ready(out))], None
         except Unsupported as e:
             out = _invoke(s, list(zip([n for n, _ in named], args)), kw)
@@ -221,18 +243,23 @@ def grads(s: Side, named: list[tuple[str, np.ndarray]], static: dict, cotangents
     import jax
     import jax.numpy as jnp
 
-    def run(fn):
+    def make(fn, dt):
+        def g(full, cts):
+            def loss(*diff):
+                xs = list(full)
+                for i, d in zip(wrt, diff):
+                    xs[i] = d
+                outs = jax.tree_util.tree_leaves(fn(*xs))
+                return sum(jnp.sum(o.astype(dt) * c.astype(dt)) for o, c in zip(outs, cts) if c is not None)
+
+            return jax.grad(loss, argnums=tuple(range(len(wrt))))(*(full[i] for i in wrt))
+        return g
+
+    def run(fn, tag):
         full = [_jax(a, f64) for _, a in named]
         dt = jnp.float64 if f64 else jnp.float32
-
-        def loss(*diff):
-            xs = list(full)
-            for i, d in zip(wrt, diff):
-                xs[i] = d
-            outs = jax.tree_util.tree_leaves(fn(*xs))
-            return sum(jnp.sum(o.astype(dt) * jnp.asarray(c, dt)) for o, c in zip(outs, cotangents) if c is not None)
-
-        g = jax.grad(loss, argnums=tuple(range(len(wrt))))(*(full[i] for i in wrt))
+        cts = [None if c is None else jnp.asarray(c, dt) for c in cotangents]
+        g = _jitted(_key(s, named, static, "grad", tag, wrt), lambda: make(fn, dt))(full, cts)
         return [np.asarray(x) for x in g]
 
     plain = _positional(s, named, kw)
@@ -241,10 +268,10 @@ def grads(s: Side, named: list[tuple[str, np.ndarray]], static: dict, cotangents
 
         with jax.enable_x64():
             try:
-                return run(in_float64(plain, {}))
+                return run(in_float64(plain, {}), "float64")
             except Unsupported:
-                return run(plain)
-    return run(plain)
+                return run(plain, "x64")
+    return run(plain, "plain")
 
 
 def _torch_leaves(out):
