@@ -41,6 +41,8 @@ PLANTED = {
                               "grad[q] candidate vs float64"),
     "softmax_nondeterministic": ("refs.py:softmax", SOFTMAX, {}, {"normal"}, "determinism"),
     "top_k_ties_last": ("refs.py:top_k", "x=f32[8,100]", {}, {"ties"}, "[1] candidate vs reference"),
+    "masked_softmax_nan_rows": ("refs.py:masked_softmax", "x=f32[16,64] mask=bool[16,64] lengths=s32[16]{1..64}", {},
+                                {"masked_rows", "bounds"}, "candidate vs float64"),
 }
 
 
@@ -67,6 +69,7 @@ CORRECT = [
     ("refs.py:row_sum", "ports.py:row_sum", "x=bf16[8,4096]", {}),
     ("refs.py:scaled_scores", "ports.py:scaled_scores", "q=f32[64,32] k=f32[48,32]", {"grad": True}),
     ("refs.py:top_k", "ports.py:top_k", "x=f32[8,100]", {}),
+    ("refs.py:masked_softmax", "ports.py:masked_softmax", "x=f32[16,64] mask=bool[16,64] lengths=s32[16]{0..64}", {}),
 ]
 
 

@@ -254,8 +254,7 @@ def validate_pair(ref: Side, cand: Side, *, specs=None, generator: Callable | No
                 if isinstance(made, dict):
                     _check_names(side, tuple(k for k, _ in named))
         else:
-            case_specs = inp.resized(specs, inp.shrink_map(specs, odd=True), keep_last=True) \
-                if regime == "odd_lengths" else specs
+            case_specs = inp.resized(specs, inp.shrink_map(specs, odd=True)) if regime == "odd_lengths" else specs
             named = _named(specs, regime, case_seed)
         checks, measures, error = _run(pair, named, case_seed)
         case = ValidateCase(regime=regime, inputs=_describe(named), seed=case_seed, checks=tuple(checks),

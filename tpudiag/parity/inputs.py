@@ -46,8 +46,9 @@ REGIMES = {
     "masked_rows": "boolean masks with whole rows False (a fully masked query or a padded sequence)",
     "bounds": "integer arguments at the ends of their range (lengths 0 and the maximum, the first and "
               "last index, one segment)",
-    "odd_lengths": "every dimension that is a multiple of 8 (except each argument's last) made 3 shorter: "
-                   "lengths that are not a multiple of 8 or 128 reach the padding and masking code",
+    "odd_lengths": "every size above 8 that is a multiple of 8 and some argument's non-last dimension made 3 "
+                   "shorter wherever it appears: lengths that are not a multiple of 8 or 128 reach the padding "
+                   "and masking code",
 }
 _FLOAT_REGIMES = ("normal", "heavy_tails", "outliers", "cancellation", "offset", "large_logits", "tiny", "ties")
 _OFFSET = {"bfloat16": 32.0, "float16": 256.0, "float32": 1e4, "float64": 1e8}
@@ -115,23 +116,20 @@ def regimes_for(specs: tuple[ArgSpec, ...] | None, asked: str) -> tuple[str, ...
 
 
 def shrink_map(specs: tuple[ArgSpec, ...], odd: bool = False) -> dict[int, int]:
-    """A map of dimension sizes applied alike to every argument (so q's and k's sequence stay equal):
-    `odd`: each size that is a multiple of 8 above 8 and not only ever an argument's last dimension ->
-    3 less; else each size above 1 -> half of it."""
+    """A map of dimension sizes applied alike to every dimension of every argument (so q's and k's
+    sequence, or a batch and its lengths vector, stay equal): `odd`: each size above 8 that is a
+    multiple of 8 and some argument's non-last dimension -> 3 less (a size only ever last, a feature
+    or head dimension, is kept); else each size above 1 -> half of it."""
     if odd:
         inner = {d for s in specs for d in s.shape[:-1]}
         return {d: d - 3 for d in inner if d > 8 and d % 8 == 0}
     return {d: max(1, d // 2) for s in specs for d in s.shape if d > 1}
 
 
-def resized(specs: tuple[ArgSpec, ...], sizes: dict[int, int], keep_last: bool = False) -> tuple[ArgSpec, ...]:
-    def dims(s: ArgSpec):
-        body = s.shape[:-1] if keep_last else s.shape
-        return tuple(sizes.get(d, d) for d in body) + (s.shape[-1:] if keep_last else ())
-
+def resized(specs: tuple[ArgSpec, ...], sizes: dict[int, int]) -> tuple[ArgSpec, ...]:
     out = []
     for s in specs:
-        shape = dims(s)
+        shape = tuple(sizes.get(d, d) for d in s.shape)
         high = s.high
         if high is not None and s.high in sizes:  # a length bounded by a resized dimension follows it
             high = sizes[s.high]
@@ -201,7 +199,7 @@ def make_args(specs: tuple[ArgSpec, ...], regime: str, seed: int) -> list[np.nda
     import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 
     if regime == "odd_lengths":
-        specs = resized(specs, shrink_map(specs, odd=True), keep_last=True)
+        specs = resized(specs, shrink_map(specs, odd=True))
         regime = "normal"
     rng = np.random.default_rng(seed)
     out = []
