@@ -209,9 +209,11 @@ def shrink(pair: Pair, specs, regime: str, seed: int) -> Shrunk | None:
 
 
 def _check_names(side: Side, names: tuple[str, ...]) -> None:
-    """Inputs named by a spec or a generator's dict must be the function's parameters, where its
-    signature names them: else a one-line InputError."""
-    if side.params and not all(n in side.params for n in names) and len(names) != len(side.params):
+    """Inputs named by a spec or a generator's dict go in by name where the function names them all,
+    else by position, which needs as many as its required parameters and no more than all of them:
+    else a one-line InputError."""
+    if side.params and not all(n in side.params for n in names) \
+            and not side.required <= len(names) <= len(side.params):
         raise InputError(f"{side.label} takes ({', '.join(side.params)}); the inputs are "
                          f"({', '.join(names)})")
 

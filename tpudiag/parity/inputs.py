@@ -45,7 +45,7 @@ REGIMES = {
     "ties": "values from a set of five: top-k, argmax and sort must break ties as the reference does",
     "masked_rows": "boolean masks with whole rows False (a fully masked query or a padded sequence)",
     "bounds": "integer arguments at the ends of their range (lengths 0 and the maximum, the first and "
-              "last index, one segment)",
+              "last index)",
     "odd_lengths": "every size above 8 that is a multiple of 8 and some argument's non-last dimension made 3 "
                    "shorter wherever it appears: lengths that are not a multiple of 8 or 128 reach the padding "
                    "and masking code",

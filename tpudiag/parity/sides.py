@@ -34,6 +34,7 @@ class Side:
     kind: str  # jax | numpy | torch
     params: tuple[str, ...]  # the positional parameter names, in order
     takes_interpret: bool
+    required: int = 0  # how many of them have no default
 
 
 def load_module(text: str, what: str):
@@ -87,14 +88,14 @@ def _kind(fn: Callable) -> str:
     return "numpy"
 
 
-def _params(fn: Callable) -> tuple[tuple[str, ...], bool]:
+def _params(fn: Callable) -> tuple[tuple[str, ...], bool, int]:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return (), False
-    pos = tuple(p.name for p in sig.parameters.values()
-                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "interpret")
-    return pos, "interpret" in sig.parameters
+        return (), False, 0
+    pos = [p for p in sig.parameters.values()
+           if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "interpret"]
+    return tuple(p.name for p in pos), "interpret" in sig.parameters, sum(p.default is p.empty for p in pos)
 
 
 def side(fn_or_text, what: str) -> Side:
@@ -104,8 +105,8 @@ def side(fn_or_text, what: str) -> Side:
         label = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', getattr(fn, '__name__', 'fn'))}"
     else:
         fn, label = load_function(str(fn_or_text), what), str(fn_or_text)
-    params, interp = _params(fn)
-    return Side(label, fn, _kind(fn), params, interp)
+    params, interp, required = _params(fn)
+    return Side(label, fn, _kind(fn), params, interp, required)
 
 
 def leaves(out: Any) -> list[np.ndarray]:
