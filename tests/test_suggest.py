@@ -183,6 +183,23 @@ def test_a_dense_moe_dispatch_gets_a_routed_bound(compiled):
     assert moe.xla_s > moe.kernel_s
 
 
+def test_a_profile_run_gives_the_saving_per_step(tmp_path):
+    """`tpudiag suggest SCRIPT` profiles with --target first; the profile says how often each module
+    runs per step: the full-sort sampler three times (--repeat 3), the top-k one once."""
+    if _jax_series() > (0, 10):
+        pytest.skip("the compiled fixture programs run on the oldest jax leg only (CI time)")
+    from tpudiag.api.suggest import suggest
+
+    rep, run = suggest(PROGRAMS / "sampler.py", ["--steps", "2", "--repeat", "3"], out=tmp_path / "run",
+                       static_profile=False, include_all=True)
+    rows = {s.module: s for s in rep.suggestions if s.pattern == "sampling"}
+    full, topk = rows["jit_full_sort_sample"], rows["jit_sample"]
+    assert (full.executions_per_step, topk.executions_per_step) == (3.0, 1.0)
+    assert full.saved_per_step_s == pytest.approx(3 * full.saved_s, rel=1e-9)
+    assert topk.saved_per_step_s == pytest.approx(topk.saved_s, rel=1e-9)
+    assert full.measured_share is not None and full.measured_share > 0
+
+
 def test_a_well_shaped_mlp_gets_no_suggestion(compiled):
     from tpudiag.api.suggest import suggest_run
 

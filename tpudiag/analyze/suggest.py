@@ -152,10 +152,11 @@ def _confidence(c: Candidate, p: Price, basis: str) -> tuple[str, str]:
 def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], replaced: list[Replaced],
                  prices: dict[int, Price], bounds: dict[int, float | None], findings: list[Finding],
                  measured: dict | None = None, config: SuggestConfig = DEFAULT_SUGGEST_CONFIG,
-                 notes=()) -> SuggestReport:
+                 notes=(), per_step: dict | None = None) -> SuggestReport:
     """`prices` and `bounds` are keyed by the candidate's index in `cands`; `measured` ({source line:
     measured op self seconds} of a profile run; its CPU op names are not the TPU's) adds each
-    suggestion's share of measured op time."""
+    suggestion's share of measured op time; `per_step` ({module name: its executions per traced
+    step}, from a profile run) turns each saving per execution into a saving per step."""
     rows = []
     measured_total = sum(measured.values()) if measured else 0.0
     for i, c in enumerate(cands):
@@ -190,8 +191,11 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
             expected_speedup=None if speedup is None else round(speedup, 3),
             saved_s=None if saved is None else round(saved, 12), confidence=confidence, reason=reason,
             snippet=p.snippet, notes=tuple(notes_), shown=shown, measured_share=mshare, backward=c.backward,
-            runs=c.runs))
-    rows.sort(key=lambda r: (not r.shown, -(r.saved_s or 0.0), -r.share, r.module, r.pattern))
+            runs=c.runs, executions_per_step=(per_step or {}).get(c.module),
+            saved_per_step_s=None if saved is None or (per_step or {}).get(c.module) is None
+            else round(saved * per_step[c.module], 12)))
+    rows.sort(key=lambda r: (not r.shown, -(r.saved_per_step_s if r.saved_per_step_s is not None else r.saved_s or 0.0),
+                             -r.share, r.module, r.pattern))
     out_notes = list(notes)
     if not any(r.shown for r in rows):
         out_notes.append("no op clears the minimums (share of its module's estimated time >= "

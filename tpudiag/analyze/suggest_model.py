@@ -33,6 +33,9 @@ class Suggestion(Model):
     backward: bool  # the XLA ops include the gradient, and the kernel was priced forward and backward
     measured_share: float | None = field(default=None, metadata={"omit_none": True})  # of measured op time
     runs: int = 1  # runs of the pattern per execution of the module (the trip counts of the loops around it)
+    # From a profile run: the module's executions per traced step, and saved_s times them.
+    executions_per_step: float | None = field(default=None, metadata={"omit_none": True})
+    saved_per_step_s: float | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)

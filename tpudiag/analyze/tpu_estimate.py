@@ -42,6 +42,9 @@ class TpuModuleRow(Model):
     tpu_estimated_total_s: float | None  # all executions in the trace
     status: str
     error: str | None
+    # Executions inside the traced steps per step (None without steps): what a saving per execution
+    # is multiplied by to be a saving per step.
+    executions_per_step: float | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,8 @@ def build_tpu_estimate(timeline: pd.DataFrame, step_count: int, report: CompileR
         modules.append(TpuModuleRow(
             name=m.name, program_id=pid, executions=round(runs, 3) if pid is None else runs,
             cpu_self_s=ns_to_s(cpu_ns), tpu_estimated_s=per,
-            tpu_estimated_total_s=None if per is None else round(per * runs, 12), status=m.status, error=m.error))
+            tpu_estimated_total_s=None if per is None else round(per * runs, 12), status=m.status, error=m.error,
+            executions_per_step=round(in_step / step_count, 3) if step_count else None))
         if per is not None and step_count:
             step_tpu_s += per * in_step / step_count
         if per is None or not runs:

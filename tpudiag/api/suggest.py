@@ -69,7 +69,7 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
     worth = [i for i, c in enumerate(cands) if include_all or c.share >= DEFAULT_SUGGEST_CONFIG.min_share]
     prices = _price(cands, worth, target, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress)
     findings = findings_for(report, modules, cands, target.chip.hbm_bytes_per_s)
-    measured, notes = None, []
+    measured, notes, per_step = None, [], None
     if profile_manifest is not None:
         prof = load_report(run)
         measured = {}
@@ -77,7 +77,19 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
             if o.source:
                 measured[o.source] = measured.get(o.source, 0.0) + o.self_s
         notes.append(f"measured shares are of the CPU run's op time ({prof.backend}), by source line")
-    return build_report(str(run), report, cands, replaced, prices, bounds, findings, measured, notes=notes)
+        per_step = _executions_per_step(prof.tpu_estimate)
+    return build_report(str(run), report, cands, replaced, prices, bounds, findings, measured, notes=notes,
+                        per_step=per_step)
+
+
+def _executions_per_step(section) -> dict | None:
+    """{module name: executions per traced step} of a profile run's TPU estimate; a name compiled
+    more than once (two shapes) is left out: its executions cannot be told apart by name."""
+    if section is None:
+        return None
+    names = [m.name for m in section.modules]
+    return {m.name: m.executions_per_step for m in section.modules
+            if m.executions_per_step is not None and names.count(m.name) == 1}
 
 
 def _price(cands, indices, target, *, static_profile, jobs, limits, progress) -> dict:

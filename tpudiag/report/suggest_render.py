@@ -54,7 +54,9 @@ def render_suggest_terminal(rep, console: Console, show_all: bool = False) -> No
             share += f"; {r.measured_share:.1%} of the measured op time"
         t.add_row("share", plain(share))
         t.add_row("time", plain(f"XLA {fmt_s(r.xla_s)} -> {'kernel' if r.kernel_basis == 'compiled' else 'bound'} "
-                                f"{fmt_s(r.kernel_s)}: {_speed(r)}, saves {fmt_s(r.saved_s)} per run of the module"))
+                                f"{fmt_s(r.kernel_s)}: {_speed(r)}, saves {fmt_s(r.saved_s)} per run of the module"
+                                + (f"; {fmt_s(r.saved_per_step_s)} per step ({r.executions_per_step:g} runs per step)"
+                                   if r.saved_per_step_s is not None else "")))
         t.add_row("confidence", plain(f"{r.confidence}: {r.reason}"))
         for note in r.notes:
             t.add_row("note", plain(note))
