@@ -155,13 +155,12 @@ def _limit_text(bound_by: str, row: dict, target: Target) -> str:
     return "schedule"  # the static cycle estimate is above every roofline floor
 
 
-def _op_rows(m: ModuleArtifacts, target: Target, costs: dict) -> list[dict]:
+def _op_rows(m: ModuleArtifacts, target: Target, costs: dict, runs: dict[str, int]) -> list[dict]:
     dev = DeviceFigures.of(target)
     info = index_module(m.hlo)
     static = {} if m.static is None else {r.op: r for r in m.static.itertuples()}
     llo = {} if m.llo is None else {r.program: r._asdict() for r in m.llo.itertuples()}
     devices = int(m.result.get("replicas", 1)) * int(m.result.get("partitions", 1))
-    runs = loop_runs(m.hlo).runs
     rows = []
     for comp in (m.hlo.computations[c] for c in m.hlo.executed_computations):
         for instr in comp.instructions:
@@ -219,7 +218,8 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
             return {**base, "ops": [], "totals": {"memory": memory}, "findings": [finding, *m.notes]}
         return {**base, "ops": [], "totals": None, "findings": list(m.notes)}
     costs = module_costs(m.hlo)  # once: the op rows and the fusion report both read it
-    ops = _op_rows(m, target, costs)
+    loops = loop_runs(m.hlo)  # once: the op rows' runs and the findings both read it
+    ops = _op_rows(m, target, costs, loops.runs)
     mem = m.result.get("memory", {})
     peak = (mem.get("argument_bytes", 0) + mem.get("output_bytes", 0) - mem.get("alias_bytes", 0)
             + mem.get("temp_bytes", 0) + mem.get("generated_code_bytes", 0))
@@ -241,7 +241,6 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
         "memory": {**mem, "peak_hbm_bytes": peak, "hbm_capacity_bytes": cap, "fits": fits},
     }
     findings = list(m.notes)
-    loops = loop_runs(m.hlo)
     if loops.trips:
         findings.append("while loops run " + ", ".join(f"{w} {t} times" for w, t in loops.trips.items())
                         + " per execution: their bodies' op times count that many times in the totals "
@@ -274,7 +273,10 @@ def _module_report(doc: dict) -> ModuleReport:
                            "findings": tuple(doc["findings"])})
 
 
-def build_compile_report(target: Target, modules: list[ModuleArtifacts], source: dict) -> CompileReport:
+def build_compile_report(target: Target, modules: list[ModuleArtifacts], source: dict,
+                         suggestions: bool = True) -> CompileReport:
+    """The compile report of `modules`; `suggestions=False` leaves out the unpriced suggestions (a
+    caller that runs the detectors itself, or compiled kernels with nothing to suggest)."""
     docs = [_module_doc(m, target) for m in modules]
     ok = [d for d in docs if d["status"] == "ok"]
     chip, dev = target.chip, DeviceFigures.of(target)
@@ -292,4 +294,4 @@ def build_compile_report(target: Target, modules: list[ModuleArtifacts], source:
                              estimated_s=round(sum(d["totals"]["estimated_s"] for d in ok), 12)),
     )
     hlo = {m.artifacts_dir: m.hlo for m in modules if m.status == "ok" and m.hlo is not None}
-    return replace(report, suggestions=unpriced_report(report, hlo, chip)) if hlo else report
+    return replace(report, suggestions=unpriced_report(report, hlo, chip)) if hlo and suggestions else report

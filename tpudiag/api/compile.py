@@ -134,9 +134,10 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
     return CompileResult(run_dir=run, report=report)
 
 
-def compile_run_artifacts(run: Path, with_llo: bool = True):
+def compile_run_artifacts(run: Path, with_llo: bool = True, suggestions: bool = True):
     """(each module's parsed artifacts, the compile report built from them) of a compile run: every
-    artifact parsed once, never recompiled (`with_llo`: as for `module_artifacts`)."""
+    artifact parsed once, never recompiled (`with_llo`: as for `module_artifacts`; `suggestions`: as
+    for `build_compile_report`)."""
     from tpudiag.analyze.compile_report import build_compile_report
     from tpudiag.capture.tpu_compile import load_module
     from tpudiag.targets import resolve_target
@@ -150,7 +151,7 @@ def compile_run_artifacts(run: Path, with_llo: bool = True):
     source = dict(manifest.source or {})
     if "input" not in source and manifest.program:  # a run stopped before its manifest had a source
         source["input"] = manifest.program
-    report = build_compile_report(target, arts, source)
+    report = build_compile_report(target, arts, source, suggestions)
     return arts, report.with_artifacts({"run_dir": str(run), "report": rundir.REPORT, "modules": "modules"})
 
 

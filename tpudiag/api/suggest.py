@@ -50,7 +50,8 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
     if not rundir.is_run_dir(run):
         raise InputError(f"{run}: not a tpudiag run directory (no manifest.json); give a run directory or a script")
     compile_dir, profile_manifest = _compile_run_of(run, target_text)
-    arts, report = compile_run_artifacts(compile_dir, with_llo=False)  # no op time depends on the LLO dump
+    # No op time depends on the LLO dump; the detectors run below, on the priced path, not twice.
+    arts, report = compile_run_artifacts(compile_dir, with_llo=False, suggestions=False)
     if target_text:
         asked = resolve_target(target_text)
         if asked.chip.name != report.target.chip:
@@ -131,7 +132,7 @@ def _price(cands, indices, target, *, static_profile, jobs, limits, progress) ->
         results = compile_modules([m for _, m in inputs], Path(tmp) / "modules", target.topology,
                                   static_profile=static_profile, limits=limits or Limits(), jobs=jobs,
                                   progress=progress) if inputs else []
-        rep = build_compile_report(target, [module_artifacts(r, with_llo=False) for r in results], {}) \
+        rep = build_compile_report(target, [module_artifacts(r, with_llo=False) for r in results], {}, False) \
             if results else None
         compiled = {key: (rep.modules[k], results[k]) for k, (key, _) in enumerate(inputs)} if rep else {}
     for key, idx in by_key.items():

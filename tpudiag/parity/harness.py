@@ -30,7 +30,7 @@ from tpudiag.analyze.numerics import (DEFAULT_NUMERICS, Check, NumericsConfig, P
 from tpudiag.analyze.validate_model import SCHEMA, Measure, Shrunk, ValidateCase, ValidateResult
 from tpudiag.errors import InputError, one_line
 from tpudiag.parity import inputs as inp
-from tpudiag.parity.sides import Side, call, clear_compiled, float64_call, grads
+from tpudiag.parity.sides import Side, call, clear_compiled, float64_call, grads, is_float
 
 _SHRINK_STEPS = 8  # halvings at most: 1024 -> 4
 
@@ -58,11 +58,11 @@ def _structure(o: Outputs, cand_label: str, ref_label: str) -> None:
             raise InputError(f"{cand_label}: {where} has shape {list(c.shape)}, {ref_label}'s has {list(r.shape)}")
 
 
-def compare_outputs(o: Outputs, prefix: str, *, rule: ParityRule | None = None, atol_rtol=None,
+def compare_outputs(o: Outputs, prefix: str, *, atol_rtol=None,
                     config: NumericsConfig = DEFAULT_NUMERICS, exact: bool = False,
                     names: tuple[str, str] = ("candidate", "reference")) -> tuple[list[Check], list[Measure]]:
-    """The checks and measures of one set of outputs. `rule` (validate): the parity rule per output
-    dtype (None: `ParityRule.for_dtype`). `atol_rtol` (kernels verify): an elementwise tolerance,
+    """The checks and measures of one set of outputs: the parity rule of each output's dtype
+    (validate), or with `atol_rtol` (kernels verify) an elementwise tolerance,
     checked for candidate vs reference, candidate vs float64 and reference vs float64."""
     checks, measures = [], []
     cn, rn = names
@@ -79,7 +79,7 @@ def compare_outputs(o: Outputs, prefix: str, *, rule: ParityRule | None = None, 
         if exact or c.dtype.kind in "biu":
             checks.append(exact_check(f"{tag}{cn} vs {rn}", c, r))
             continue
-        rl = rule or ParityRule.for_dtype(dt, config)
+        rl = ParityRule.for_dtype(dt, config)
         ref_err = normwise_error(r, t)
         checks.append(parity_check(f"{tag}{cn} vs float64", c, t, ref_err, dt, rl, config))
         measures.append(Measure(f"{tag}{cn} vs {rn}", error_stats(c, r, dt, rl.floor, config)))
@@ -104,10 +104,6 @@ class Pair:
     config: NumericsConfig = DEFAULT_NUMERICS
 
 
-def _is_float(a: np.ndarray) -> bool:
-    return a.dtype.kind == "f" or str(a.dtype) == "bfloat16"
-
-
 def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tuple[list[Check], list[Measure]]:
     """Every check of one case (raises what a side raises). `named`: the inputs, (name, array)."""
     note = None
@@ -127,9 +123,9 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
     if note:
         measures.append(Measure("float64 run", None, note))
     if pair.grad:
-        floats = [k for k, (_, a) in enumerate(named) if _is_float(a)]
+        floats = [k for k, (_, a) in enumerate(named) if is_float(a)]
         rng = np.random.default_rng(seed + 7919)
-        cts = [rng.standard_normal(c.shape) if _is_float(c) else None for c in o.cand]
+        cts = [rng.standard_normal(c.shape) if is_float(c) else None for c in o.cand]
         wrt = tuple(floats)
         g = Outputs(grads(pair.cand, named, pair.static, cts, wrt), grads(pair.ref, named, pair.static, cts, wrt),
                     grads(pair.ref, named, pair.static, cts, wrt, f64=True))

@@ -111,7 +111,8 @@ def regimes_for(specs: tuple[ArgSpec, ...] | None, asked: str) -> tuple[str, ...
     if specs is None or asked.strip() != "all":
         return names
     kinds = {s.kind for s in specs}
-    return tuple(r for r in names if (r in _FLOAT_REGIMES and "float" in kinds) or (r == "masked_rows" and "bool" in kinds)
+    return tuple(r for r in names if (r in _FLOAT_REGIMES and "float" in kinds)
+                 or (r == "masked_rows" and "bool" in kinds)
                  or (r == "bounds" and "int" in kinds) or (r == "odd_lengths" and shrink_map(specs, odd=True)))
 
 

@@ -109,19 +109,28 @@ def side(fn_or_text, what: str) -> Side:
     return Side(label, fn, _kind(fn), params, interp, required)
 
 
+def _flat(out: Any) -> list:
+    """A pytree's leaves as they are: dicts by sorted key, tuples and lists in order."""
+    if isinstance(out, dict):
+        return [x for k in sorted(out) for x in _flat(out[k])]
+    if isinstance(out, (tuple, list)):
+        return [x for o in out for x in _flat(o)]
+    return [out]
+
+
+def _numpy(x) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor
+        t = x.detach().cpu()
+        return t.float().numpy() if str(t.dtype) == "torch.bfloat16" else t.numpy()
+    return np.asarray(x)
+
+
 def leaves(out: Any) -> list[np.ndarray]:
     """The outputs as NumPy arrays: a pytree's leaves (dicts by sorted key), a tuple's items."""
-    if isinstance(out, dict):
-        return [x for k in sorted(out) for x in leaves(out[k])]
-    if isinstance(out, (tuple, list)):
-        return [x for o in out for x in leaves(o)]
-    if hasattr(out, "detach"):  # a torch tensor
-        t = out.detach().cpu()
-        return [t.float().numpy() if str(t.dtype) == "torch.bfloat16" else t.numpy()]
-    return [np.asarray(out)]
+    return [_numpy(x) for x in _flat(out)]
 
 
-def _is_float(a: np.ndarray) -> bool:
+def is_float(a: np.ndarray) -> bool:
     return a.dtype.kind == "f" or str(a.dtype) == "bfloat16"
 
 
@@ -147,14 +156,14 @@ def _kw(s: Side, static: dict) -> dict:
 def _jax(a: np.ndarray, f64: bool):
     import jax.numpy as jnp
 
-    return jnp.asarray(a.astype(np.float64) if f64 and _is_float(a) else a)
+    return jnp.asarray(a.astype(np.float64) if f64 and is_float(a) else a)
 
 
 def call(s: Side, named: list[tuple[str, np.ndarray]], static: dict, *, f64: bool = False) -> list[np.ndarray]:
     """One run of the side: at the inputs' dtypes, or in float64 (`f64`; a NumPy side always)."""
     kw = _kw(s, static)
     if s.kind == "numpy":
-        return leaves(_invoke(s, [(n, a.astype(np.float64) if _is_float(a) else a) for n, a in named], kw))
+        return leaves(_invoke(s, [(n, a.astype(np.float64) if is_float(a) else a) for n, a in named], kw))
     if s.kind == "torch":
         import torch
 
@@ -164,7 +173,8 @@ def call(s: Side, named: list[tuple[str, np.ndarray]], static: dict, *, f64: boo
 
     if f64:
         return float64_call(s, named, static)[0]
-    return [np.asarray(x) for x in leaves(jax.block_until_ready(_invoke(s, [(n, _jax(a, False)) for n, a in named], kw)))]
+    out = _invoke(s, [(n, _jax(a, False)) for n, a in named], kw)
+    return [np.asarray(x) for x in leaves(jax.block_until_ready(out))]
 
 
 def _positional(s: Side, named, kw):
@@ -217,7 +227,7 @@ def float64_call(s: Side, named: list[tuple[str, np.ndarray]], static: dict) -> 
 def _to_torch(a: np.ndarray, f64: bool):
     import torch
 
-    if _is_float(a):
+    if is_float(a):
         t = torch.from_numpy(np.asarray(a, np.float64).copy())
         return t if f64 else t.to({"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(a.dtype),
                                                                                                torch.float32))
@@ -236,7 +246,7 @@ def grads(s: Side, named: list[tuple[str, np.ndarray]], static: dict, cotangents
         ts = [(n, _to_torch(a, f64)) for n, a in named]
         for i in wrt:
             ts[i][1].requires_grad_(True)
-        outs = _torch_leaves(_invoke(s, ts, kw))
+        outs = _flat(_invoke(s, ts, kw))
         loss = sum((o.double() * torch.from_numpy(np.asarray(c, np.float64))).sum()
                    for o, c in zip(outs, cotangents) if c is not None)
         loss.backward()
@@ -274,10 +284,3 @@ def grads(s: Side, named: list[tuple[str, np.ndarray]], static: dict, cotangents
                 return run(plain, "x64")
     return run(plain, "plain")
 
-
-def _torch_leaves(out):
-    if isinstance(out, dict):
-        return [x for k in sorted(out) for x in _torch_leaves(out[k])]
-    if isinstance(out, (tuple, list)):
-        return [x for o in out for x in _torch_leaves(o)]
-    return [out]

@@ -98,19 +98,17 @@ def evaluate(jaxpr, consts, *args):
         vals = [_up(read(v)) for v in eqn.invars]
         name = eqn.primitive.name
         params = dict(eqn.params)
-        subs = {k: _closed(v) for k, v in params.items() if _closed(v) is not None}
+        subs = {k: c for k, v in params.items() if (c := _closed(v)) is not None}
         if name == "reduce_precision":
             outs = vals[:1]
         elif name in _CONTROL:
             outs = _control(eqn, name, params, vals)
-        elif subs and name not in _CONTROL:
+        elif subs:
             if "pallas" in name:
                 raise Unsupported(f"{name}: a kernel runs in its own dtypes")
             # A call (jit, a custom JVP/VJP rule, remat): its body, inlined. The custom rule is
             # dropped; float64 gradients come from differentiating the body.
-            key = next(k for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if k in subs) if any(
-                k in subs for k in ("jaxpr", "call_jaxpr", "fun_jaxpr")) else next(iter(subs))
-            body = subs[key]
+            body = next((subs[k] for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if k in subs), next(iter(subs.values())))
             n_in = len(body.jaxpr.invars)
             outs = evaluate(body.jaxpr, body.consts, *vals[len(vals) - n_in:])
         else:
