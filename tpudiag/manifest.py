@@ -22,6 +22,23 @@ def _opt():
 
 
 @dataclass(frozen=True)
+class ProcessEntry(Model):
+    """One process of a `profile --processes N` job, as the job's manifest lists it."""
+
+    process_id: int
+    pid: int
+    run_dir: str  # its own run directory, relative to the job's: processes/p<I>
+    status: str  # running | ok | failed
+    exit_code: int | None = _opt()
+    reason: str | None = _opt()
+    stopped_by_tpudiag: bool | None = _opt()  # ended early because another process failed, or the time limit
+    wall_s: float | None = _opt()
+    trace_started: bool | None = _opt()
+    joined_cluster: bool | None = _opt()
+    xplane: str | None = _opt()  # relative to the job's run directory
+
+
+@dataclass(frozen=True)
 class Manifest(Model):
     SCHEMA = SCHEMA
 
@@ -50,6 +67,15 @@ class Manifest(Model):
     program_pid: int | None = _opt()
     left_running: tuple[int, ...] | None = _opt()  # background processes the program left behind
     calibration_s: tuple[float, ...] | None = _opt()  # a fixed CPU loop, timed before and after the program
+    # profile --processes N: the job's manifest lists its processes; each process's own run
+    # directory (processes/p<I>) has process_id, num_processes and coordinator
+    num_processes: int | None = _opt()
+    devices_per_process: int | None = _opt()
+    process_timeout_s: float | None = _opt()
+    coordinator: str | None = _opt()  # host:port of the jax.distributed coordinator
+    processes: tuple[ProcessEntry, ...] | None = _opt()
+    process_id: int | None = _opt()
+    joined_cluster: bool | None = _opt()  # the program called jax.distributed.initialize
     # compile and kernels-bench runs
     target: dict[str, Any] | None = _opt()
     static_profile: bool | None = _opt()

@@ -61,6 +61,27 @@ class OpEstimate(Model):
 
 
 @dataclass(frozen=True)
+class CollectiveEstimate(Model):
+    """One collective of a module compiled for a slice (docs/compile.md#collectives-on-a-slice)."""
+
+    name: str
+    kind: str  # all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute | ...
+    source: str | None
+    message_bytes: int  # nccl-tests' size per device: the result (the input of a reduce-scatter)
+    ici_bytes: int  # what one device sends over ICI on a bandwidth-optimal ring
+    replica_groups: str | None  # as the optimized HLO prints them
+    group_size: int
+    groups: int
+    mesh_axes: tuple[str, ...] | None  # the program's mesh axes the group spans; None: no mesh known
+    ici_hops: int | None  # the group's diameter on this topology: the most ICI hops between two of its devices
+    estimated_s: float  # one run, from the ICI model
+    runs: int
+    is_async: bool  # a start/done pair: the schedule may place compute between them
+    scheduled_between_s: float  # estimated time of the ops scheduled between its start and done
+    exposed_s: float  # estimated_s minus what that compute can hide (all of it when synchronous)
+
+
+@dataclass(frozen=True)
 class ModuleTotals(Model):
     estimated_s: float
     estimated_cycles: int
@@ -92,6 +113,7 @@ class ModuleReport(Model):
     totals: ModuleTotals | MemoryOnlyTotals | None
     findings: tuple[str, ...]
     fusions: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})  # fusion_summary
+    collectives: tuple[CollectiveEstimate, ...] = ()
 
     @property
     def ok(self) -> bool:

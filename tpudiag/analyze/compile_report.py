@@ -20,11 +20,13 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from tpudiag.analyze.categorize import index_module
+from tpudiag.analyze.compile_collectives import async_collective_tails, collective_estimates
 from tpudiag.analyze.fusions import build_fusion_report, fusion_summary
 from tpudiag.analyze.hlo_cost import module_costs
 from tpudiag.analyze.loops import loop_runs
 from tpudiag.analyze.suggest import unpriced_report
 from tpudiag.parse.hlo import RUNS_CALLEES, HloModule, Instruction
+from tpudiag.parse.sdy_mesh import DeviceMesh
 from tpudiag.targets import Target
 
 from tpudiag.analyze.compile_model import (SCHEMA, CompileReport, CompileTarget, CompileTotals, MemoryOnlyTotals,
@@ -60,6 +62,7 @@ class ModuleArtifacts:
     artifacts_dir: str
     notes: tuple[str, ...] = ()  # what could not be read, said in the module's findings
     input_file: str | None = None  # the module as the worker compiled it (input.mlir or input.hlo.txt)
+    mesh: DeviceMesh | None = None  # the program's mesh, from the input's sdy.mesh
 
 
 
@@ -162,6 +165,9 @@ def _op_rows(m: ModuleArtifacts, target: Target, costs: dict, runs: dict[str, in
     llo = {} if m.llo is None else {r.program: r._asdict() for r in m.llo.itertuples()}
     devices = int(m.result.get("replicas", 1)) * int(m.result.get("partitions", 1))
     rows = []
+    # libtpu's async collective fusion repeats one collective in its start, its continuation fusions
+    # and its done: its bytes count once, at the start.
+    tails = async_collective_tails(m.hlo)
     for comp in (m.hlo.computations[c] for c in m.hlo.executed_computations):
         for instr in comp.instructions:
             if (instr.opcode in _FREE or instr.name not in info or _is_async_tail(instr.opcode)
@@ -181,8 +187,9 @@ def _op_rows(m: ModuleArtifacts, target: Target, costs: dict, runs: dict[str, in
                 candidates["static_cycles"] = cycles / dev.clock_hz
             ici = 0.0
             if oi.bound == "communication":
-                ici = _op_ici_bytes(m.hlo, instr, devices)
-                candidates["ici"] = ici / _ring_bytes_per_s(target)
+                ici = 0.0 if instr.name in tails else _op_ici_bytes(m.hlo, instr, devices)
+                if ici:
+                    candidates["ici"] = ici / _ring_bytes_per_s(target)
             bound_by = max(candidates, key=candidates.get)
             lrow = llo.get(instr.name, {})
             util = {k[len(_UTIL_PREFIX):]: round(float(v), 4) for k, v in lrow.items()
@@ -191,7 +198,7 @@ def _op_rows(m: ModuleArtifacts, target: Target, costs: dict, runs: dict[str, in
                 "name": instr.name, "computation": comp.name, "in_entry": comp.is_entry, "opcode": instr.opcode,
                 "fusion_kind": instr.fusion_kind, "category": oi.category, "source": oi.source,
                 "estimated_cycles": cycles, "cycles_source": cycles_source, "flops": flops,
-                "bytes_accessed": nbytes, "ici_bytes": round(ici), "modelled": oi.bound == "communication",
+                "bytes_accessed": nbytes, "ici_bytes": round(ici), "modelled": ici > 0,
                 "estimated_s": round(candidates[bound_by], 12), "runs": runs.get(comp.name, 1), "bound_by": bound_by,
                 "bundles": int(lrow["bundles"]) if lrow.get("bundles") == lrow.get("bundles") and "bundles" in lrow else None,
                 "utilization": util or None,
@@ -262,7 +269,13 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
         findings.append(f"static cycle profile {m.static_profile}; op times are roofline floors only{rerun}")
     times = {o["name"]: o["estimated_s"] for o in ops}
     fusions = fusion_summary(build_fusion_report(m.hlo, times, "estimated", costs))
-    return {**base, "ops": ops, "totals": totals, "findings": findings, "fusions": fusions}
+    collectives = collective_estimates(m.hlo, ops, target, m.mesh, m.result.get("device_coords"), totals["devices"])
+    exposed = [c for c in collectives if c.is_async and c.exposed_s < c.estimated_s]
+    if exposed:
+        findings.append(f"{len(exposed)} of {len(collectives)} collectives are asynchronous with compute scheduled "
+                        "between start and done: their exposed time is what that compute cannot hide")
+    return {**base, "ops": ops, "totals": totals, "findings": findings, "fusions": fusions,
+            "collectives": collectives}
 
 
 def _module_report(doc: dict) -> ModuleReport:
@@ -270,7 +283,7 @@ def _module_report(doc: dict) -> ModuleReport:
     if totals is not None:
         totals = ModuleTotals(**totals) if "estimated_s" in totals else MemoryOnlyTotals(**totals)
     return ModuleReport(**{**doc, "ops": tuple(OpEstimate(**o) for o in doc["ops"]), "totals": totals,
-                           "findings": tuple(doc["findings"])})
+                           "findings": tuple(doc["findings"]), "collectives": tuple(doc.get("collectives", ()))})
 
 
 def build_compile_report(target: Target, modules: list[ModuleArtifacts], source: dict,

@@ -20,6 +20,9 @@ def load_for_compare(path: Path):
     from tpudiag.errors import ParseError
 
     path = Path(path)
+    from tpudiag.api.distributed import refuse_job
+
+    refuse_job(path, "compare")
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
     if path.is_dir():

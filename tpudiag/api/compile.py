@@ -54,9 +54,17 @@ def module_artifacts(mc, with_llo: bool = True):
             except TpudiagError as e:
                 notes.append(f"LLO bundle dump unreadable, no slot utilization: {e}")
     inputs = sorted(mc.dir.glob("input.*")) if mc.dir.is_dir() else []
+    mesh = None
+    if inputs and inputs[0].suffix == ".mlir":
+        from tpudiag.parse.sdy_mesh import read_mesh
+
+        try:
+            mesh = read_mesh(inputs[0].read_text())
+        except (OSError, UnicodeDecodeError):  # bytecode, or unreadable: collectives lose their mesh axes
+            mesh = None
     return ModuleArtifacts(name=mc.name, status=mc.status, error=mc.error, static_profile=mc.static_profile,
                            result=mc.result, hlo=hlo, static=static, llo=lframe, artifacts_dir=str(mc.dir),
-                           notes=tuple(notes), input_file=str(inputs[0]) if inputs else None)
+                           notes=tuple(notes), input_file=str(inputs[0]) if inputs else None, mesh=mesh)
 
 
 def compile_inputs(inputs, run: Path, target, *, static_profile=True, jobs=2, limits=None, progress=None,
@@ -108,12 +116,17 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
         if is_script:
             from tpudiag.capture.compile_cache import CompileCache
 
+            # As many CPU devices as the slice has, so that the script's own mesh code builds the mesh
+            # it would build on the slice (a script that sets its own count keeps it: its flag comes later).
             env = dict(os.environ, JAX_PLATFORMS="cpu")
+            env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={target.devices} "
+                                + env.get("XLA_FLAGS", "")).strip()
             cache = CompileCache.from_env()
             # The script by its absolute path: the IR records source locations as the script was named,
             # so the same script named from another directory is the same module to the compile cache.
             shadow = run_program(input_path.resolve(), list(args), run / "shadow", trace=False,
-                                 env=cache.jax_cpu_env(env) if cache else env, program_stdout=program_stdout)
+                                 env=cache.jax_cpu_env(env) if cache else env, program_stdout=program_stdout,
+                                 cluster={"single": True})
             source = {**source, "shadow_run": {"exit_code": shadow.exit_code, "status": shadow.status,
                                                "reason": shadow.reason}}
             rd.update(source=source)

@@ -20,7 +20,10 @@ def perfetto_export(run: Path, out: Path) -> dict:
     Returns {"path", "events", "bytes"}."""
     from tpudiag.report.perfetto import dump_perfetto, render_perfetto
 
+    from tpudiag.api.distributed import refuse_job
+
     check_output_file(out)  # before the run is read and analyzed
+    refuse_job(run, "export")
     report = load_report(run)
     if not isinstance(report, ProfileReport):
         raise InputError(f"{run}: a compile run has no timeline to export (export a profile run)")

@@ -93,7 +93,9 @@ def hlo_diff(path_a: Path, path_b: Path, module_name: str | None = None):
 def fusions_list(path: Path, module_name: str | None = None):
     """`tpudiag fusions`: the `FusionList` (tpudiag.fusions_list/1), one report per module."""
     from tpudiag.analyze.fusion_model import LIST_SCHEMA, FusionList
+    from tpudiag.api.distributed import refuse_job
 
+    refuse_job(path, "fusions")
     return FusionList(schema=LIST_SCHEMA, modules=tuple(fusion_reports(path, module_name)))
 
 

@@ -191,13 +191,18 @@ def analyze_xplane(path: Path) -> "ProfileReport":
                                 {"xplane": str(path)}, warnings, xprof_stats)
 
 
-def load_report(target: Path):
-    """A run directory (profile or compile), an xprof log directory, or a `.xplane.pb` file."""
+def load_report(target: Path, align: str = "auto"):
+    """A run directory (profile, `profile --processes N` or compile), an xprof log directory (several
+    hosts' traces in one session: the cross-process report), or a `.xplane.pb` file."""
     from tpudiag.parse.xplane import locate_xplane
+
+    from tpudiag.api.distributed import analyze_job, analyze_pod, is_job, session_xplanes
 
     target = Path(target)
     if rundir.is_run_dir(target):
         manifest = rundir.read_manifest(target)
+        if is_job(manifest):
+            return analyze_job(target, manifest, align=align)
         if manifest.is_compile:
             from tpudiag.api.compile import analyze_compile_run
 
@@ -205,6 +210,8 @@ def load_report(target: Path):
         return analyze_run(target, manifest=manifest)
     if target.is_dir() and not any(target.iterdir()):
         raise InputError(f"{target}: empty directory (expected a tpudiag run directory or an .xplane.pb)")
+    if target.is_dir() and (hosts := session_xplanes(target)):
+        return analyze_pod(target, hosts, align=align)
     return analyze_xplane(locate_xplane(target))
 
 

@@ -49,6 +49,10 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
                          f"tpudiag profile --target {target_text or 'v5e'} SCRIPT")
     if not rundir.is_run_dir(run):
         raise InputError(f"{run}: not a tpudiag run directory (no manifest.json); give a run directory or a script")
+    job = rundir.read_manifest(run)
+    if job.processes is not None:
+        raise InputError(f"{run}: a {job.num_processes}-process job has no TPU compile; suggestions need one: "
+                         f"tpudiag suggest {job.program} --target {target_text or 'v5e'} (compiles it for that TPU)")
     compile_dir, profile_manifest = _compile_run_of(run, target_text)
     # No op time depends on the LLO dump; the detectors run below, on the priced path, not twice.
     arts, report = compile_run_artifacts(compile_dir, with_llo=False, suggestions=False)

@@ -197,6 +197,43 @@ def calibrate() -> float:
     return round(best, 6)
 
 
+_JOINED: list[int] = []  # when the program called jax.distributed.initialize (profile --processes)
+
+
+def _join_cluster(distributed: dict) -> None:
+    """One process of `profile --processes N`: `jax.distributed.initialize()` called with no
+    arguments (as on a pod, where the cluster supplies them) gets the coordinator's address, the
+    process count and this process's id from tpudiag; arguments the program passes itself win.
+    CPU collectives between processes go through gloo (jax's default on CPU is none)."""
+    import jax
+    import jax.distributed as jd
+    from jax._src import distributed as jsd
+
+    if distributed.get("single"):
+        def alone(*_args, **_kwargs):
+            """This process is the whole job: every device is local (tpudiag compile's run of a pod program)."""
+            _JOINED.append(time.time_ns())
+
+        jsd.initialize = jd.initialize = jax.distributed.initialize = alone
+        return
+    try:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    except (AttributeError, ValueError, KeyError):  # an option a future jax renames: its own default
+        pass
+    original = jsd.initialize
+
+    def initialize(coordinator_address=None, num_processes=None, process_id=None, *args, **kwargs):
+        if kwargs.get("cluster_detection_method") is None and not args:
+            kwargs["cluster_detection_method"] = "deactivate"  # no SLURM/MPI/GCE probing: tpudiag is the cluster
+        _JOINED.append(time.time_ns())
+        return original(coordinator_address or distributed["coordinator"],
+                        distributed["num_processes"] if num_processes is None else num_processes,
+                        distributed["process_id"] if process_id is None else process_id, *args, **kwargs)
+
+    initialize.__doc__ = original.__doc__
+    jsd.initialize = jd.initialize = jax.distributed.initialize = initialize
+
+
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     _die_with_parent(spec.get("parent_pid"))
@@ -213,6 +250,8 @@ def main() -> None:
     jax.monitoring.register_event_duration_secs_listener(recorder.duration)
     jax.monitoring.register_event_listener(recorder.plain)
 
+    if spec.get("distributed"):
+        _join_cluster(spec["distributed"])
     tracer = _Tracer(str(run / "trace"), spec.get("python_trace", False))
     steps_seen: dict = {}
     if not spec.get("trace", True):
@@ -261,9 +300,15 @@ def main() -> None:
             steps_entered=steps_seen.get("entered"),
             calibration_s=calibration or None,
         )
+        if spec.get("distributed"):
+            status["joined_cluster"] = bool(_JOINED)
         (run / "capture" / "child.json").write_text(json.dumps(status, indent=2, sort_keys=True) + "\n")
     sys.stdout.flush()
     sys.stderr.flush()
+    if spec.get("distributed") and not spec["distributed"].get("single") and status["exit_code"] != 0:
+        # jax's atexit hook (jax.distributed.shutdown) waits at a barrier for every process, up to
+        # 300 s: a process that failed must leave without it, so that tpudiag sees the failure now.
+        os._exit(status["exit_code"])
     sys.exit(status["exit_code"])
 
 

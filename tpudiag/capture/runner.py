@@ -46,9 +46,12 @@ class CaptureResult:
 _PIPE_GRACE_S = 1.0
 
 
-def _tee(src: IO[bytes], sinks: list[IO[bytes]], stop: threading.Event) -> None:
-    """Copy `src` to every sink until EOF, or until `stop` is set and nothing more is waiting."""
+def _tee(src: IO[bytes], sinks: list[IO[bytes]], stop: threading.Event, prefix: bytes = b"",
+         prefixed: tuple[IO[bytes], ...] = ()) -> None:
+    """Copy `src` to every sink until EOF, or until `stop` is set and nothing more is waiting.
+    Sinks in `prefixed` get each line with `prefix` before it (one process's output among several)."""
     fd = src.fileno()
+    at_line_start = True
     while True:
         ready, _, _ = select.select([fd], [], [], 0.1)
         if not ready:
@@ -58,9 +61,13 @@ def _tee(src: IO[bytes], sinks: list[IO[bytes]], stop: threading.Event) -> None:
         chunk = os.read(fd, 65536)
         if not chunk:
             return
+        marked = chunk
+        if prefix:
+            marked = (prefix if at_line_start else b"") + chunk[:-1].replace(b"\n", b"\n" + prefix) + chunk[-1:]
+            at_line_start = chunk.endswith(b"\n")
         for s in sinks:
             try:
-                s.write(chunk)
+                s.write(marked if s in prefixed else chunk)
                 s.flush()
             except (ValueError, OSError):  # a closed terminal must not stop the log
                 pass
@@ -145,8 +152,13 @@ def run_program(
     program_stderr: IO[bytes] | None = None,
     env: dict[str, str] | None = None,
     while_waiting: Callable[[], object] | None = None,
+    cluster: dict | None = None,
 ) -> CaptureResult:
     """Run `script args` under the profiler, writing the run directory `run` (which must be new).
+
+    `cluster`: what `jax.distributed.initialize()` gets in the child (`child._join_cluster`);
+    `{"single": True}` makes it a no-op, the program then being the whole job (`compile`'s run of
+    a script written for a pod).
 
     The program's stdout goes to `program_stdout` (default: our stdout), its stderr to
     `program_stderr` (default: our stderr), and both to `run/program.log`. `while_waiting` runs
@@ -180,18 +192,19 @@ def run_program(
     with rundir.RunDir(run, "profile" if trace else "shadow", rundir.PROFILE_SUBDIRS, **fields) as rd:
         exit_code, reason = _run_child(rd, script, args, cenv, steps=steps, skip=skip, python_trace=python_trace,
                                        trace=trace, program_stdout=program_stdout, program_stderr=program_stderr,
-                                       while_waiting=while_waiting)
+                                       while_waiting=while_waiting, cluster=cluster)
     return CaptureResult(run_dir=given, exit_code=exit_code, status=rd.manifest["status"], reason=reason)
 
 
 def _run_child(rd, script: Path, args: list[str], cenv: dict[str, str], *, steps, skip, python_trace, trace,
-               program_stdout, program_stderr, while_waiting) -> tuple[int, str | None]:
+               program_stdout, program_stderr, while_waiting, cluster=None) -> tuple[int, str | None]:
     """Start the child, tee its output, wait for it; record how it ended in the run's manifest."""
     run = rd.path
     spec_path = run / rundir.CAPTURE_DIR / "spec.json"
     spec_path.write_text(json.dumps({"run_dir": str(run), "script": str(script), "args": args,
                                      "steps": steps, "skip": skip, "python_trace": python_trace,
-                                     "trace": trace, "parent_pid": os.getpid()}))
+                                     "trace": trace, "parent_pid": os.getpid(),
+                                     **({"distributed": cluster} if cluster else {})}))
 
     out = program_stdout or sys.stdout.buffer
     err = program_stderr or sys.stderr.buffer
@@ -242,9 +255,16 @@ def _run_child(rd, script: Path, args: list[str], cenv: dict[str, str], *, steps
         stop.set()  # a background process holds the pipes: stop reading once they go quiet
         for t in tees:
             t.join()
-    wall_s = time.perf_counter() - t0
-    left_running = _group_members(proc.pid)
+    return finish_process(rd, code, time.perf_counter() - t0, proc.pid)
 
+
+def finish_process(rd, code: int, wall_s: float, pid: int, stopped: str | None = None) -> tuple[int, str | None]:
+    """Record how one program process ended in its run directory's manifest: its exit code and
+    reason (the child's own account, or the signal that killed it), what it traced and left running.
+    `stopped`: why tpudiag ended it early (another process failed, the time limit), which is the
+    reason when it did not fail first."""
+    run = rd.path
+    left_running = _group_members(pid)
     child = {}
     child_path = run / rundir.CHILD_STATUS
     if child_path.is_file():
@@ -256,11 +276,15 @@ def _run_child(rd, script: Path, args: list[str], cenv: dict[str, str], *, steps
         reason = child.get("reason") if code else None
         if code and reason is None:
             reason = f"program exited with code {code}"
+    if stopped is not None:
+        reason = f"{stopped}; it then ended: {reason}" if reason else stopped
+        exit_code = exit_code or 1
     if not child and code == 0:
         exit_code, reason = 1, "the tpudiag child ended without recording the program's status"
     prune_dumps(run / rundir.HLO_DIR)
+    extra = {"joined_cluster": child["joined_cluster"]} if "joined_cluster" in child else {}
     rd.finish(exit_code == 0, exit_code=exit_code, reason=reason, wall_s=round(wall_s, 6),
               trace_started=bool(child.get("trace_started")), steps_entered=child.get("steps_entered"),
               xplanes=[str(p.relative_to(run)) for p in rundir.find_xplanes(run / rundir.TRACE_DIR)],
-              left_running=left_running, calibration_s=child.get("calibration_s"))
+              left_running=left_running, calibration_s=child.get("calibration_s"), **extra)
     return exit_code, reason

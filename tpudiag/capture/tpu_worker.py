@@ -68,7 +68,11 @@ def compile_one(spec: dict) -> dict:
     if isinstance(cost, list):  # older jaxlibs return one dict per partition
         cost = cost[0] if cost else {}
     mem = executable.get_compiled_memory_stats()
+    # Each logical device's place on the slice (x, y, z): how far apart a collective's ring
+    # neighbours are (analyze/compile_collectives.py).
+    coords = [list(getattr(d, "coords", ()) or ()) for d in devices]
     return {
+        "device_coords": coords if all(coords) else None,
         "status": "ok",
         "compile_s": round(compile_s, 6),
         "setup_s": round(t1 - t0, 6),

@@ -17,19 +17,25 @@ from tpudiag.errors import GateFailed
 @cli.command()
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Also write a self-contained HTML report here (no script; opens offline).")
-@output_options("tpudiag.report/1, or tpudiag.compile/1 for a compile run")
+@click.option("--align", type=click.Choice(["auto", "clock", "collective"]), default="auto", show_default=True,
+              help="Several processes' traces: put them on one clock by the hosts' own clocks, or by the end of "
+                   "the first collective they all ran (auto: the clock on one host, the collective across hosts).")
+@output_options("tpudiag.report/1; tpudiag.compile/1 for a compile run; tpudiag.distributed/1 for several processes")
 @click.argument("target", type=click.Path(path_type=Path))
-def report(html_path, as_json, as_md, no_color, width, target):
+def report(html_path, align, as_json, as_md, no_color, width, target):
     """Re-render a run without re-running it.
 
-    TARGET is a run directory, an xprof log directory, or a bare .xplane.pb captured elsewhere.
+    TARGET is a run directory, an xprof log directory, or a bare .xplane.pb captured elsewhere. A
+    `profile --processes N` run, or a log directory with several hosts' traces in one session
+    (plugins/profile/<session>/<host>.xplane.pb, as XProf writes a pod's profile), gives the
+    cross-process report: collectives matched across processes, skew, stragglers, overlap.
     """
     from tpudiag import api
     from tpudiag.config import DEFAULT_CONFIG
 
     fmt = output_format(as_json, as_md)
     check_outputs(None, html_path)
-    loaded = api.load_report(target)
+    loaded = api.load_report(target, align=align)
     if html_path:
         api.write_html(loaded, html_path)
     if loaded.schema.startswith("tpudiag.compile/"):

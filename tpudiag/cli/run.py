@@ -64,6 +64,15 @@ class PassThroughCommand(click.Command):
               help="Trace only N jax.profiler.StepTraceAnnotation steps (default: trace the whole run).")
 @click.option("--skip", type=int, default=0, show_default=True, help="With --steps: steps to run untraced first.")
 @click.option("--python-trace", is_flag=True, help="Also record every Python call (slow: 2-5x).")
+@click.option("--processes", type=click.IntRange(1, 64), default=None,
+              help="Run N processes of the program as one JAX job (jax.distributed on this machine, CPU "
+                   "collectives through gloo) and report their collectives across processes.")
+@click.option("--devices-per-process", type=click.IntRange(1, 512), default=None,
+              help="With --processes: CPU devices each process gets (--xla_force_host_platform_device_count).")
+@click.option("--process-timeout", type=click.FloatRange(0, min_open=True), default=None,
+              help="With --processes: seconds the job may run; then every process is stopped (exit 124).")
+@click.option("--coordinator-port", type=click.IntRange(1, 65535), default=None,
+              help="With --processes: the coordinator's port (default: a free one; a taken one is retried).")
 @click.option("--target", "target_text", default=None,
               help="Also compile the program's computations for this TPU (v5e, v6e:2x2, ...) and show "
                    "the estimated TPU time beside the measured one.")
@@ -76,7 +85,8 @@ class PassThroughCommand(click.Command):
 @output_options("tpudiag.report/1")
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def profile(out, steps, skip, python_trace, target_text, no_static_profile, timeout_s, static_memory_gib, html_path,
+def profile(out, steps, skip, python_trace, processes, devices_per_process, process_timeout, coordinator_port,
+            target_text, no_static_profile, timeout_s, static_memory_gib, html_path,
             ci, max_artifact_mb, as_json, as_md, no_color, width, script, args, cache_dir, no_cache):
     """Run SCRIPT [ARGS...] under the profiler and report where its time went.
 
@@ -94,6 +104,14 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, time
     fmt = output_format(as_json, as_md)
     if skip and steps is None:
         raise UsageError("--skip needs --steps")
+    if processes is None:
+        for name, value in (("--devices-per-process", devices_per_process), ("--process-timeout", process_timeout),
+                            ("--coordinator-port", coordinator_port)):
+            if value is not None:
+                raise UsageError(f"{name} needs --processes")
+    elif target_text:
+        raise UsageError("--target and --processes do not go together: compile a sharded program with "
+                         "`tpudiag compile --target v5p:4x4x4 SCRIPT`")
     ci_mb = ci_budget(ci, max_artifact_mb)
     check_outputs(out, html_path)  # before the program runs (the default run directory: api.profile)
     check_versions()
@@ -102,6 +120,12 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, time
         from tpudiag.targets import resolve_target
 
         resolve_target(target_text)  # a bad target fails before the program runs
+    if processes is not None:
+        _profile_processes(script, args, out, fmt, processes=processes, devices_per_process=devices_per_process,
+                           timeout_s=process_timeout, coordinator_port=coordinator_port, steps=steps, skip=skip,
+                           python_trace=python_trace, html_path=html_path, ci_mb=ci_mb, no_color=no_color,
+                           width=width)
+        return
     progress_cb, stop = progress() if target_text else (None, lambda: None)
     try:
         # With --json/--md, stdout is exactly the report: the program's stdout goes to stderr (and the
@@ -124,6 +148,29 @@ def profile(out, steps, skip, python_trace, target_text, no_static_profile, time
         raise ProgramFailed(f"the program failed ({cap.reason}); what was captured is in {cap.run_dir}", cap.exit_code)
     report = result.report
     if not report.artifacts.get("xplane"):
+        raise NothingTraced(f"nothing was traced: {report.warnings[0] if report.warnings else 'no trace'}")
+
+
+def _profile_processes(script, args, out, fmt, *, processes, devices_per_process, timeout_s, coordinator_port, steps,
+                       skip, python_trace, html_path, ci_mb, no_color, width) -> None:
+    """`profile --processes N`: the job, its cross-process report, the outcome as an exit code."""
+    import importlib
+
+    from tpudiag import api
+
+    cap, report = api.profile_processes(
+        script, program_args(args), out, processes=processes, devices_per_process=devices_per_process,
+        timeout_s=timeout_s, steps=steps, skip=skip, python_trace=python_trace, coordinator_port=coordinator_port,
+        program_stdout=sys.stderr.buffer if fmt != "text" else None,
+        while_waiting=lambda: importlib.import_module("tpudiag.analyze.collectives"))
+    if html_path:
+        api.write_html(report, html_path)
+    emit(report, fmt, no_color=no_color, width=width)
+    if ci_mb is not None:
+        write_ci_bundle(cap.run_dir, ci_mb, report, program_failed=cap.exit_code != 0)
+    if cap.exit_code != 0:
+        raise ProgramFailed(f"{cap.reason}; what was captured is in {cap.run_dir}", cap.exit_code)
+    if not report.processes:
         raise NothingTraced(f"nothing was traced: {report.warnings[0] if report.warnings else 'no trace'}")
 
 

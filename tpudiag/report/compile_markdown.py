@@ -34,6 +34,16 @@ def render_compile_markdown(report, top: int = 10) -> str:
             out.append(f"| {code(o.name)} | {_esc(o.opcode)} | {fmt_runs(o.estimated_s, o.runs)} | {_esc(o.bound_by)} | "
                        f"{fmt_int(o.estimated_cycles)} | {fmt_int(o.flops)} | {fmt_bytes(o.bytes_accessed)} | "
                        f"{_esc(short_source(o.source))} | {_esc(o.limit)} |")
+        if m.collectives:
+            out += ["", f"#### {code(m.name)}: collectives on the slice (ICI model)", "",
+                    "| op | kind | size | group | mesh axes | ICI hops | est. time | exposed | schedule |",
+                    "|---|---|---:|---:|---|---:|---:|---:|---|"]
+            for c in m.collectives[:top]:
+                sched = f"async, {fmt_s(c.scheduled_between_s)} of compute between" if c.is_async else "sync"
+                out.append(f"| {code(c.name)} | {_esc(c.kind)} | {fmt_bytes(c.message_bytes)} | {c.group_size} x{c.groups} | "
+                           f"{_esc(', '.join(c.mesh_axes) if c.mesh_axes else '-')} | "
+                           f"{'-' if c.ici_hops is None else c.ici_hops} | {fmt_runs(c.estimated_s, c.runs)} | "
+                           f"{fmt_s(c.exposed_s)} | {sched} |")
         if m.fusions:
             out += ["", *code_block(fusion_summary_lines(m.fusions))]
         for f in m.findings:

@@ -24,6 +24,24 @@ def _busiest(util: dict | None, n: int = 2) -> Text:
     return text
 
 
+def _collectives_table(m, console: Console, top: int) -> None:
+    """The module's collectives, the most exposed first (the model's order)."""
+    table = Table(title=plain(f"{m.name}: collectives on the slice (ICI model)"), title_justify="left", show_edge=False)
+    widest = min(28, max(len(c.name) for c in m.collectives[:top]))
+    for col, just in (("op", "left"), ("kind", "left"), ("size", "right"), ("group", "right"), ("axes", "left"),
+                      ("hops", "right"), ("est.", "right"), ("exposed", "right"), ("schedule", "left")):
+        table.add_column(col, justify=just, no_wrap=col != "op", overflow="fold" if col == "op" else "ellipsis",
+                         min_width=widest if col == "op" else None)
+    for c in m.collectives[:top]:
+        table.add_row(plain(c.name), c.kind, fmt_bytes(c.message_bytes), f"{c.group_size} x{c.groups}",
+                      plain(",".join(c.mesh_axes) if c.mesh_axes else "-"), "-" if c.ici_hops is None else str(c.ici_hops),
+                      fmt_runs(c.estimated_s, c.runs), fmt_s(c.exposed_s),
+                      f"async, {fmt_s(c.scheduled_between_s)} between" if c.is_async else "sync")
+    console.print(table)
+    if len(m.collectives) > top:
+        console.print(Text(f"{len(m.collectives) - top} more collective(s) in report.json", style="bright_black"))
+
+
 def render_compile_terminal(report, console: Console, top: int = 10, modules: int = 3) -> None:
     """A `CompileReport` (tpudiag.compile/1). `modules`: how many modules (the slowest by estimated
     time) get an op table; the rest are in the module table and in report.json / --md."""
@@ -68,6 +86,8 @@ def render_compile_terminal(report, console: Console, top: int = 10, modules: in
             ops.add_row(plain(o.name), fmt_runs(o.estimated_s, o.runs), plain(o.limit), fmt_int(o.estimated_cycles),
                         fmt_bytes(o.bytes_accessed), _busiest(o.utilization), plain(short_source(o.source, keep=1)))
         console.print(ops)
+        if m.collectives:
+            _collectives_table(m, console, top)
         if m.fusions:
             for line in fusion_summary_lines(m.fusions, top=2):
                 console.print(Text(line, style="bright_black"))

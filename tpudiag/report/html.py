@@ -32,7 +32,9 @@ _CATEGORY_COLORS = {"matmul": "#2e7d32", "convolution": "#66bb6a", "fusion:loop"
                     "fusion:input": "#ef6c00", "fusion:output": "#8e44ad", "fusion:custom": "#795548",
                     "collective": "#c2185b", "host_transfer": "#00838f", "custom_call": "#5d4037",
                     "control_flow": "#90a4ae", "reduction": "#1565c0", "data_movement": "#ffd54f",
-                    "elementwise": "#26a69a", "unknown": "#bdbdbd"}
+                    "elementwise": "#26a69a", "unknown": "#bdbdbd",
+                    # the cross-process timeline: a collective's waiting for the last device, other ops
+                    "waiting": "#f8bbd0", "compute": "#2e9e4f"}
 _OTHER_COLOR = "#9e9e9e"
 # What bounds a compile-run op (`bound_by`), for the roofline's points.
 _BOUND_COLORS = {"compute": "#2e7d32", "hbm": "#e0a106", "static_cycles": "#3b6fd6", "ici": "#c2185b"}
@@ -324,6 +326,12 @@ def _timeline(report, rows: list[dict] | None) -> list[str]:
         why = ("the program marks no steps (<code>jax.profiler.StepTraceAnnotation</code>)" if not report.steps.count
                else "no op instances of a step were given to the renderer")
         return out + [f'<p class="muted">No timeline: {why}.</p></section>']
+    return out + _timeline_svg(rows) + ["</section>"]
+
+
+def _timeline_svg(rows: list[dict]) -> list[str]:
+    """The lanes of `rows` (`render_html`'s `timeline_rows`), a caption and a legend."""
+    out = []
     steps = {r.get("step") for r in rows}
     t0 = min(r["start_s"] for r in rows)
     t1 = max(r["start_s"] + r["duration_s"] for r in rows)
@@ -369,7 +377,7 @@ def _timeline(report, rows: list[dict] | None) -> list[str]:
     out.append(_legend([(_cat_color(c), _h(c)) for c in cats]))
     if len(lanes) > len(shown):
         out.append(f'<p class="muted">{len(lanes) - len(shown)} more trace line(s) not drawn.</p>')
-    return out + ["</section>"]
+    return out
 
 
 # -------------------------------------------------------------------------------------------- roofline
@@ -512,6 +520,40 @@ def _suggestions(result) -> list[str]:
     return ['<section id="suggestions"><h2>Suggestions</h2>', f"<ul>{items}</ul></section>"]
 
 
+def _distributed_sections(r) -> list[str]:
+    """A `DistributedReport`: processes, collectives, skew and stragglers, one step with a lane per
+    process and device."""
+    out = ['<section id="processes"><h2>Processes</h2>']
+    out.append(_table([("process", False), ("host", False), ("exit", True), ("step time", True), ("compute", True),
+                       ("communication", True), ("exposed", True), ("waiting", True), ("overlap", True)],
+                      [[_h(f"p{p.process_id}"), _h(p.host), _h("-" if p.exit_code is None else p.exit_code),
+                        _h(fmt_s(p.step_time_s)), _h(fmt_s(p.compute_s)), _h(fmt_s(p.communication_s)),
+                        _h(fmt_s(p.exposed_communication_s)), _h(fmt_s(p.wait_s)), _h(fmt_pct(p.overlap_ratio))]
+                       for p in r.processes]))
+    out.append('</section><section id="collectives"><h2>Collectives</h2>')
+    out.append(_table([("op", False), ("kind", False), ("source", False), ("size", True), ("group", True),
+                       ("runs", True), ("fastest", True), ("busbw", True), ("waiting", True), ("spread", True)],
+                      [[_h(f"{c.module}/{c.op}"), _h(c.kind), _h(short_source(c.source)), _h(fmt_bytes(c.message_bytes)),
+                        _h(c.group_size), _h(c.instances), _h(fmt_s(c.fastest_s)),
+                        _h(fmt_count(c.busbw_bytes_per_s, "B/s")), _h(fmt_s(c.wait_s)), _h(fmt_s(c.arrival_spread_s))]
+                       for c in r.collectives[:15]]))
+    found = [f"p{w.waiter} waited {fmt_s(w.wait_s)} for p{w.waited_for} ({w.instances} collective runs)"
+             for w in r.waiting[:5]]
+    found += [f"straggler: p{s.process_id}, last in {s.steps_last} of {s.steps} steps, {fmt_s(s.mean_lag_s)} late "
+              f"on average" for s in r.stragglers]
+    if found:
+        out.append("<ul>" + "".join(f"<li>{_h(x)}</li>" for x in found) + "</ul>")
+    out.append('</section><section id="timeline"><h2>One step\'s timeline, a lane per process and device</h2>')
+    rows = [{"op": g.op, "module": g.module, "category": g.category, "line": g.lane, "start_s": g.start_s,
+             "duration_s": g.duration_s, "step": r.timeline_step} for g in r.timeline]
+    if rows:
+        out += _timeline_svg(rows)
+    else:
+        out.append('<p class="muted">No timeline: the traces mark no steps '
+                   "(<code>jax.profiler.StepTraceAnnotation</code>).</p>")
+    return out + ["</section>"]
+
+
 def render_html(result, timeline_rows: list[dict] | None = None, top_ops: int = 15, top_compiles: int = 10) -> str:
     """One self-contained HTML page for a `ProfileReport` or a `CompileReport` (their rankings,
     shares and roofline figures are the models' own).
@@ -524,7 +566,17 @@ def render_html(result, timeline_rows: list[dict] | None = None, top_ops: int = 
     `top_ops`, `top_compiles`: rows of the profile's op and compilation tables (the caller passes
     the configured counts; the defaults are `tpudiag.config`'s).
     """
-    if result.schema.startswith("tpudiag.compile/"):
+    if result.schema.startswith("tpudiag.distributed/"):
+        title = f"tpudiag distributed: {result.program or 'traces'}"
+        head = [f"<h1>{_h(title)}</h1>",
+                f'<p class="meta">{_h(result.num_processes)} processes, {_h(result.devices)} devices, '
+                f'{_h(result.backend)}; status <span class="{"ok" if result.status == "ok" else "bad"}">'
+                f"{_h(result.status)}</span>{_h(' (' + result.reason + ')' if result.reason else '')}</p>",
+                f'<p class="meta">timelines: {_h(result.alignment)}: {_h(result.alignment_note)}</p>']
+        if result.warnings:
+            head.append('<ul class="warn">' + "".join(f"<li>{_h(w)}</li>" for w in result.warnings) + "</ul>")
+        sections = _distributed_sections(result)
+    elif result.schema.startswith("tpudiag.compile/"):
         title = f"tpudiag compile: {result.source.get('input', '?')}"
         head = _compile_header(result)
         sections = (_compile_breakdown(result) + _compile_top_ops(result) + _compile_timeline()
@@ -539,7 +591,7 @@ def render_html(result, timeline_rows: list[dict] | None = None, top_ops: int = 
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>{_h(title)}</title>", f"<style>{_CSS}</style></head><body>", '<header id="header">']
     out += head + ["</header>"]
-    out += sections + _suggestions(result)
+    out += sections + ([] if result.schema.startswith("tpudiag.distributed/") else _suggestions(result))
     out.append(f'<footer><p class="muted">{_h(result.schema)} &middot; rendered by tpudiag; the page has no script '
                "and fetches nothing.</p></footer>")
     out.append("</body></html>")
