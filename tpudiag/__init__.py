@@ -25,3 +25,12 @@ def compile(fn, *args, target: str = "v5e", **kwargs):  # noqa: A001 - the name 
     from tpudiag.api import compile_function
 
     return compile_function(fn, *args, target=target, **kwargs)
+
+
+def estimate(entry: str, target: str, argv=(), **kwargs):
+    """Estimate one step of `entry` ("FILE.py:FUNC") at scale on a TPU slice, without running it;
+    see `tpudiag.api.estimate.estimate`. Returns (run directory, `EstimateReport`):
+    `tpudiag.estimate("llama_train.py:step", "v6e-256", ["--layers", "32", ...])[1].mfu`."""
+    from tpudiag.api.estimate import estimate as run
+
+    return run(entry, target, list(argv), **kwargs)

@@ -63,15 +63,20 @@ def test_the_cli_uses_the_cache_dir_it_is_given_and_no_cache_skips_it(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
     env.pop("TPUDIAG_NO_CACHE", None)
 
-    def compile_(out, *flags):
+    def compile_(out, *flags, libtpu=""):
         p = subprocess.run([sys.executable, "-m", "tpudiag", "compile", "--json", "--no-static-profile", "--target",
-                            "v5e", "--out", str(tmp_path / out), *flags, str(IR)], env=env, cwd=tmp_path,
-                           capture_output=True, text=True, timeout=600)
+                            "v5e", "--out", str(tmp_path / out), *flags, str(IR)],
+                           env=dict(env, LIBTPU_INIT_ARGS=libtpu), cwd=tmp_path, capture_output=True, text=True,
+                           timeout=600)
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)
 
     cold = compile_("cold", "--cache-dir", str(tmp_path / "cache"))
     warm = compile_("warm", "--cache-dir", str(tmp_path / "cache"))
+    # the user's compiler flags change what is compiled: not the same cache entry
+    flagged = compile_("flagged", "--cache-dir", str(tmp_path / "cache"), libtpu="--xla_tpu_scoped_vmem_limit_kib=65536")
+    assert not any(json.loads(p.read_text())["cached"] for p in (tmp_path / "flagged" / "modules").glob("*/module.json"))
+    assert flagged["modules"]
     fresh = compile_("fresh", "--no-cache")
     cached = [json.loads(p.read_text())["cached"] for p in sorted((tmp_path / "warm" / "modules").glob("*/module.json"))]
     assert cached and all(cached)

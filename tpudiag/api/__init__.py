@@ -30,6 +30,7 @@ _WHERE = {
     "finish_capture": "profiling", "hlo_index": "profiling", "hlo_modules": "profiling", "html_report": "profiling",
     "load_report": "profiling", "profile": "profiling", "write_html": "profiling", "write_report": "profiling",
     "validate": "validate",
+    "estimate": "estimate",
     "analyze_job": "distributed", "analyze_pod": "distributed", "profile_processes": "distributed",
 }
 __all__ = sorted(_WHERE)

@@ -203,6 +203,13 @@ def load_report(target: Path, align: str = "auto"):
         manifest = rundir.read_manifest(target)
         if is_job(manifest):
             return analyze_job(target, manifest, align=align)
+        if manifest.is_compile and (target / "estimate.json").is_file():  # `tpudiag estimate`: its estimate
+            import json
+
+            from tpudiag.analyze.estimate import EstimateReport
+
+            return EstimateReport.from_dict(json.loads((target / "estimate.json").read_text()),
+                                            str(target / "estimate.json"))
         if manifest.is_compile:
             from tpudiag.api.compile import analyze_compile_run
 

@@ -226,7 +226,10 @@ def compile_module(inp: ModuleInput, mdir: Path, topology: str, static_profile: 
     spec = mdir / "spec.json"
     spec.write_text(json.dumps({"input": str(local), "kind": inp.kind, "topology": topology, "out_dir": str(mdir)}))
     limit_s = static_limit_s(local, limits)
-    key = cache.key(local, inp.kind, topology, static_profile, _LLO_FLAGS + " " + _STATIC_FLAG) if cache else None
+    # The user's LIBTPU_INIT_ARGS change what the compiler makes (async collectives, VMEM limits):
+    # part of the key, with ours.
+    flags = " ".join((os.environ.get("LIBTPU_INIT_ARGS", ""), _LLO_FLAGS, _STATIC_FLAG)).strip()
+    key = cache.key(local, inp.kind, topology, static_profile, flags) if cache else None
     hit = bool(key) and cache.fetch(key, mdir, limit_s, limits.memory_bytes)
     if hit:
         cached = load_module(mdir)

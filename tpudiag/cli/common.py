@@ -65,6 +65,10 @@ def _renderers(schema: str):
         from tpudiag.report.suggest_render import render_suggest_markdown, render_suggest_terminal
 
         return render_suggest_markdown, render_suggest_terminal, True
+    if schema.startswith("tpudiag.estimate/"):
+        from tpudiag.report.estimate_render import render_estimate_markdown, render_estimate_terminal
+
+        return render_estimate_markdown, render_estimate_terminal, True
     if schema.startswith("tpudiag.distributed/"):
         from tpudiag.report.distributed_render import render_distributed_markdown, render_distributed_terminal
 

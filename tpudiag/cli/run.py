@@ -238,3 +238,43 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, static_memory
         first = report.failed_modules[0]
         raise GateFailed(f"{len(report.failed_modules)} of {len(report.modules)} module(s) failed to compile for "
                          f"{report.target.topology} (first: {first.name}: {first.error})")
+
+
+@cli.command(cls=PassThroughCommand, context_settings=_PASS_THROUGH)
+@click.option("--target", "target_text", required=True,
+              help="TPU slice: v6e-256, v5e:16x16, v5p:8x8x8, ... (tpudiag targets).")
+@click.option("--mesh", "mesh_text", default=None,
+              help="Mesh axes and sizes, e.g. fsdp=64,tensor=4 (default: every device on one fsdp axis).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default tpudiag-runs/<timestamp>-<file>). Never overwritten.")
+@click.option("--static-profile", is_flag=True,
+              help="Also ask for the TPU compiler's static cycle profile (slow at scale; default off).")
+@click.option("--compile-timeout", "compile_timeout_s", type=click.FloatRange(1), default=1800, show_default=True,
+              help="Wall seconds the step's compile may take.")
+@static_profile_options(300)
+@cache_options
+@output_options("tpudiag.estimate/1")
+@click.argument("entry", metavar="FILE.py:FUNC")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def estimate(target_text, mesh_text, out, static_profile, compile_timeout_s, timeout_s, static_memory_gib, cache_dir,
+             no_cache, as_json, as_md, no_color, width, entry, args):
+    """Estimate one step of FUNC at scale on a TPU slice, without running it or allocating its weights.
+
+    FUNC(argv, mesh) receives the program's own arguments (after --) and the slice's Mesh and
+    returns {"step": the jitted step, "args": its abstract arguments (ShapeDtypeStructs with
+    shardings), "tokens": tokens per step, "model": {"params", "embedding_params", "layers", "seq",
+    "heads", "head_dim", "causal"}}. LIBTPU_INIT_ARGS pass through to the compile and are recorded.
+    """
+    from tpudiag import api
+
+    fmt = output_format(as_json, as_md)
+    check_outputs(out)
+    check_versions()
+    use_cache_options(cache_dir, no_cache)
+    progress_cb = (lambda line: click.echo(f"tpudiag: {line}", err=True))
+    _run, report = api.estimate(entry, target_text, program_args(args), out, mesh=mesh_text,
+                                static_profile=static_profile, limits=static_limits(timeout_s, static_memory_gib),
+                                compile_timeout_s=compile_timeout_s, progress=progress_cb)
+    emit(report, fmt, no_color=no_color, width=width)
+    if report.status != "ok" and report.fits is not False:  # a step too big for HBM is a finding, not a failure
+        raise GateFailed(f"the step did not compile for {report.target['topology']}: {report.reason}")

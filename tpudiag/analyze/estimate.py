@@ -1,0 +1,157 @@
+"""`tpudiag estimate`: a whole step at scale, from the compile report of the step's one module.
+
+Model FLOPs follow MaxText's definition (`calculate_tflops_training_per_device`): 6 x the
+parameters that are matmul weights x tokens (the lookup embedding is not a matmul; an untied LM
+head is), plus attention: 12 x batch x seq^2 x query heads x head dim x layers for the forward and
+backward of a non-causal attention, halved for a causal one. A decode step (`model.decode`) is a
+forward pass: 2 x matmul weights x tokens, plus 4 x tokens x context x heads x head dim x layers. MFU = model FLOPs / (step time x
+devices x the chip's bf16 peak). The step time is the compile report's: every op's estimate x its
+runs (loop trip counts), collectives counted by their exposed time (docs/estimate.md).
+
+Pure: takes a `CompileReport`, what the lowering recorded, and the target; returns an
+`EstimateReport`. No I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpudiag.model import Model
+
+SCHEMA = "tpudiag.estimate/1"
+_TOP = 10
+
+
+@dataclass(frozen=True)
+class Breakdown(Model):
+    """Where the estimated step time goes, per device (each op's time x its runs, by what bounds it)."""
+
+    compute_s: float  # ops bound by the MXU peak or the compiler's static cycles
+    hbm_s: float  # ops bound by HBM bandwidth
+    collective_s: float  # collectives' exposed time (the ICI model, less the compute scheduled beside them)
+    hidden_collective_s: float  # collective time the schedule hides behind compute (not in step_s)
+
+
+@dataclass(frozen=True)
+class TopOp(Model):
+    name: str
+    opcode: str
+    bound_by: str
+    total_s: float  # estimated_s x runs
+    share: float  # of step_s
+    runs: int
+    source: str | None
+    limit: str
+
+
+@dataclass(frozen=True)
+class EstimateReport(Model):
+    SCHEMA = SCHEMA
+
+    schema: str
+    status: str  # ok | failed
+    reason: str | None
+    program: str  # FILE.py:FUNC
+    argv: tuple[str, ...]
+    target: dict[str, Any]  # the compile report's target (chip, topology, devices, peaks)
+    mesh: dict[str, int]
+    libtpu_init_args: str | None
+    step_s: float | None
+    breakdown: Breakdown | None
+    tokens: int  # per step, all devices
+    model_flops: float | None  # per step, all devices; None without the model's dimensions
+    model_flops_detail: dict[str, float] | None  # weights, attention
+    mfu: float | None
+    tokens_per_s_per_device: float | None
+    peak_hbm_bytes: int | None  # per device
+    hbm_capacity_bytes: int | None
+    fits: bool | None
+    top_ops: tuple[TopOp, ...]
+    findings: tuple[str, ...]
+    leaves_out: tuple[str, ...]
+    artifacts: dict[str, str] = field(default_factory=dict)
+
+
+def model_flops(model: dict, tokens: int) -> tuple[float, dict[str, float]] | None:
+    """(model FLOPs per step, {"weights", "attention"}) from the model's dimensions; None without a
+    parameter count."""
+    params = model.get("params")
+    if not isinstance(params, (int, float)) or params <= 0:
+        return None
+    matmul_params = params - float(model.get("embedding_params") or 0)
+    if model.get("decode"):  # forward only, one new token per sequence against `context` cached positions
+        attention = 0.0
+        if all(isinstance(model.get(k), (int, float)) for k in ("layers", "context", "heads", "head_dim")):
+            attention = 4.0 * tokens * model["context"] * model["heads"] * model["head_dim"] * model["layers"]
+        weights = 2.0 * matmul_params * tokens
+        return weights + attention, {"weights": weights, "attention": attention}
+    weights = 6.0 * matmul_params * tokens
+    attention = 0.0
+    keys = ("layers", "seq", "heads", "head_dim")
+    if all(isinstance(model.get(k), (int, float)) for k in keys):
+        batch = tokens / model["seq"]
+        attention = 12.0 * batch * model["seq"] ** 2 * model["heads"] * model["head_dim"] * model["layers"]
+        if model.get("causal", True):
+            attention /= 2
+    return weights + attention, {"weights": weights, "attention": attention}
+
+
+LEAVES_OUT = (
+    "host overhead between steps (input pipeline, Python dispatch): the estimate is device time only",
+    "collective latency: the ICI model is bandwidth only, and optimistic for small collectives",
+    "the static cost model's known gaps (docs/compile.md, TPU notes): HBM-bound ops are taken at their "
+    "roofline floor, fused kernels are not re-timed",
+)
+
+
+def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[str], libtpu_init_args: str | None,
+                   artifacts: dict[str, str]) -> EstimateReport:
+    t = compile_report.target
+    mesh = {a: int(n) for a, n in lowered.get("mesh", [])}
+    tokens = int(lowered["tokens"])
+    modules = [m for m in compile_report.modules if m.ops or not m.ok]
+    m = modules[0] if modules else None
+    flops = model_flops(lowered.get("model") or {}, tokens)
+    base = dict(schema=SCHEMA, program=program, argv=tuple(argv), target=t.to_dict(), mesh=mesh,
+                libtpu_init_args=libtpu_init_args or None, tokens=tokens,
+                model_flops=flops[0] if flops else None, model_flops_detail=flops[1] if flops else None,
+                leaves_out=LEAVES_OUT, artifacts=artifacts)
+    if m is None or not m.ok or m.totals is None or m.estimated_s is None:
+        memory = m.memory if m is not None else {}
+        findings = list(m.findings) if m is not None else []
+        reason = (m.error if m is not None else None) or "the step did not compile"
+        return EstimateReport(status="failed", reason=reason, step_s=None, breakdown=None, mfu=None,
+                              tokens_per_s_per_device=None, peak_hbm_bytes=memory.get("peak_hbm_bytes"),
+                              hbm_capacity_bytes=memory.get("hbm_capacity_bytes"), fits=memory.get("fits"),
+                              top_ops=(), findings=tuple(findings), **base)
+    collective_names = {c.name for c in m.collectives}
+    compute = hbm = 0.0
+    for o in m.ops:
+        if o.name in collective_names:
+            continue
+        if o.bound_by == "hbm":
+            hbm += o.total_s
+        else:
+            compute += o.total_s  # compute, static_cycles (and ici for a collective the list does not hold)
+    exposed = sum(c.exposed_s * c.runs for c in m.collectives)
+    hidden = sum((c.estimated_s - c.exposed_s) * c.runs for c in m.collectives)
+    step_s = compute + hbm + exposed
+    devices = int(t.devices)
+    mfu = flops[0] / (step_s * devices * t.peak_bf16_flops_per_s) if flops and step_s > 0 else None
+    ranked = sorted(m.ops, key=lambda o: -o.total_s)[:_TOP]
+    top = tuple(TopOp(name=o.name, opcode=o.opcode, bound_by=o.bound_by, total_s=o.total_s,
+                      share=o.total_s / step_s if step_s else 0.0, runs=o.runs, source=o.source, limit=o.limit)
+                for o in ranked)
+    memory = m.memory
+    findings = list(m.findings)
+    if not memory.get("fits", True):
+        findings.insert(0, f"does not fit: {memory['peak_hbm_bytes'] / 2**30:.1f} GiB of HBM per device against "
+                           f"{memory['hbm_capacity_bytes'] / 2**30:.1f} GiB")
+    return EstimateReport(status="ok", reason=None, step_s=step_s,
+                          breakdown=Breakdown(compute_s=compute, hbm_s=hbm, collective_s=exposed,
+                                              hidden_collective_s=hidden),
+                          mfu=mfu, tokens_per_s_per_device=tokens / step_s / devices if step_s > 0 else None,
+                          peak_hbm_bytes=memory.get("peak_hbm_bytes"),
+                          hbm_capacity_bytes=memory.get("hbm_capacity_bytes"), fits=memory.get("fits"),
+                          top_ops=top, findings=tuple(findings), **base)

@@ -1,0 +1,104 @@
+"""Lowers a user's step function for a TPU slice without materializing anything, in its own process.
+
+`python -m tpudiag.capture.estimate_worker SPEC.json` reads {file, func, argv, topology, mesh
+([[axis, size], ...]), out_dir}; builds the slice's `Mesh` from the topology's devices (libtpu's
+compile-only client: no TPU needed), calls `FUNC(argv, mesh)`, which returns
+{"step": a jitted function, "args": its abstract arguments (ShapeDtypeStructs with shardings),
+"tokens": tokens one step processes, "model": {...} (optional: parameter count and attention
+dimensions)}, lowers the step for TPU and writes `out_dir/step.mlir` and `out_dir/lowered.json`
+(tokens, model, mesh); a failure is `out_dir/error.json` with one line naming the file and the
+problem. Compiling the lowered module is `tpu_compile.py`'s job, as for every other input.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+from tpudiag.errors import one_line
+
+
+class Refused(Exception):
+    """The user's file or function is not what `estimate` needs (a one-line reason)."""
+
+
+def _func(file: str, name: str):
+    try:
+        scope = runpy.run_path(file, run_name="__tpudiag_estimate__")
+    except SystemExit as e:
+        raise Refused(f"{file}: the program exited while being imported (sys.exit({e.code!r})); keep its run "
+                      "under `if __name__ == \"__main__\":`") from None
+    fn = scope.get(name)
+    if fn is None:
+        raise Refused(f"{file}: no function {name!r} (defined: {', '.join(sorted(k for k, v in scope.items() if callable(v) and not k.startswith('_'))[:12])})")
+    if not callable(fn):
+        raise Refused(f"{file}: {name} is not a function")
+    return fn
+
+
+def _check(spec, where: str) -> dict:
+    if not isinstance(spec, dict):
+        raise Refused(f"{where} returned {type(spec).__name__}; it must return a dict with 'step', 'args' and 'tokens'")
+    missing = [k for k in ("step", "args", "tokens") if k not in spec]
+    if missing:
+        raise Refused(f"{where} returned a dict without {', '.join(repr(k) for k in missing)} "
+                      "(needs 'step', 'args', 'tokens', optionally 'model')")
+    if not hasattr(spec["step"], "trace"):
+        raise Refused(f"{where}: 'step' must be a jax.jit-ed function (got {type(spec['step']).__name__})")
+    if not isinstance(spec["args"], (tuple, list)):
+        raise Refused(f"{where}: 'args' must be a tuple of the step's arguments (got {type(spec['args']).__name__})")
+    tokens = spec["tokens"]
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens <= 0:
+        raise Refused(f"{where}: 'tokens' must be a positive int (got {tokens!r})")
+    if not isinstance(spec.get("model", {}), dict):
+        raise Refused(f"{where}: 'model' must be a dict")
+    return spec
+
+
+def lower(spec: dict) -> dict:
+    import numpy as np
+    from jax.experimental import topologies
+    from jax.sharding import Mesh
+
+    where = f"{spec['file']}:{spec['func']}"
+    fn = _func(spec["file"], spec["func"])
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=spec["topology"])
+    devices = list(topo.devices)
+    names = tuple(a for a, _ in spec["mesh"]) or ("fsdp",)
+    sizes = tuple(int(n) for _, n in spec["mesh"]) or (len(devices),)
+    if int(np.prod(sizes)) != len(devices):
+        shown = ",".join(f"{a}={n}" for a, n in zip(names, sizes))
+        raise Refused(f"--mesh {shown} has {int(np.prod(sizes))} devices; {spec['topology']} has {len(devices)}")
+    mesh = Mesh(np.array(devices).reshape(sizes), names)
+    got = _check(fn(list(spec["argv"]), mesh), where)
+    lowered = got["step"].trace(*got["args"]).lower(lowering_platforms=("tpu",))
+    out = Path(spec["out_dir"])
+    (out / "step.mlir").write_text(lowered.as_text(debug_info=True))
+    doc = {"tokens": int(got["tokens"]), "model": got.get("model") or {}, "mesh": [[a, n] for a, n in zip(names, sizes)],
+           "devices": len(devices)}
+    (out / "lowered.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return doc
+
+
+def main() -> int:
+    """The worker's exit code: 0, 2 (the file or FUNC is not what estimate needs), 1 (FUNC or jax failed)."""
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(spec["out_dir"])
+    try:
+        lower(spec)
+    except Refused as e:
+        (out / "error.json").write_text(json.dumps({"error": str(e), "kind": "input"}) + "\n")
+        return 2
+    except Exception as e:  # the user's code or jax failed: say where, keep the traceback in the log
+        traceback.print_exc()
+        (out / "error.json").write_text(json.dumps(
+            {"error": f"{spec['file']}:{spec['func']}: {one_line(e, 400)}", "kind": "program"}) + "\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())  # a worker process: its exit code is its result, read by api/estimate.py

@@ -1,0 +1,61 @@
+"""Renders an `EstimateReport` (tpudiag.estimate/1) for the terminal and as GitHub Markdown.
+Formats what the model holds; names reach rich as `plain` text and Markdown through `_esc`."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from tpudiag.report.markdown import _esc
+from tpudiag.report.rich_text import plain
+from tpudiag.report.units import fmt_bytes, fmt_count, fmt_pct, fmt_runs, fmt_s, short_source
+
+
+def _head(e) -> list[str]:
+    t = e.target
+    mesh = ",".join(f"{a}={n}" for a, n in e.mesh.items()) or "-"
+    lines = [f"tpudiag estimate: {e.program} on {t['chip']} {t['topology']} ({t['devices']} devices, mesh {mesh})"]
+    if e.status != "ok":
+        return lines + [f"FAILED: {e.reason}"]
+    b = e.breakdown
+    lines += [f"step time {fmt_s(e.step_s)} (estimated): compute {fmt_s(b.compute_s)}, HBM {fmt_s(b.hbm_s)}, "
+              f"exposed collectives {fmt_s(b.collective_s)} (hidden behind compute {fmt_s(b.hidden_collective_s)})",
+              f"MFU {fmt_pct(e.mfu)}   tokens/s/device {e.tokens_per_s_per_device:,.0f}   "
+              f"model FLOPs/step {fmt_count(e.model_flops, 'FLOP')}   tokens/step {e.tokens:,}"
+              if e.tokens_per_s_per_device is not None else "tokens/s/device -",
+              f"HBM per device {fmt_bytes(e.peak_hbm_bytes)} of {fmt_bytes(e.hbm_capacity_bytes)}"
+              + ("" if e.fits in (True, None) else "  DOES NOT FIT")]
+    if e.libtpu_init_args:
+        lines.append(f"LIBTPU_INIT_ARGS: {e.libtpu_init_args}")
+    return lines
+
+
+def render_estimate_terminal(e, console: Console, **_) -> None:
+    for i, line in enumerate(_head(e)):
+        console.print(plain(line, style="bold" if i == 0 else ""))
+    if e.top_ops:
+        table = Table(title="Top ops (time x runs)", title_justify="left", show_edge=False)
+        for col, right in (("op", False), ("time", True), ("share", True), ("bound by", False), ("limit", False),
+                           ("source", False)):
+            table.add_column(col, justify="right" if right else "left", overflow="fold")
+        for o in e.top_ops:
+            table.add_row(plain(o.name), fmt_runs(o.total_s / o.runs, o.runs), fmt_pct(o.share), o.bound_by,
+                          plain(o.limit), plain(short_source(o.source, 1)))
+        console.print(table)
+    for f in e.findings:
+        console.print(plain(f"note: {f}", style="yellow"))
+    for x in e.leaves_out:
+        console.print(plain(f"leaves out: {x}", style="bright_black"))
+
+
+def render_estimate_markdown(e, **_) -> str:
+    head = _head(e)
+    out = [f"## {_esc(head[0])}", "", *[f"- {_esc(x)}" for x in head[1:]], ""]
+    if e.top_ops:
+        out += ["| op | time | share | bound by | limit | source |", "|---|---:|---:|---|---|---|"]
+        out += [f"| {_esc(o.name)} | {fmt_runs(o.total_s / o.runs, o.runs)} | {fmt_pct(o.share)} | {_esc(o.bound_by)} | "
+                f"{_esc(o.limit)} | {_esc(short_source(o.source, 1))} |" for o in e.top_ops]
+        out.append("")
+    out += [f"> {_esc(f)}" for f in e.findings]
+    out += ["", *[f"- leaves out: {_esc(x)}" for x in e.leaves_out], ""]
+    return "\n".join(out)
