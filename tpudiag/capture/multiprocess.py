@@ -42,7 +42,9 @@ from tpudiag.capture.runner import (_RECORDED_ENV, CaptureResult, _describe_sign
 from tpudiag.errors import InputError
 
 PROCESSES_DIR = "processes"
-_GRACE_S = 5.0  # SIGTERM to SIGKILL, for processes tpudiag stops
+# SIGINT to SIGKILL, for processes tpudiag stops. An interrupted process writes its trace first:
+# under a 2-core machine's full load that took more than 5 s (a lost trace in CI), so 15.
+_GRACE_S = 15.0
 _PORT_TRIES = 3
 # What the coordinator (process 0) prints when its port is taken; it then dies (SIGSEGV in jaxlib).
 _BIND_FAILED = (b"Failed to add port to server", b"Address already in use")
