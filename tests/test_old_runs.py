@@ -41,3 +41,34 @@ def test_old_runs_compare_with_new_ones():
         assert result.exit_code == 0, result.output
         doc = json.loads(result.output)
         assert doc["schema"] == "tpudiag.compare/1" and doc["regression"] is False
+
+
+# A profile --target v5e run of fixtures/programs/decoder.py --steps 2 as tpudiag at commit 08cd88e
+# wrote it (trimmed like the fixture set), and what that tpudiag printed for it: every command
+# that reads a run gives byte-for-byte the same document today. `{RUN}` stands for the run's path.
+DECODER = OLD / "profile-decoder-08cd88e"
+EXPECTED = OLD / "expected-08cd88e"
+_RUN_COMMANDS = {
+    "report.json": ["report", "--json", "{RUN}"],
+    "report.md": ["report", "--md", "{RUN}"],
+    "tpu-report.json": ["report", "--json", "{RUN}/tpu"],
+    "suggest.json": ["suggest", "--all", "--json", "{RUN}"],
+    "tpu-suggest.json": ["suggest", "--all", "--json", "{RUN}/tpu"],
+    "fusions.json": ["fusions", "--json", "{RUN}"],
+    "tpu-fusions.json": ["fusions", "--json", "{RUN}/tpu"],
+    "hlo-diff.json": ["hlo-diff", "--json", "--module", "jit_train_step", "{RUN}", "{RUN}/tpu"],
+    "compare.json": ["compare", "--json", "{RUN}", "{RUN}"],
+    "compare.md": ["compare", "--md", "{RUN}", "{RUN}"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RUN_COMMANDS))
+def test_run_from_08cd88e_gives_the_same_output(name):
+    import gzip
+
+    run = str(DECODER)
+    args = [a.replace("{RUN}", run) for a in _RUN_COMMANDS[name]]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    expected = gzip.decompress((EXPECTED / f"{name}.gz").read_bytes()).decode()
+    assert result.output.replace(run, "{RUN}") == expected
