@@ -115,7 +115,7 @@ def module_stats(run_dir: Path) -> dict:
 def analyze_in_process(run_dir: Path, repeat: int) -> dict:
     """Best-of-`repeat` seconds of analyze_compile_run, and of its two halves (parse, build)."""
     from tpudiag import api
-    from tpudiag.analyze.compile_report import build_compile_report
+    from tpudiag.analyze.compile.report import build_compile_report
     from tpudiag.capture.tpu_compile import load_module
     from tpudiag.targets import resolve_target
 
@@ -266,7 +266,7 @@ def main() -> None:
     try:
         startup = best(lambda: run([*TPUDIAG, "--help"]), args.repeat)
         t0 = time.perf_counter()
-        import tpudiag.analyze.compile_report  # noqa: F401 - the in-process timings exclude imports
+        import tpudiag.analyze.compile.report  # noqa: F401 - the in-process timings exclude imports
         import tpudiag.api  # noqa: F401
         import tpudiag.capture.tpu_compile  # noqa: F401
         import tpudiag.parse.llo  # noqa: F401

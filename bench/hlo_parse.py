@@ -11,7 +11,7 @@ best of `--repeat` (default 5) each, wall and CPU time (`time.process_time`), ev
 The instruction counts of both are printed too (XLA's parser also counts the wrapper computations
 it builds for `slice-start`-style async syntax sugar; see bench/hlo_external.py).
 
-Then, if `tpudiag.analyze.hlo_diff.diff_modules` exists, it compiles the same program at N-1
+Then, if `tpudiag.analyze.diff.hlo_diff.diff_modules` exists, it compiles the same program at N-1
 layers and times `diff_modules(N-1 layers, N layers)` (both modules parsed beforehand; best of
 `--diff-repeat`, default 3). The goals are judged on wall time.
 
@@ -126,10 +126,10 @@ def main() -> int:
 
     goals = [(f"tpudiag parse / XLA parse <= {GOAL_PARSE_RATIO:.0f}x", f"{ratio:.2f}x", ratio <= GOAL_PARSE_RATIO)]
     try:
-        from tpudiag.analyze.hlo_diff import diff_modules
+        from tpudiag.analyze.diff.hlo_diff import diff_modules
     except ImportError as e:
         print(f"\ndiff: not available ({e})")
-        goals.append((f"diff < {GOAL_DIFF_S:.0f} s", "not measured: tpudiag.analyze.hlo_diff.diff_modules "
+        goals.append((f"diff < {GOAL_DIFF_S:.0f} s", "not measured: tpudiag.analyze.diff.hlo_diff.diff_modules "
                       "not available", None))
     else:
         path_a = largest_module(compile_run(base, args.layers - 1))

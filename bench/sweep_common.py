@@ -2,7 +2,7 @@
 
 `measure` AOT-compiles a function for a TPU target on this CPU machine (`tpudiag.compile`, one compile at a
 time, in tpudiag's worker process) and sums the corrected cycles over the compiled module's ops exactly as
-`tpudiag kernels bench` does (tpudiag.analyze.kernel_bench.op_corrected_cycles): per op the largest of the
+`tpudiag kernels bench` does (tpudiag.analyze.compile.kernel_bench.op_corrected_cycles): per op the largest of the
 static estimated cycles, the HBM floor (bytes_accessed / HBM bytes per second x clock) and the compute floor
 (FLOPs at the bf16 peak x clock); an op the static profile did not estimate counts at the larger of its two
 floors. A Pallas call's bytes and FLOPs come from its pl.CostEstimate. `Sweep` runs one compile after another
@@ -73,7 +73,7 @@ def measure(fn, args, target: str, out_dir, static_profile: bool = True, timeout
     except Exception as e:  # report it and let the sweep go on
         r.update(error=_error_text(e), wall_s=time.perf_counter() - t0)
         return r
-    from tpudiag.analyze.kernel_bench import op_corrected_cycles
+    from tpudiag.analyze.compile.kernel_bench import op_corrected_cycles
 
     t = doc["target"]
     clock, bw, peak = t["clock_hz"], t["hbm_bytes_per_s"], t["peak_bf16_flops_per_s"]

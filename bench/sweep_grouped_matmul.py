@@ -7,7 +7,7 @@ and JAX's megablox `gmm` at a few tilings. One compile at a time (each in tpudia
 Then the chosen blocks (the spec's default), ragged_dot and megablox at its best tiling on v6e.
 
 Two figures per compiled module, summed over its ops:
-- corrected cycles: `tpudiag kernels bench`'s metric (analyze/kernel_bench.py): per op
+- corrected cycles: `tpudiag kernels bench`'s metric (analyze/compile/kernel_bench.py): per op
   max(static estimated_cycles, HBM floor), or max(HBM floor, compute floor) for an op the static
   profile did not estimate (it aborts on ragged_dot on v5e; the dense version outlasts its limit).
 - roofline cycles: per op max(static, HBM floor, compute floor), the compute floor being

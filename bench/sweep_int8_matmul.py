@@ -4,7 +4,7 @@ For each M (decode 64 and prefill 2048 by default; K 4096, N 14336, x bf16, w in
 each block size in SPEC.block_candidates (or --blocks), it AOT-compiles the kernel for the target on
 this CPU machine, then the plain-JAX version `x @ (w.astype(bf16) * scales.astype(bf16))` once per M.
 Per op, corrected cycles = max(static estimated_cycles, HBM floor), or for an op the static profile
-did not estimate the larger of its HBM and compute floors (tpudiag.analyze.kernel_bench.
+did not estimate the larger of its HBM and compute floors (tpudiag.analyze.compile.kernel_bench.
 op_corrected_cycles, the figure `tpudiag kernels bench` reports); the module's figure is their sum.
 The kernel's bytes come from its pl.CostEstimate, which counts the re-reads its blocking causes.
 There is no JAX int8 Pallas kernel to compare with. Prints a table; asserts nothing.

@@ -5,7 +5,7 @@ shape (B32 H32 KVH8 D128, page 16, context 2048, bf16, full lengths) for the tar
 machine, then the plain-JAX version once and JAX's kernel at each `pages_per_compute_block` in
 JAX_PPCB. Per op of the compiled module, corrected cycles = max(static estimated_cycles,
 bytes_accessed / HBM bytes/s * clock), or for an op the static profile did not estimate the
-larger of its HBM and compute floors (tpudiag.analyze.kernel_bench.op_corrected_cycles, the same
+larger of its HBM and compute floors (tpudiag.analyze.compile.kernel_bench.op_corrected_cycles, the same
 figure `tpudiag kernels bench` reports); the module's figure is their sum. A Pallas custom call's
 bytes come from its pl.CostEstimate (JAX's kernel declares none: XLA then counts its operands).
 Prints a table; asserts nothing. One compile at a time (shared 2-core machine).

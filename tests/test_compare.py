@@ -19,9 +19,9 @@ from rich.console import Console
 
 from tests.conftest import ARTIFACTS
 from tpudiag import api
-from tpudiag.analyze.compare import SCHEMA, default_metric, parse_max_regression
-from tpudiag.analyze.compare import compare_reports as _compare_reports
-from tpudiag.analyze.compare_model import Comparison
+from tpudiag.analyze.compare.runs import SCHEMA, default_metric, parse_max_regression
+from tpudiag.analyze.compare.runs import compare_reports as _compare_reports
+from tpudiag.results.compare import Comparison
 from tpudiag.cli import cli, main
 from tpudiag.errors import InputError, ParseError, UsageError
 from tpudiag.report.compare_render import render_compare_markdown, render_compare_terminal, render_compare_verdict

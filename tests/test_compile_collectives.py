@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import ARTIFACT_SETS, PROGRAMS, ROOT
-from tpudiag.analyze.compile_collectives import group_hops, groups_of, wraps
+from tpudiag.analyze.compile.collectives import group_hops, groups_of, wraps
 from tpudiag.api.compile import analyze_compile_run
 from tpudiag.cli import cli
 from tpudiag.parse.hlo_text import parse_replica_groups

@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import ARTIFACT_SETS, PROGRAMS, ROOT
-from tpudiag.analyze.collective_ops import bus_factor
+from tpudiag.analyze.hlo.collectives import bus_factor
 from tpudiag.api.distributed import analyze_job, analyze_pod
 from tpudiag.cli import cli
 
@@ -109,7 +109,7 @@ def _naive_hidden(comm: list[tuple[int, int]], compute: list[tuple[int, int]]) -
 
 
 def test_the_overlap_sweep_agrees_with_brute_force():
-    from tpudiag.analyze.collectives import _overlap
+    from tpudiag.analyze.distributed.collectives import _overlap
 
     rng = np.random.default_rng(3)
     for _ in range(50):
@@ -174,7 +174,7 @@ def test_report_renders_every_format(set_name, tmp_path):
     md = runner.invoke(cli, ["report", "--md", str(run)])
     assert md.output.startswith("## tpudiag distributed report") and "| all-reduce |" in md.output
     doc = json.loads(runner.invoke(cli, ["report", "--json", str(run)]).output)
-    from tpudiag.analyze.distributed_model import DistributedReport
+    from tpudiag.results.distributed import DistributedReport
 
     assert DistributedReport.from_dict(doc).to_dict() == doc
     page = tmp_path / "job.html"
@@ -188,7 +188,7 @@ def test_report_renders_every_format(set_name, tmp_path):
 def test_every_report_field_is_documented():
     import dataclasses
 
-    from tpudiag.analyze import distributed_model as dm
+    from tpudiag.results import distributed as dm
 
     doc = (ROOT / "docs" / "distributed.md").read_text()
     for cls in (dm.DistributedReport, dm.ProcessSummary, dm.CollectiveRow, dm.StepSkew, dm.Waiting, dm.Straggler):

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import ARTIFACTS, ROOT, profile_sized_mlp
 from tpudiag import api
-from tpudiag.analyze.compare import compare_reports
+from tpudiag.analyze.compare.runs import compare_reports
 from tpudiag.errors import UsageError
 
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.conftest import GOLDENS, ROOT
-from tpudiag.analyze.profile_report import ProfileReport
+from tpudiag.results.profile import ProfileReport
 from tpudiag.errors import ParseError
 from tpudiag.report.json_report import render_json
 
@@ -32,7 +32,7 @@ def test_profile_report_round_trips(path):
 def test_profile_report_with_a_tpu_estimate_round_trips(in_root):
     from tpudiag import api
 
-    from tpudiag.analyze.tpu_estimate import build_tpu_estimate
+    from tpudiag.analyze.profile.tpu_estimate import build_tpu_estimate
 
     report = api.load_report(ROOT / "fixtures" / "artifacts" / "mlp")
     compiled = api.load_report(ROOT / "fixtures" / "artifacts" / "compile_v5e_collective")
@@ -62,7 +62,7 @@ def test_bad_documents_name_the_field(edit, message):
 
 def test_comparison_round_trips_and_reads_typed(in_root):
     from tpudiag import api
-    from tpudiag.analyze.compare_model import Comparison
+    from tpudiag.results.compare import Comparison
 
     result = api.compare_runs(ROOT / "fixtures/artifacts/sized_mlp_h1024", ROOT / "fixtures/artifacts/sized_mlp_h4096")
     doc = json.loads(render_json(result.to_dict()))
@@ -76,7 +76,7 @@ def test_comparison_round_trips_and_reads_typed(in_root):
 @pytest.mark.parametrize("chip", ["v5e", "v6e"])
 def test_kernel_bench_results_round_trip(chip):
     """The bench documents recorded in bench/results/ (all eight kernels, with and without JAX's own)."""
-    from tpudiag.analyze.kernel_bench import KernelBench
+    from tpudiag.results.kernels import KernelBench
 
     path = ROOT / "bench" / "results" / f"kernels-bench-{chip}.json"
     doc = json.loads(path.read_text())
@@ -118,7 +118,7 @@ def test_a_bad_manifest_names_its_field(tmp_path):
 
 @pytest.mark.parametrize("artifact_set", ["jax-0.10", "jax-0.12"])
 def test_compile_report_round_trips(artifact_set):
-    from tpudiag.analyze.compile_model import CompileReport, ModuleTotals
+    from tpudiag.results.compile import CompileReport, ModuleTotals
 
     path = GOLDENS / artifact_set / "compile_v5e_collective" / "report.json"
     text = path.read_text()
@@ -130,7 +130,7 @@ def test_compile_report_round_trips(artifact_set):
 
 
 def test_a_module_that_did_not_fit_keeps_only_its_memory_figures():
-    from tpudiag.analyze.compile_model import CompileReport, MemoryOnlyTotals
+    from tpudiag.results.compile import CompileReport, MemoryOnlyTotals
 
     doc = json.loads((GOLDENS / "jax-0.10" / "compile_v5e_collective" / "report.json").read_text())
     m = doc["modules"][0]
@@ -144,7 +144,7 @@ def test_a_module_that_did_not_fit_keeps_only_its_memory_figures():
 
 def test_fusion_list_round_trips_and_reads_typed(in_root):
     from tpudiag import api
-    from tpudiag.analyze.fusion_model import FusionList
+    from tpudiag.results.fusions import FusionList
 
     result = api.fusions_list(ROOT / "fixtures/artifacts/mlp", "train_step")
     doc = json.loads(render_json(result.to_dict()))
@@ -156,7 +156,7 @@ def test_fusion_list_round_trips_and_reads_typed(in_root):
 
 def test_hlo_diff_round_trips_and_reads_typed(in_root):
     from tpudiag import api
-    from tpudiag.analyze.hlo_diff_model import HloDiff
+    from tpudiag.results.hlo_diff import HloDiff
 
     a, b = (ROOT / f"fixtures/artifacts/sized_mlp_h{h}" for h in (1024, 4096))
     diff = api.hlo_diff(a, b, "train_step")

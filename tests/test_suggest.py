@@ -9,7 +9,7 @@ import math
 import pytest
 
 from tests.conftest import ARTIFACT_SETS, PROGRAMS
-from tpudiag.analyze.patterns import find_patterns
+from tpudiag.analyze.suggest.patterns import find_patterns
 from tpudiag.errors import InputError
 from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
 

@@ -16,7 +16,7 @@ import pytest
 import tpudiag
 from tests.conftest import PROGRAMS, ROOT
 from tpudiag.analyze.numerics import ParityRule, error_stats, parity_check
-from tpudiag.analyze.validate_model import ValidateResult
+from tpudiag.results.validate import ValidateResult
 from tpudiag.errors import InputError
 
 P = PROGRAMS / "parity"

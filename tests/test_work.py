@@ -1,4 +1,4 @@
-"""The executed HLO work of a profile run (analyze/executed_work.py) and `compare`'s default on CPU
+"""The executed HLO work of a profile run (analyze/profile/work.py) and `compare`'s default on CPU
 runs: figures that do not depend on the machine's speed. Real runs of real programs, one of them
 with the machine loaded, one with an extra sort pass."""
 
@@ -13,9 +13,9 @@ import pytest
 
 from tests.conftest import ARTIFACT_SETS, ROOT, profile_sized_mlp
 from tpudiag import api
-from tpudiag.analyze.compare import compare_reports, default_metric
-from tpudiag.analyze.executed_work import REFERENCE_CHIP
-from tpudiag.analyze.hlo_cost import module_costs
+from tpudiag.analyze.compare.runs import compare_reports, default_metric
+from tpudiag.analyze.profile.work import REFERENCE_CHIP
+from tpudiag.analyze.hlo.cost import module_costs
 from tpudiag.errors import UsageError
 from tpudiag.parse.hlo import find_memory_reports, read_allocated_bytes
 from tpudiag.targets import CHIPS

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ARTIFACTS, RUNS
-from tpudiag.analyze.breakdown import PRIORITY, split_window
+from tpudiag.analyze.profile.breakdown import PRIORITY, split_window
 from tpudiag.api import analyze_run
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.conftest import ARTIFACTS
-from tpudiag.analyze.categorize import guess_from_name, index_module
+from tpudiag.analyze.hlo.categories import guess_from_name, index_module
 from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
 
 

@@ -25,10 +25,10 @@ import pytest
 from jaxlib import _hlo
 
 from tests.conftest import ARTIFACTS
-from tpudiag.analyze.hlo_cost import module_costs, total_cost
-from tpudiag.analyze.hlo_diff import SCHEMA, STATUSES
-from tpudiag.analyze.hlo_diff_model import HloDiff
-from tpudiag.analyze.hlo_diff import diff_modules as _diff_modules
+from tpudiag.analyze.hlo.cost import module_costs, total_cost
+from tpudiag.analyze.diff.hlo_diff import SCHEMA, STATUSES
+from tpudiag.results.hlo_diff import HloDiff
+from tpudiag.analyze.diff.hlo_diff import diff_modules as _diff_modules
 from tpudiag.parse.hlo import HloModule, parse_hlo_text, read_hlo_file
 from tpudiag.report.diff_render import render_diff_html, render_diff_markdown, render_diff_text
 

@@ -1,7 +1,7 @@
 """While-loop trip counts read off the HLO, against XLA's own recorded counts.
 
 XLA:CPU writes `known_trip_count` on the loops it can count; the TPU compiler does not. The reading
-in analyze/loops.py ignores the recorded count (`recorded=False`) and must find the same number on
+in analyze/hlo/loops.py ignores the recorded count (`recorded=False`) and must find the same number on
 every recorded loop of the fixture runs, and the same number on the TPU compile of the same
 function as on its CPU compile."""
 
@@ -12,7 +12,7 @@ import json
 import pytest
 
 from tests.conftest import ARTIFACT_SETS, GOLDENS, glob_sets, set_id
-from tpudiag.analyze.loops import loop_runs, trip_count
+from tpudiag.analyze.hlo.loops import loop_runs, trip_count
 from tpudiag.parse.hlo import read_hlo_file
 
 CPU_HLO = [p for p in glob_sets("*/hlo/*after_optimizations.txt", "*/shadow/hlo/*after_optimizations.txt")

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import ARTIFACTS, xplane_of
-from tpudiag.analyze.timeline import aggregate_ops, build_timeline
+from tpudiag.analyze.profile.timeline import aggregate_ops, build_timeline
 from tpudiag.api import analyze_run, hlo_index
 from tpudiag.parse import frames
 from tpudiag.parse.xplane import read_xplane

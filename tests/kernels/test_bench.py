@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from tpudiag.analyze.kernel_bench import BENCH_SCHEMA, op_corrected_cycles
+from tpudiag.results.kernels import BENCH_SCHEMA
+from tpudiag.analyze.compile.kernel_bench import op_corrected_cycles
 from tpudiag.kernels import rmsnorm
 from tpudiag.api.kernels import COMPILE_REPORT, kernels_bench as run_bench
 from tpudiag.kernels.spec import BenchSetup

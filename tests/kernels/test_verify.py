@@ -14,7 +14,8 @@ import pytest
 from tpudiag.kernels import rmsnorm
 from tpudiag.kernels.spec import Tolerance
 from tpudiag.analyze.numerics import tolerance_check
-from tpudiag.kernels.verify import VERIFY_SCHEMA, verify_spec
+from tpudiag.results.kernels import VERIFY_SCHEMA
+from tpudiag.kernels.verify import verify_spec
 from tpudiag.report.kernels_render import render_junit
 
 FIRST = dataclasses.replace(rmsnorm.SPEC, cases=lambda: rmsnorm.SPEC.cases()[:1])

@@ -59,8 +59,8 @@ def test_terminal_renders_a_report_of_a_run_that_could_not_be_analyzed():
     from rich.console import Console
 
     from tpudiag.api import empty_trace as _empty_trace
-    from tpudiag.analyze.profile_report import build_profile_report
-    from tpudiag.manifest import Manifest
+    from tpudiag.analyze.profile.report import build_profile_report
+    from tpudiag.results.manifest import Manifest
     from tpudiag.parse import frames
     from tpudiag.report.terminal import render_terminal
 

@@ -19,10 +19,10 @@ import pytest
 
 from tests.conftest import ARTIFACTS
 from tpudiag import api
-from tpudiag.analyze.compile_model import CompileReport
-from tpudiag.analyze.profile_report import ProfileReport
-from tpudiag.analyze.timeline import step_op_rows
-from tpudiag.analyze.tpu_estimate import SECTION, build_tpu_estimate
+from tpudiag.results.compile import CompileReport
+from tpudiag.results.profile import ProfileReport
+from tpudiag.analyze.profile.timeline import step_op_rows
+from tpudiag.analyze.profile.tpu_estimate import SECTION, build_tpu_estimate
 from tpudiag.report.html import render_html
 from tpudiag.report.units import BREAKDOWN_PARTS, fmt_s
 

@@ -1,6 +1,6 @@
 """`tpudiag compare`'s inputs: a run directory (re-analyzed) or a report JSON file read as written.
 
-Returns the report document of each side; the comparison itself is `analyze/compare.py`.
+Returns the report document of each side; the comparison itself is `analyze/compare/runs.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def load_for_compare(path: Path):
     as written and checked field by field once)."""
     import json
 
-    from tpudiag.analyze.compare import COMPILE_SCHEMA, PROFILE_SCHEMA
+    from tpudiag.analyze.compare.runs import COMPILE_SCHEMA, PROFILE_SCHEMA
     from tpudiag.errors import ParseError
 
     path = Path(path)
@@ -42,18 +42,18 @@ def load_for_compare(path: Path):
         raise InputError(f"{path}: not a tpudiag profile or compile report (schema {schema!r}; expected "
                          f"{PROFILE_SCHEMA} or {COMPILE_SCHEMA})")
     if schema == PROFILE_SCHEMA:
-        from tpudiag.analyze.profile_report import ProfileReport
+        from tpudiag.results.profile import ProfileReport
 
         return ProfileReport.from_dict(doc, str(path))
-    from tpudiag.analyze.compile_model import CompileReport
+    from tpudiag.results.compile import CompileReport
 
     return CompileReport.from_dict(doc, str(path))
 
 
 def compare_runs(base: Path, cur: Path, metric: str | None = None, max_regression: float = 0.05,
                  force: bool = False):
-    """`tpudiag compare BASE CUR`: the `Comparison` (tpudiag.compare/1; analyze/compare.py decides)."""
-    from tpudiag.analyze.compare import compare_reports
+    """`tpudiag compare BASE CUR`: the `Comparison` (tpudiag.compare/1; analyze/compare/runs.py decides)."""
+    from tpudiag.analyze.compare.runs import compare_reports
 
     return compare_reports(load_for_compare(base), load_for_compare(cur), metric, max_regression, force,
                            base_path=str(base), cur_path=str(cur))

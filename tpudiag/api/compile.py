@@ -31,7 +31,7 @@ def module_artifacts(mc, with_llo: bool = True):
     """Parse what one compile worker left in its module directory (`ModuleCompile` -> `ModuleArtifacts`).
     `with_llo=False` skips the LLO bundle dump (slot utilization and bundle counts only; no op time
     depends on it), the slowest artifact to read."""
-    from tpudiag.analyze.compile_report import ModuleArtifacts
+    from tpudiag.analyze.compile.report import ModuleArtifacts
     from tpudiag.parse import llo
 
     hlo = static = lframe = None
@@ -70,7 +70,7 @@ def module_artifacts(mc, with_llo: bool = True):
 def compile_inputs(inputs, run: Path, target, *, static_profile=True, jobs=2, limits=None, progress=None,
                    source: dict | None = None):
     """Compile `ModuleInput`s for `target` into `run/modules/` and build the compile report."""
-    from tpudiag.analyze.compile_report import build_compile_report
+    from tpudiag.analyze.compile.report import build_compile_report
     from tpudiag.capture.tpu_compile import Limits, compile_modules
 
     results = compile_modules(inputs, run / "modules", target.topology, static_profile=static_profile,
@@ -151,7 +151,7 @@ def compile_run_artifacts(run: Path, with_llo: bool = True, suggestions: bool = 
     """(each module's parsed artifacts, the compile report built from them) of a compile run: every
     artifact parsed once, never recompiled (`with_llo`: as for `module_artifacts`; `suggestions`: as
     for `build_compile_report`)."""
-    from tpudiag.analyze.compile_report import build_compile_report
+    from tpudiag.analyze.compile.report import build_compile_report
     from tpudiag.capture.tpu_compile import load_module
     from tpudiag.targets import resolve_target
 

@@ -64,7 +64,7 @@ def _read(xplane: Path, dump: Path | None, warnings: list[str], what: str):
 
 def analyze_job(run: Path, manifest=None, align: str = "auto"):
     """The cross-process report of a `profile --processes N` run directory."""
-    from tpudiag.analyze.collectives import ProcessTrace, build_distributed_report
+    from tpudiag.analyze.distributed.collectives import ProcessTrace, build_distributed_report
 
     run = Path(run)
     manifest = manifest or rundir.read_manifest(run)
@@ -90,7 +90,7 @@ def analyze_job(run: Path, manifest=None, align: str = "auto"):
 def analyze_pod(path: Path, xplanes: list[Path] | None = None, align: str = "auto"):
     """The cross-process report of several hosts' traces (XProf's layout of a pod's profile). An
     HLO dump is used where one sits beside a trace (`<host>.hlo/` or the session's `hlo/`)."""
-    from tpudiag.analyze.collectives import ProcessTrace, build_distributed_report
+    from tpudiag.analyze.distributed.collectives import ProcessTrace, build_distributed_report
 
     path = Path(path)
     xplanes = xplanes or session_xplanes(path)
@@ -127,7 +127,7 @@ def profile_processes(script, args=(), out=None, *, processes: int, devices_per_
     except TpudiagError as e:
         if cap.exit_code == 0:
             raise
-        from tpudiag.analyze.collectives import build_distributed_report
+        from tpudiag.analyze.distributed.collectives import build_distributed_report
 
         report = replace(build_distributed_report([], status="failed", reason=cap.reason),
                          warnings=(f"analysis failed: {e}",))

@@ -1,7 +1,7 @@
 """`tpudiag estimate FILE.py:FUNC --target v6e-256`: a whole step at scale, estimated without
 running it. FUNC builds the step on the slice's mesh (a worker lowers it: `capture/estimate_worker.py`),
 the lowered module is compiled like any `tpudiag compile` input, and the compile report becomes the
-estimate (`analyze/estimate.py`).
+estimate (`analyze/compile/estimate.py`).
 
 Writes a compile run directory plus `RUN/estimate/` (the lowered module, its log) and
 `RUN/estimate.json`. Returns the `EstimateReport`.
@@ -83,7 +83,7 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
     takes minutes on a 2-core machine)."""
     from dataclasses import replace
 
-    from tpudiag.analyze.estimate import build_estimate
+    from tpudiag.analyze.compile.estimate import build_estimate
     from tpudiag.api.compile import _write_compile_report, compile_inputs
     from tpudiag.capture.tpu_compile import Limits, ModuleInput
     from tpudiag.report.estimate_render import render_estimate_markdown

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpudiag.analyze.profile_report import ProfileReport
+from tpudiag.results.profile import ProfileReport
 from tpudiag.api.profiling import load_report
 from tpudiag.capture import rundir
 from tpudiag.errors import InputError

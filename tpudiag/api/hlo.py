@@ -71,14 +71,14 @@ def load_hlo_modules(path: Path, module_name: str | None = None) -> list[LoadedM
 
 def fusion_reports(path: Path, module_name: str | None = None) -> list:
     """One `FusionReport` (tpudiag.fusions/1) per module behind PATH."""
-    from tpudiag.analyze.fusions import build_fusion_report
+    from tpudiag.analyze.hlo.fusions import build_fusion_report
 
     return [build_fusion_report(m.module, m.times, m.time_source) for m in load_hlo_modules(path, module_name)]
 
 
 def hlo_diff(path_a: Path, path_b: Path, module_name: str | None = None):
     """`tpudiag hlo-diff A B`: the `HloDiff` of one module from each side, matched structurally."""
-    from tpudiag.analyze.hlo_diff import diff_modules
+    from tpudiag.analyze.diff.hlo_diff import diff_modules
 
     sides = []
     for path in (path_a, path_b):
@@ -92,7 +92,7 @@ def hlo_diff(path_a: Path, path_b: Path, module_name: str | None = None):
 
 def fusions_list(path: Path, module_name: str | None = None):
     """`tpudiag fusions`: the `FusionList` (tpudiag.fusions_list/1), one report per module."""
-    from tpudiag.analyze.fusion_model import LIST_SCHEMA, FusionList
+    from tpudiag.results.fusions import LIST_SCHEMA, FusionList
     from tpudiag.api.distributed import refuse_job
 
     refuse_job(path, "fusions")

@@ -6,7 +6,7 @@ Each variant is lowered here (Pallas -> Mosaic happens at lowering) and compiled
 process (capture/tpu_compile.py), so a variant that crashes libtpu is a failed row, not a dead bench.
 Writes a run directory: `modules/` (the compiler's artifacts per variant), `lowered/` (the StableHLO),
 `compile-report.json` (every op's figures) and `report.json` (schema tpudiag.kernels-bench/1).
-The figures themselves are computed in analyze/kernel_bench.py. The run directory goes through
+The figures themselves are computed in analyze/compile/kernel_bench.py. The run directory goes through
 `RunDir`.
 """
 
@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from tpudiag.analyze.kernel_bench import VARIANTS, bench_document, kernel_row, variant_figures
+from tpudiag.results.kernels import VARIANTS
+from tpudiag.analyze.compile.kernel_bench import bench_document, kernel_row, variant_figures
 from tpudiag.capture import rundir
 from tpudiag.capture.rundir import RunDir
 from tpudiag.errors import one_line
@@ -81,7 +82,7 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
                   jobs: int = 2, limits=None, progress: Callable[[str], None] | None = None):
     """Bench the named kernels (or KernelSpecs; all for none) for `target_text`; returns (the
     `KernelBench` result, the run directory)."""
-    from tpudiag.analyze.compile_report import build_compile_report
+    from tpudiag.analyze.compile.report import build_compile_report
     from tpudiag.api.compile import module_artifacts
     from tpudiag.capture.tpu_compile import Limits, ModuleCompile, ModuleInput, compile_modules
     from tpudiag.targets import require_libtpu, resolve_target

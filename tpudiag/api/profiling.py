@@ -18,7 +18,7 @@ from tpudiag.outputs import check_output_file, check_run_dir
 from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
 
 if TYPE_CHECKING:
-    from tpudiag.analyze.profile_report import ProfileReport
+    from tpudiag.results.profile import ProfileReport
 
 # The analysis stack (pandas, the xplane reader) is imported inside the functions that need it:
 # `profile` starts the program first and imports it while the program runs.
@@ -55,7 +55,7 @@ def allocated_bytes(dump_dir: Path, program_ids: set[int], warnings: list[str]) 
 
 def hlo_index(dump_dir: Path, program_ids: set[int] | None = None) -> dict:
     """{program_id: {op name: OpInfo}} from the after-optimizations HLO in a dump directory."""
-    from tpudiag.analyze.categorize import index_module
+    from tpudiag.analyze.hlo.categories import index_module
 
     return {pid: index_module(m) for pid, m in hlo_modules(dump_dir, program_ids).items()}
 
@@ -111,8 +111,8 @@ def analyze_run(run: Path, xplane: Path | None = None, manifest=None) -> "Profil
 
     `xplane`: which of the run's traces to report (default: the last one).
     """
-    from tpudiag.analyze.categorize import index_module
-    from tpudiag.analyze.profile_report import build_profile_report
+    from tpudiag.analyze.hlo.categories import index_module
+    from tpudiag.analyze.profile.report import build_profile_report
     from tpudiag.parse.monitoring import read_monitoring
     from tpudiag.parse.xplane import read_xplane
 
@@ -166,7 +166,7 @@ def analyze_run(run: Path, xplane: Path | None = None, manifest=None) -> "Profil
         # The header shows the reason beside the status; the status stays the manifest's.
         report = replace(report, reason=missing)
     if rundir.is_run_dir(run / TPU_DIR):  # `profile --target`: the TPU estimate beside the CPU timeline
-        from tpudiag.analyze.tpu_estimate import build_tpu_estimate
+        from tpudiag.analyze.profile.tpu_estimate import build_tpu_estimate
         from tpudiag.api.compile import analyze_compile_run
 
         compiled = analyze_compile_run(run / TPU_DIR)
@@ -176,7 +176,7 @@ def analyze_run(run: Path, xplane: Path | None = None, manifest=None) -> "Profil
 
 def analyze_xplane(path: Path) -> "ProfileReport":
     """Analyze a bare `.xplane.pb` captured elsewhere; HLO and compile data are used if it sits in a run."""
-    from tpudiag.analyze.profile_report import build_profile_report
+    from tpudiag.analyze.profile.report import build_profile_report
     from tpudiag.parse import frames
     from tpudiag.parse.xplane import read_xplane
 
@@ -206,7 +206,7 @@ def load_report(target: Path, align: str = "auto"):
         if manifest.is_compile and (target / "estimate.json").is_file():  # `tpudiag estimate`: its estimate
             import json
 
-            from tpudiag.analyze.estimate import EstimateReport
+            from tpudiag.results.estimate import EstimateReport
 
             return EstimateReport.from_dict(json.loads((target / "estimate.json").read_text()),
                                             str(target / "estimate.json"))
@@ -235,8 +235,8 @@ def write_report(report, run: Path) -> Path:
 def html_report(report) -> str:
     """The self-contained HTML page (docs/html-report.md) of a profile or compile report; a profile
     page gets one step's timeline (the median step). For `--html FILE` and the CI bundle."""
-    from tpudiag.analyze.profile_report import ProfileReport
-    from tpudiag.analyze.timeline import step_op_rows
+    from tpudiag.results.profile import ProfileReport
+    from tpudiag.analyze.profile.timeline import step_op_rows
     from tpudiag.report.html import render_html
 
     rows = None
@@ -281,7 +281,7 @@ def profile(script, args=(), out=None, *, steps=None, skip=0, python_trace=False
 
 def finish_capture(cap: CaptureResult) -> ProfileResult:
     """Analyze a capture that just ended and write its reports (even when the program failed)."""
-    from tpudiag.analyze.profile_report import build_profile_report
+    from tpudiag.analyze.profile.report import build_profile_report
     from tpudiag.parse import frames
 
     try:

@@ -5,7 +5,7 @@ Reads a compile run, or a profile run made with `--target` (its `tpu/` compile r
 measured op times by source line), or profiles a script with `--target` first. Kernels are
 lowered and compiled in a temporary directory through the same workers and compile cache as
 `kernels bench`, so a second `suggest` of the same shapes costs no compile; the run directory is
-read, never written. Returns a `SuggestReport` (analyze/suggest_model.py).
+read, never written. Returns a `SuggestReport` (results/suggest.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _compile_run_of(run: Path, target_text: str | None) -> tuple[Path, object]:
 def suggest_run(run, target_text: str | None = None, *, static_profile: bool = True, jobs: int = 2, limits=None,
                 progress=None, include_all: bool = False):
     """Suggestions for a compile run or a profile run made with --target."""
-    from tpudiag.analyze.suggest import DEFAULT_SUGGEST_CONFIG, build_report, candidates, findings_for, roofline_bound
+    from tpudiag.analyze.suggest.build import DEFAULT_SUGGEST_CONFIG, build_report, candidates, findings_for, roofline_bound
     from tpudiag.api.compile import compile_run_artifacts
     from tpudiag.api.profiling import load_report
     from tpudiag.targets import resolve_target
@@ -99,8 +99,8 @@ def _executions_per_step(section) -> dict | None:
 
 def _price(cands, indices, target, *, static_profile, jobs, limits, progress) -> dict:
     """{candidate index: Price}: each distinct kernel setup lowered and compiled once."""
-    from tpudiag.analyze.compile_report import build_compile_report
-    from tpudiag.analyze.suggest import Price
+    from tpudiag.analyze.compile.report import build_compile_report
+    from tpudiag.analyze.suggest.build import Price
     from tpudiag.api.compile import module_artifacts
     from tpudiag.api.kernels import _lower
     from tpudiag.capture.tpu_compile import Limits, ModuleInput, compile_modules

@@ -6,7 +6,7 @@ from Python.
     assert result.ok, result.summary()
 
 Loads the two functions and the inputs (a spec, a generator `FILE.py:FUNC`, or a callable),
-runs every regime, and returns a `ValidateResult` (analyze/validate_model.py). Writes nothing but
+runs every regime, and returns a `ValidateResult` (results/validate.py). Writes nothing but
 the JUnit file when asked.
 """
 

@@ -17,7 +17,7 @@ A process that fails (non-zero exit, a signal) or a run past `timeout_s` stops t
 SIGINT to each (the child then writes its trace; not SIGTERM, which jax's distributed runtime takes
 for a preemption notice and handles itself), SIGKILL after `_GRACE_S` (a process blocked in a
 collective cannot run Python; it usually fails by itself once its peer's connection closes). tpudiag's exit code is the first failing process's
-(124 for the time limit). It does not analyze anything (that is `analyze/collectives.py`).
+(124 for the time limit). It does not analyze anything (that is `analyze/distributed/collectives.py`).
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 from tpudiag.errors import InputError, ParseError, Terminated, TpudiagError, one_line
-from tpudiag.manifest import SCHEMA as MANIFEST_SCHEMA
-from tpudiag.manifest import Manifest
+from tpudiag.results.manifest import SCHEMA as MANIFEST_SCHEMA
+from tpudiag.results.manifest import Manifest
 from tpudiag.outputs import refuse_existing_run
 
 MANIFEST = "manifest.json"

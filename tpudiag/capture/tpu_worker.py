@@ -69,7 +69,7 @@ def compile_one(spec: dict) -> dict:
         cost = cost[0] if cost else {}
     mem = executable.get_compiled_memory_stats()
     # Each logical device's place on the slice (x, y, z): how far apart a collective's ring
-    # neighbours are (analyze/compile_collectives.py).
+    # neighbours are (analyze/compile/collectives.py).
     coords = [list(getattr(d, "coords", ()) or ()) for d in devices]
     return {
         "device_coords": coords if all(coords) else None,

@@ -129,7 +129,7 @@ def compare(metric, max_regression, force, top, as_json, as_md, no_color, width,
     regression, 0 otherwise.
     """
     from tpudiag import api
-    from tpudiag.analyze.compare import parse_max_regression
+    from tpudiag.analyze.compare.runs import parse_max_regression
     from tpudiag.report.compare_render import render_compare_verdict
 
     fmt = output_format(as_json, as_md)

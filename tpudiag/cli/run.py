@@ -134,7 +134,7 @@ def profile(out, steps, skip, python_trace, processes, devices_per_process, proc
                              target=target_text, static_profile=not no_static_profile, progress=progress_cb,
                              limits=static_limits(timeout_s, static_memory_gib),
                              program_stdout=sys.stderr.buffer if fmt != "text" else None,
-                             while_waiting=lambda: importlib.import_module("tpudiag.analyze.profile_report"))
+                             while_waiting=lambda: importlib.import_module("tpudiag.analyze.profile.report"))
     finally:
         stop()
     if html_path:
@@ -162,7 +162,7 @@ def _profile_processes(script, args, out, fmt, *, processes, devices_per_process
         script, program_args(args), out, processes=processes, devices_per_process=devices_per_process,
         timeout_s=timeout_s, steps=steps, skip=skip, python_trace=python_trace, coordinator_port=coordinator_port,
         program_stdout=sys.stderr.buffer if fmt != "text" else None,
-        while_waiting=lambda: importlib.import_module("tpudiag.analyze.collectives"))
+        while_waiting=lambda: importlib.import_module("tpudiag.analyze.distributed.collectives"))
     if html_path:
         api.write_html(report, html_path)
     emit(report, fmt, no_color=no_color, width=width)

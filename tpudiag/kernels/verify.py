@@ -11,85 +11,16 @@ from __future__ import annotations
 import secrets
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from tpudiag.analyze.numerics import Check
+from tpudiag.results.numerics import Check
 from tpudiag.errors import one_line
 from tpudiag.kernels.spec import Case, KernelSpec, Tolerance
 from tpudiag.parity.harness import Outputs, compare_outputs
-
-VERIFY_SCHEMA = "tpudiag.kernels-verify/1"
-
-
-@dataclass(frozen=True)
-class CaseResult:
-    kernel: str
-    label: str
-    dtype: str
-    shapes: str  # the argument shapes and dtypes
-    checks: tuple[Check, ...]
-    error: str | None  # the kernel or reference raised
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and bool(self.checks) and all(c.ok for c in self.checks)
-
-    @property
-    def worst_ratio(self) -> float | None:
-        """The largest error/tolerance ratio of the case's checks (<= 1 passes; inf where a check has
-        no finite figure); None without checks."""
-        return max((float("inf") if c.worst_ratio is None else c.worst_ratio for c in self.checks), default=None)
-
-    @property
-    def why(self) -> str:
-        """What failed: the error raised, or each failing check with its detail."""
-        return self.error or "; ".join(f"{k.what}: {k.detail}" for k in self.checks if not k.ok)
-
-    def to_dict(self) -> dict:
-        return {"kernel": self.kernel, "case": self.label, "dtype": self.dtype, "shapes": self.shapes,
-                "ok": self.ok, "error": self.error, "seconds": round(self.seconds, 3),
-                "checks": [c.to_dict() for c in self.checks]}
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    seed: int
-    cases: tuple[CaseResult, ...]
-    tolerances: dict  # kernel name -> {dtype: Tolerance.to_dict()}
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.cases) and all(c.ok for c in self.cases)
-
-    @property
-    def failures(self) -> list[CaseResult]:
-        return [c for c in self.cases if not c.ok]
-
-    @property
-    def passed(self) -> int:
-        return sum(c.ok for c in self.cases)
-
-    def by_kernel(self) -> dict[str, list[CaseResult]]:
-        """The cases of each kernel, in the order they ran."""
-        out: dict[str, list[CaseResult]] = {}
-        for c in self.cases:
-            out.setdefault(c.kernel, []).append(c)
-        return out
-
-    def summary(self) -> str:
-        lines = [f"{self.passed}/{len(self.cases)} cases passed (seed {self.seed})"]
-        lines += [f"FAIL {c.kernel} [{c.label}]: {c.why}" for c in self.failures]
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict:
-        return {"schema": VERIFY_SCHEMA, "ok": self.ok, "seed": self.seed,
-                "passed": self.passed, "failed": len(self.failures),
-                "cases": [c.to_dict() for c in self.cases], "tolerances": self.tolerances}
+from tpudiag.results.kernels import CaseResult, VerifyResult
 
 
 def tolerance_for(spec: KernelSpec, dtype: str, grad: bool = False) -> Tolerance:

@@ -25,9 +25,9 @@ from typing import Callable
 
 import numpy as np
 
-from tpudiag.analyze.numerics import (DEFAULT_NUMERICS, Check, NumericsConfig, ParityRule, error_stats, exact_check,
-                                      normwise_error, parity_check, tolerance_check)
-from tpudiag.analyze.validate_model import SCHEMA, Measure, Shrunk, ValidateCase, ValidateResult
+from tpudiag.analyze.numerics import DEFAULT_NUMERICS, NumericsConfig, ParityRule, error_stats, exact_check, normwise_error, parity_check, tolerance_check
+from tpudiag.results.numerics import Check
+from tpudiag.results.validate import SCHEMA, Measure, Shrunk, ValidateCase, ValidateResult
 from tpudiag.errors import InputError, one_line
 from tpudiag.parity import inputs as inp
 from tpudiag.parity.sides import Side, call, clear_compiled, float64_call, grads, is_float

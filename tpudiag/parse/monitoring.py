@@ -2,7 +2,7 @@
 
 Returns the COMPILES frame (tracing, lowering and backend-compile durations per function, with
 their wall-clock interval) and the number of persistent compilation-cache hits in the run. It does not
-align clocks with the trace (that is `analyze/compiles.py`).
+align clocks with the trace (that is `analyze/profile/compiles.py`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ which is why the CPU timeline is tpudiag's own walk (`parse/xplane.py`).
 
 XProf caches its op stats beside the trace (`ALL_HOSTS.op_stats_v2.pb`); to keep `report`
 free of side effects the converter reads a link to the trace from a temporary directory.
-It does not join these rows to the timeline (that is `analyze/profile_report.py`).
+It does not join these rows to the timeline (that is `analyze/profile/report.py`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Renders a `Comparison` (tpudiag.compare/1, analyze/compare_model.py): a one-line verdict, the
+"""Renders a `Comparison` (tpudiag.compare/1, results/compare.py): a one-line verdict, the
 terminal report (rich) and GitHub Markdown (for `$GITHUB_STEP_SUMMARY`).
 
 Each shows both sides, the headline with its verdict and spread, then the modules and the top

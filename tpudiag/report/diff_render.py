@@ -1,4 +1,4 @@
-"""Renders an `HloDiff` (tpudiag.hlo_diff/1, analyze/hlo_diff_model.py) as text, Markdown or HTML.
+"""Renders an `HloDiff` (tpudiag.hlo_diff/1, results/hlo_diff.py) as text, Markdown or HTML.
 
 Text is unified-diff-like, grouped by computation: `+` added, `-` removed, `~` changed, `>` moved
 into, out of or between fusions; ops inside a fusion are indented under it; each change follows on

@@ -1,4 +1,4 @@
-"""Renders a `FusionReport` (tpudiag.fusions/1, analyze/fusion_model.py): the fusions of one module with what
+"""Renders a `FusionReport` (tpudiag.fusions/1, results/fusions.py): the fusions of one module with what
 they hold, move and cost, then the fusion breaks, largest tensor first, each with its reason and
 the evidence for it. Terminal (rich) and Markdown; both show the first `top` rows of each table
 (the JSON has all). Used alone by `tpudiag fusions` and as a section of the profile and compile

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpudiag.analyze.numerics import Check, ErrorStats
 from tpudiag.model import Model
+from tpudiag.results.numerics import Check, ErrorStats
 
 SCHEMA = "tpudiag.validate/1"
 

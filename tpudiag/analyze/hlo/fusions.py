@@ -43,9 +43,9 @@ import functools
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from tpudiag.analyze.categorize import index_module
-from tpudiag.analyze.fusion_model import SCHEMA, FusionBreak, FusionReport, FusionRow, FusionTotals, ModuleRef
-from tpudiag.analyze.hlo_cost import ELEMENTWISE, arithmetic_intensity, module_costs
+from tpudiag.analyze.hlo.categories import index_module
+from tpudiag.results.fusions import SCHEMA, FusionBreak, FusionReport, FusionRow, FusionTotals, ModuleRef
+from tpudiag.analyze.hlo.cost import ELEMENTWISE, arithmetic_intensity, module_costs
 from tpudiag.parse.hlo import HloModule, Instruction
 from tpudiag.parse.shapes import Shape, parse_shape
 

@@ -15,80 +15,9 @@ Pure functions over compile-report documents, returning the `KernelBench` model
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
 
 from tpudiag.config import KERNEL_GOALS, KernelGoals
-from tpudiag.model import Model
-
-BENCH_SCHEMA = "tpudiag.kernels-bench/1"
-VARIANTS = ("kernel", "xla", "jax")
-
-
-@dataclass(frozen=True)
-class VariantFigures(Model):
-    variant: str  # "kernel" (ours), "xla" (plain JAX through XLA), "jax" (JAX's own Pallas kernel)
-    status: str  # "ok" | "failed"
-    error: str | None
-    static_cycles: int | None  # sum of the static estimates the compiler gave (None: it gave none)
-    corrected_cycles: int | None  # sum over ops of max(static, HBM floor); floors where no estimate
-    ops: int
-    ops_floor_only: int  # ops with no static estimate, counted at their roofline floor
-    hbm_bound_ops: int  # ops whose HBM floor exceeded the static estimate
-    compute_bound_ops: int  # ops whose compute floor exceeded the static estimate and the HBM floor
-    bytes_accessed: int
-    flops: int
-    static_profile: str | None  # the module's static-profile outcome ("ok", or why not)
-    module: str | None  # the module's directory in the bench run
-
-
-_WITH_JAX = {"present_if": "jax_name"}  # keys a row has only where JAX has its own kernel
-
-
-@dataclass(frozen=True)
-class KernelRow(Model):
-    name: str
-    shape: str
-    blocks: str | None
-    kernel_cycles: int | None
-    xla_cycles: int | None
-    ratio_vs_xla: float | None
-    goal_vs_xla: float
-    meets_xla_goal: bool | None
-    variants: dict[str, VariantFigures]
-    status: str  # ok | failed
-    jax_name: str | None = field(default=None, metadata={"omit_none": True})
-    jax_cycles: int | None = field(default=None, metadata=_WITH_JAX)
-    ratio_vs_jax: float | None = field(default=None, metadata=_WITH_JAX)
-    goal_vs_jax: float | None = field(default=None, metadata=_WITH_JAX)
-    meets_jax_goal: bool | None = field(default=None, metadata=_WITH_JAX)
-
-    @property
-    def missed_goal(self) -> bool:
-        return self.meets_xla_goal is False or self.meets_jax_goal is False
-
-
-@dataclass(frozen=True)
-class KernelBench(Model):
-    SCHEMA = BENCH_SCHEMA
-
-    schema: str
-    target: dict[str, Any]  # the compile report's target section
-    static_profile: bool
-    metric: str
-    status: str  # ok | partial | failed
-    failed: tuple[str, ...]
-    goals_missed: tuple[str, ...]
-    kernels: tuple[KernelRow, ...]
-    artifacts: dict[str, str] | None = field(default=None, metadata={"omit_none": True})
-
-    def with_artifacts(self, artifacts: dict[str, str]) -> KernelBench:
-        return replace(self, artifacts=artifacts)
-
-    @property
-    def worst_ratio_vs_xla(self) -> float | None:
-        ratios = [k.ratio_vs_xla for k in self.kernels if k.ratio_vs_xla is not None]
-        return max(ratios) if ratios else None
+from tpudiag.results.kernels import BENCH_SCHEMA, VARIANTS, VariantFigures, KernelRow, KernelBench
 
 
 def op_corrected_cycles(op: dict, clock_hz: float, hbm_bytes_per_s: float, peak_flops_per_s: float) -> tuple[float, str]:

@@ -19,18 +19,17 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from tpudiag.analyze.categorize import index_module
-from tpudiag.analyze.compile_collectives import async_collective_tails, collective_estimates
-from tpudiag.analyze.fusions import build_fusion_report, fusion_summary
-from tpudiag.analyze.hlo_cost import module_costs
-from tpudiag.analyze.loops import loop_runs
-from tpudiag.analyze.suggest import unpriced_report
+from tpudiag.analyze.hlo.categories import index_module
+from tpudiag.analyze.compile.collectives import async_collective_tails, collective_estimates
+from tpudiag.analyze.hlo.fusions import build_fusion_report, fusion_summary
+from tpudiag.analyze.hlo.cost import module_costs
+from tpudiag.analyze.hlo.loops import loop_runs
+from tpudiag.analyze.suggest.build import unpriced_report
 from tpudiag.parse.hlo import RUNS_CALLEES, HloModule, Instruction
 from tpudiag.parse.sdy_mesh import DeviceMesh
 from tpudiag.targets import Target
 
-from tpudiag.analyze.compile_model import (SCHEMA, CompileReport, CompileTarget, CompileTotals, MemoryOnlyTotals,
-                                           ModuleReport, ModuleTotals, OpEstimate)
+from tpudiag.results.compile import SCHEMA, CompileReport, CompileTarget, CompileTotals, MemoryOnlyTotals, ModuleReport, ModuleTotals, OpEstimate
 # Instructions that move no data and take no time on their own (they alias their operands).
 _FREE = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all",
                    "partition-id", "replica-id", "opt-barrier", "add-dependency"})

@@ -2,7 +2,7 @@
 the Python line it came from; and the nccl-tests bus-bandwidth factor of its kind.
 
 Pure functions over a parsed `HloModule`. Used by the cross-process analysis
-(`analyze/collectives.py`). Without HLO (a pod trace copied without its dumps) the kind comes from
+(`analyze/distributed/collectives.py`). Without HLO (a pod trace copied without its dumps) the kind comes from
 the op's name and the size is unknown.
 """
 

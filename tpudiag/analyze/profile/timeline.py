@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tpudiag.analyze.categorize import OpInfo, guess_from_name
+from tpudiag.analyze.hlo.categories import OpInfo, guess_from_name
 from tpudiag.parse import frames
 
 

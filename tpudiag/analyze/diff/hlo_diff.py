@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpudiag.analyze.hlo_cost import module_costs
-from tpudiag.analyze.hlo_diff_model import (SCHEMA, ComputationPair, DiffSide, DiffSummary, HloDiff,
-                                            Pair)
-from tpudiag.analyze.hlo_match import Matcher, Node, Side, match_modules
+from tpudiag.analyze.hlo.cost import module_costs
+from tpudiag.results.hlo_diff import SCHEMA, ComputationPair, DiffSide, DiffSummary, HloDiff, Pair
+from tpudiag.analyze.diff.match import Matcher, Node, Side, match_modules
 from tpudiag.parse.hlo import HloModule
 from tpudiag.text import clip
 STATUSES = ("added", "removed", "changed", "moved", "unchanged")

@@ -16,47 +16,14 @@ time the program takes anywhere (`profile --target` estimates that). No I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import pandas as pd
 
-from tpudiag.analyze.hlo_cost import Cost, module_costs
-from tpudiag.model import Model
+from tpudiag.analyze.hlo.cost import Cost, module_costs
 from tpudiag.targets import CHIPS
+from tpudiag.results.profile import OpWork, Work
 
 REFERENCE_CHIP = "v5e"
-
-
-@dataclass(frozen=True)
-class OpWork(Model):
-    """One op's executed work (per step or per run, as the section's `per` says)."""
-
-    module: str
-    name: str
-    executions: float
-    flops: float
-    bytes_accessed: float
-    roofline_s: float
-
-
-@dataclass(frozen=True)
-class Work(Model):
-    """A run's executed HLO work. With traced steps: the ops executed inside them, divided by the
-    number of steps (`per` "step"), so setup outside the steps does not count and runs of different
-    lengths compare. Without: every traced execution (`per` "run")."""
-
-    per: str  # "step" | "run"
-    steps: int
-    flops: float
-    transcendentals: float
-    bytes_accessed: float
-    op_executions: float
-    roofline_s: float  # each execution at the reference chip's peak FLOP/s or HBM bandwidth, whichever binds
-    reference_chip: str
-    peak_allocation_bytes: int | None  # the largest executed module's buffer assignment; None: no memory report
-    uncosted_ops: int  # distinct ops with no instruction in the HLO dump (counted as no work)
-    setup_modules: tuple[str, ...]  # seen in half the steps or fewer (async setup running on): not counted
-    ops: tuple[OpWork, ...]  # by roofline work, largest first
 
 
 def _roofline_s(cost: Cost) -> float:

@@ -13,8 +13,8 @@ import re
 
 import numpy as np
 
-from tpudiag.analyze.collective_ops import collective_instruction, describe
-from tpudiag.analyze.compile_model import CollectiveEstimate
+from tpudiag.analyze.hlo.collectives import collective_instruction, describe
+from tpudiag.results.compile import CollectiveEstimate
 from tpudiag.parse.hlo_model import HloModule
 from tpudiag.parse.hlo_text import ReplicaGroups
 from tpudiag.parse.sdy_mesh import DeviceMesh

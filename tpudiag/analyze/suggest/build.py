@@ -2,7 +2,7 @@
 
 In two steps, so that the caller can compile the kernels in between (this module does no I/O):
 
-1. `candidates(report, modules)`: the pattern matches of each compiled module (analyze/patterns.py),
+1. `candidates(report, modules)`: the pattern matches of each compiled module (analyze/suggest/patterns.py),
    grouped by (module, pattern, source line) so a pattern's forward and backward ops count
    together, each with the estimated TPU time of exactly the ops it covers (`xla_s`, from the
    compile report's op rows) and its share of the module's estimated time. A matmul fusion that
@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from tpudiag.analyze.compile_model import CompileReport
-from tpudiag.analyze.dataflow import MATMUL
-from tpudiag.analyze.patterns import PatternMatch, find_patterns
-from tpudiag.analyze.suggest_model import SCHEMA, Finding, Replaced, Suggestion, SuggestReport
+from tpudiag.results.compile import CompileReport
+from tpudiag.analyze.hlo.dataflow import MATMUL
+from tpudiag.analyze.suggest.patterns import PatternMatch, find_patterns
+from tpudiag.results.suggest import SCHEMA, Finding, Replaced, Suggestion, SuggestReport
 
 _BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s8": 1, "u8": 1, "s32": 4}
 # Patterns whose own work is matmuls: their ops include the matmul fusions.
@@ -246,7 +246,7 @@ def findings_for(report: CompileReport, modules: dict, cands: list[Candidate], h
     """Layout findings of the modules that compute (a matmul or a matched pattern) and hold at least
     `min_module_share` of the run's estimated time: the random-number setup's u32 fusion breaks are
     not the step's."""
-    from tpudiag.analyze.layout_findings import DEFAULT_FINDINGS_CONFIG, module_findings
+    from tpudiag.analyze.suggest.layout import DEFAULT_FINDINGS_CONFIG, module_findings
 
     total = sum(m.totals.estimated_s for m in report.modules if m.artifacts in modules and m.totals is not None)
     with_patterns = {c.module for c in cands}

@@ -18,60 +18,16 @@ compile, each paired with its CPU program id by compile order (`_pair_compiles`)
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
 
 import pandas as pd
 
-from tpudiag.analyze.breakdown import ns_to_s
-from tpudiag.analyze.compile_model import CompileReport, CompileTarget, ModuleReport
-from tpudiag.analyze.suggest_model import SuggestReport
-from tpudiag.model import Model
+from tpudiag.analyze.profile.breakdown import ns_to_s
+from tpudiag.results.compile import CompileReport, ModuleReport
+from tpudiag.results.profile import TpuModuleRow, TpuStep, TpuLine, TpuEstimate
 
 SECTION = "tpu_estimate"
 NOTE = ("TPU times are the TPU compiler's static estimates and roofline floors, not measurements; "
         "a loop body counts its trip count where the HLO shows it, once where it does not")
-
-
-@dataclass(frozen=True)
-class TpuModuleRow(Model):
-    name: str
-    program_id: int | None  # the CPU program this compile pairs with; None where the pairing is unknown
-    executions: float  # a share of the function's runs where unpaired
-    cpu_self_s: float
-    tpu_estimated_s: float | None  # one execution
-    tpu_estimated_total_s: float | None  # all executions in the trace
-    status: str
-    error: str | None
-    # Executions inside the traced steps per step (None without steps): what a saving per execution
-    # is multiplied by to be a saving per step.
-    executions_per_step: float | None = field(default=None, metadata={"omit_none": True})
-
-
-@dataclass(frozen=True)
-class TpuStep(Model):
-    count: int
-    tpu_estimated_s: float | None
-
-
-@dataclass(frozen=True)
-class TpuLine(Model):
-    source: str
-    cpu_self_s: float
-    tpu_estimated_s: float
-
-
-@dataclass(frozen=True)
-class TpuEstimate(Model):
-    """The measured CPU run beside the TPU compiler's estimate of the same computations."""
-
-    target: CompileTarget
-    status: str
-    modules: tuple[TpuModuleRow, ...]
-    step: TpuStep
-    lines: tuple[TpuLine, ...]
-    note: str
-    # The compile's unpriced suggestions (CompileReport.suggestions): what `tpudiag suggest RUN` prices.
-    suggestions: SuggestReport | None = field(default=None, metadata={"omit_none": True})
 
 
 def _executions(tl: pd.DataFrame, key: str) -> pd.Series:

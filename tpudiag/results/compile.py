@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tpudiag.analyze.suggest_model import SuggestReport
 from tpudiag.model import Model
+from tpudiag.results.suggest import SuggestReport
 
 SCHEMA = "tpudiag.compile/1"
 
@@ -40,7 +40,7 @@ class OpEstimate(Model):
     loops: int | None
     loop_depth: int | None
     limit: str
-    # Runs per execution of the module: the trip counts of the while loops around it (analyze/loops.py;
+    # Runs per execution of the module: the trip counts of the while loops around it (analyze/hlo/loops.py;
     # 1 where unknown). The module's totals count estimated_s x runs.
     runs: int = 1
 
@@ -174,7 +174,7 @@ class CompileReport(Model):
     modules: tuple[ModuleReport, ...]
     totals: CompileTotals
     artifacts: dict[str, str] | None = field(default=None, metadata={"omit_none": True})
-    # The patterns a kernel replaces, with their XLA time and roofline bound, unpriced (analyze/suggest.py);
+    # The patterns a kernel replaces, with their XLA time and roofline bound, unpriced (analyze/suggest/build.py);
     # `tpudiag suggest RUN` compiles the bundled kernels for them.
     suggestions: SuggestReport | None = field(default=None, metadata={"omit_none": True})
 

@@ -5,7 +5,7 @@ Input: two reports, each a `ProfileReport` (tpudiag.report/1) or a `CompileRepor
 naming it), already loaded (the caller does the I/O), and the metric to compare:
 
 - `work` (profile runs; the default for two CPU runs that have it): what the run executed, from its
-  optimized HLO (analyze/executed_work.py): the headline is the roofline work (each op execution's
+  optimized HLO (analyze/profile/work.py): the headline is the roofline work (each op execution's
   FLOPs or bytes at a reference chip's peak, whichever binds, summed), with FLOPs, bytes accessed,
   op executions and the peak buffer allocation beside it as `figures`; rows are per module and op.
   None of it depends on the machine's speed, so a busy CI host cannot fail the gate.
@@ -42,9 +42,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import PurePath
 
-from tpudiag.analyze.compare_model import SCHEMA, ChangeRow, Comparison, Headline, Regression, Side
-from tpudiag.analyze.compile_model import CompileReport
-from tpudiag.analyze.profile_report import ProfileReport
+from tpudiag.results.compare import SCHEMA, ChangeRow, Comparison, Headline, Regression, Side
+from tpudiag.results.compile import CompileReport
+from tpudiag.results.profile import ProfileReport
 from tpudiag.errors import ParseError, UsageError
 PROFILE_SCHEMA = "tpudiag.report/1"
 COMPILE_SCHEMA = "tpudiag.compile/1"

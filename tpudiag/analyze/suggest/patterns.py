@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tpudiag.analyze.dataflow import MATMUL, TRANSPARENT, Dataflow
-from tpudiag.analyze.hlo_cost import op_cost
+from tpudiag.analyze.hlo.dataflow import MATMUL, TRANSPARENT, Dataflow
+from tpudiag.analyze.hlo.cost import op_cost
 from tpudiag.model import Model
 from tpudiag.parse.hlo import HloModule, Instruction
 

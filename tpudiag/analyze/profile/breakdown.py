@@ -13,11 +13,10 @@ so overlapping activity is never counted twice and the parts always sum to the w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
-from tpudiag.model import Model
+from tpudiag.results.profile import Breakdown
 
 def ns_to_s(ns) -> float:
     """ns -> s, rounded to the ns so JSON shows 0.0123 and not 0.012300000000000002."""
@@ -25,26 +24,6 @@ def ns_to_s(ns) -> float:
 
 
 PRIORITY = ("communication", "compute", "memory", "control", "compile", "host")
-
-
-@dataclass(frozen=True)
-class Breakdown(Model):
-    total_s: float
-    compute_s: float
-    memory_s: float
-    communication_s: float
-    host_s: float
-    idle_s: float
-    compile_s: float
-
-    def parts(self) -> dict[str, float]:
-        d = self.to_dict()
-        d.pop("total_s")
-        return d
-
-    def shares(self) -> dict[str, float | None]:
-        """Each part as a fraction of the window (`compute` for `compute_s`); None for an empty window."""
-        return {k[:-2]: (round(v / self.total_s, 6) if self.total_s else None) for k, v in self.parts().items()}
 
 
 def _coverage(bounds: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

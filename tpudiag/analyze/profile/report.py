@@ -9,140 +9,19 @@ per-instance and per-op frames for renderers and exporters (not part of the docu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tpudiag.analyze.breakdown import Breakdown, split_window
-from tpudiag.analyze.breakdown import ns_to_s as _s
-from tpudiag.analyze.compiles import compile_intervals, compile_table
-from tpudiag.analyze.executed_work import Work, executed_work, op_costs
-from tpudiag.analyze.fusions import build_fusion_report, fusion_summary
-from tpudiag.analyze.timeline import aggregate_ops, build_timeline, step_table
-from tpudiag.analyze.tpu_estimate import TpuEstimate
-from tpudiag.manifest import Manifest
-from tpudiag.model import Model
+from tpudiag.analyze.profile.breakdown import split_window
+from tpudiag.analyze.profile.breakdown import ns_to_s as _s
+from tpudiag.analyze.profile.compiles import compile_intervals, compile_table
+from tpudiag.analyze.profile.work import executed_work, op_costs
+from tpudiag.analyze.hlo.fusions import build_fusion_report, fusion_summary
+from tpudiag.analyze.profile.timeline import aggregate_ops, build_timeline, step_table
+from tpudiag.results.manifest import Manifest
 from tpudiag.parse.xplane import Trace
-
-SCHEMA = "tpudiag.report/1"
-_FRAME = {"json": False}  # kept beside the document for renderers and exporters
-
-
-@dataclass(frozen=True)
-class Traced(Model):
-    steps: int | None
-    skip: int | None
-
-
-@dataclass(frozen=True)
-class Totals(Model):
-    op_instances: int
-    distinct_ops: int
-    op_self_s: float
-    modules: int
-    compile_s: float
-    compile_cache_hits: int
-
-
-@dataclass(frozen=True)
-class StepRow(Model):
-    step_num: int
-    duration_s: float
-    op_s: float
-
-
-@dataclass(frozen=True)
-class Steps(Model):
-    count: int
-    median_s: float | None
-    rows: tuple[StepRow, ...]
-
-
-@dataclass(frozen=True)
-class XprofOp(Model):
-    """XProf's own figures for an op (device-plane traces only)."""
-
-    category: str | None
-    bound_by: str | None
-    model_gflops_per_s: float | None
-    memory_gib_per_s: float | None
-    flops_per_byte: float | None
-
-
-@dataclass(frozen=True)
-class OpRow(Model):
-    name: str
-    module: str
-    program_id: int
-    category: str
-    opcode: str | None
-    bound: str
-    shape: str | None
-    source: str | None
-    occurrences: int
-    total_s: float
-    self_s: float
-    avg_s: float
-    share: float
-    xprof: XprofOp | None
-    # One execution's cost from the optimized HLO (analyze/hlo_cost.py); absent when the op has no
-    # instruction in the dump.
-    flops: int | None = field(default=None, metadata={"omit_none": True})
-    bytes_accessed: int | None = field(default=None, metadata={"omit_none": True})
-
-
-@dataclass(frozen=True)
-class CompileRow(Model):
-    function: str
-    compiles: int
-    tracing_s: float
-    lowering_s: float
-    backend_compile_s: float
-    total_s: float
-
-
-@dataclass(frozen=True)
-class ProfileReport(Model):
-    """The `tpudiag.report/1` document of one run, field for field."""
-
-    SCHEMA = SCHEMA
-
-    schema: str
-    status: str
-    reason: str | None
-    exit_code: int | None
-    program: str | None
-    argv: tuple[str, ...] | None
-    command: str | None
-    backend: str
-    host: str
-    devices: tuple[str, ...]
-    wall_s: float
-    process_wall_s: float | None
-    traced: Traced
-    breakdown: Breakdown
-    breakdown_share: dict[str, float | None]
-    totals: Totals
-    steps: Steps
-    ops: tuple[OpRow, ...]
-    compile: tuple[CompileRow, ...]
-    artifacts: dict[str, str | None]
-    versions: dict[str, str | None]
-    fusions: tuple[dict[str, Any], ...]  # analyze.fusions.fusion_summary documents
-    warnings: tuple[str, ...]
-    tpu_estimate: TpuEstimate | None = field(default=None, metadata={"omit_none": True})  # profile --target
-    # The machine's speed: a fixed CPU loop timed before and after the program (compare's drift check).
-    calibration_s: tuple[float, ...] | None = field(default=None, metadata={"omit_none": True})
-    # What was executed, machine-independent (analyze/executed_work.py): compare's default on CPU runs.
-    work: Work | None = field(default=None, metadata={"omit_none": True})
-    timeline: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_FRAME)
-    op_frame: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_FRAME)
-
-    def with_tpu_estimate(self, section: TpuEstimate, compile_dir: str) -> ProfileReport:
-        """The same report with `profile --target`'s estimate and the compile run it came from."""
-        return replace(self, tpu_estimate=section, artifacts={**self.artifacts, "tpu_compile": compile_dir})
+from tpudiag.results.profile import SCHEMA, Traced, Totals, StepRow, Steps, XprofOp, OpRow, CompileRow, ProfileReport
 
 
 def _intervals(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpudiag.analyze.dataflow import MATMUL, Dataflow
-from tpudiag.analyze.suggest_model import Finding
+from tpudiag.analyze.hlo.dataflow import MATMUL, Dataflow
+from tpudiag.results.suggest import Finding
 from tpudiag.parse.hlo import HloModule
 
 _NO_BUFFER = frozenset({"bitcast", "get-tuple-element", "tuple", "constant", "copy-done", "copy-start",

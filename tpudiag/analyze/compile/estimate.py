@@ -14,63 +14,10 @@ Pure: takes a `CompileReport`, what the lowering recorded, and the target; retur
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
 
-from tpudiag.model import Model
+from tpudiag.results.estimate import SCHEMA, StepBreakdown, TopOp, EstimateReport
 
-SCHEMA = "tpudiag.estimate/1"
 _TOP = 10
-
-
-@dataclass(frozen=True)
-class Breakdown(Model):
-    """Where the estimated step time goes, per device (each op's time x its runs, by what bounds it)."""
-
-    compute_s: float  # ops bound by the MXU peak or the compiler's static cycles
-    hbm_s: float  # ops bound by HBM bandwidth
-    collective_s: float  # collectives' exposed time (the ICI model, less the compute scheduled beside them)
-    hidden_collective_s: float  # collective time the schedule hides behind compute (not in step_s)
-
-
-@dataclass(frozen=True)
-class TopOp(Model):
-    name: str
-    opcode: str
-    bound_by: str
-    total_s: float  # estimated_s x runs
-    share: float  # of step_s
-    runs: int
-    source: str | None
-    limit: str
-
-
-@dataclass(frozen=True)
-class EstimateReport(Model):
-    SCHEMA = SCHEMA
-
-    schema: str
-    status: str  # ok | failed
-    reason: str | None
-    program: str  # FILE.py:FUNC
-    argv: tuple[str, ...]
-    target: dict[str, Any]  # the compile report's target (chip, topology, devices, peaks)
-    mesh: dict[str, int]
-    libtpu_init_args: str | None
-    step_s: float | None
-    breakdown: Breakdown | None
-    tokens: int  # per step, all devices
-    model_flops: float | None  # per step, all devices; None without the model's dimensions
-    model_flops_detail: dict[str, float] | None  # weights, attention
-    mfu: float | None
-    tokens_per_s_per_device: float | None
-    peak_hbm_bytes: int | None  # per device
-    hbm_capacity_bytes: int | None
-    fits: bool | None
-    top_ops: tuple[TopOp, ...]
-    findings: tuple[str, ...]
-    leaves_out: tuple[str, ...]
-    artifacts: dict[str, str] = field(default_factory=dict)
 
 
 def model_flops(model: dict, tokens: int) -> tuple[float, dict[str, float]] | None:
@@ -149,7 +96,7 @@ def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[st
         findings.insert(0, f"does not fit: {memory['peak_hbm_bytes'] / 2**30:.1f} GiB of HBM per device against "
                            f"{memory['hbm_capacity_bytes'] / 2**30:.1f} GiB")
     return EstimateReport(status="ok", reason=None, step_s=step_s,
-                          breakdown=Breakdown(compute_s=compute, hbm_s=hbm, collective_s=exposed,
+                          breakdown=StepBreakdown(compute_s=compute, hbm_s=hbm, collective_s=exposed,
                                               hidden_collective_s=hidden),
                           mfu=mfu, tokens_per_s_per_device=tokens / step_s / devices if step_s > 0 else None,
                           peak_hbm_bytes=memory.get("peak_hbm_bytes"),

@@ -1,0 +1,60 @@
+"""Document models of estimate (moved here from analyze.compile.estimate): frozen dataclasses, to_dict/from_dict. No I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpudiag.model import Model
+
+SCHEMA = "tpudiag.estimate/1"
+
+
+@dataclass(frozen=True)
+class StepBreakdown(Model):
+    """Where the estimated step time goes, per device (each op's time x its runs, by what bounds it)."""
+
+    compute_s: float  # ops bound by the MXU peak or the compiler's static cycles
+    hbm_s: float  # ops bound by HBM bandwidth
+    collective_s: float  # collectives' exposed time (the ICI model, less the compute scheduled beside them)
+    hidden_collective_s: float  # collective time the schedule hides behind compute (not in step_s)
+
+
+@dataclass(frozen=True)
+class TopOp(Model):
+    name: str
+    opcode: str
+    bound_by: str
+    total_s: float  # estimated_s x runs
+    share: float  # of step_s
+    runs: int
+    source: str | None
+    limit: str
+
+
+@dataclass(frozen=True)
+class EstimateReport(Model):
+    SCHEMA = SCHEMA
+
+    schema: str
+    status: str  # ok | failed
+    reason: str | None
+    program: str  # FILE.py:FUNC
+    argv: tuple[str, ...]
+    target: dict[str, Any]  # the compile report's target (chip, topology, devices, peaks)
+    mesh: dict[str, int]
+    libtpu_init_args: str | None
+    step_s: float | None
+    breakdown: StepBreakdown | None
+    tokens: int  # per step, all devices
+    model_flops: float | None  # per step, all devices; None without the model's dimensions
+    model_flops_detail: dict[str, float] | None  # weights, attention
+    mfu: float | None
+    tokens_per_s_per_device: float | None
+    peak_hbm_bytes: int | None  # per device
+    hbm_capacity_bytes: int | None
+    fits: bool | None
+    top_ops: tuple[TopOp, ...]
+    findings: tuple[str, ...]
+    leaves_out: tuple[str, ...]
+    artifacts: dict[str, str] = field(default_factory=dict)
