@@ -126,7 +126,10 @@ def main() -> int:
 
     goals = [(f"tpudiag parse / XLA parse <= {GOAL_PARSE_RATIO:.0f}x", f"{ratio:.2f}x", ratio <= GOAL_PARSE_RATIO)]
     try:
-        from tpudiag.analyze.diff.hlo_diff import diff_modules
+        try:
+            from tpudiag.analyze.diff.hlo_diff import diff_modules
+        except ImportError:  # a tree from before analyze/ was split by workflow (compare_trees.py's base)
+            from tpudiag.analyze.hlo_diff import diff_modules
     except ImportError as e:
         print(f"\ndiff: not available ({e})")
         goals.append((f"diff < {GOAL_DIFF_S:.0f} s", "not measured: tpudiag.analyze.diff.hlo_diff.diff_modules "

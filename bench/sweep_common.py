@@ -2,10 +2,10 @@
 
 `measure` AOT-compiles a function for a TPU target on this CPU machine (`tpudiag.compile`, one compile at a
 time, in tpudiag's worker process) and sums the corrected cycles over the compiled module's ops exactly as
-`tpudiag kernels bench` does (tpudiag.analyze.compile.kernel_bench.op_corrected_cycles): per op the largest of the
-static estimated cycles, the HBM floor (bytes_accessed / HBM bytes per second x clock) and the compute floor
-(FLOPs at the bf16 peak x clock); an op the static profile did not estimate counts at the larger of its two
-floors. A Pallas call's bytes and FLOPs come from its pl.CostEstimate. `Sweep` runs one compile after another
+`tpudiag kernels bench` does (tpudiag.analyze.compile.kernel_bench.op_corrected_cycles): per op its compile-report
+time at the clock, the largest of the static estimated cycles, the HBM floor (bytes_accessed / HBM bytes per
+second x clock) and the compute floor (FLOPs at the bf16 peak x clock); an op the static profile did not
+estimate counts at the larger of its two floors. A Pallas call's bytes and FLOPs come from its pl.CostEstimate. `Sweep` runs one compile after another
 into run directories under one folder, keeps the results and prints a line after each; `print_table` prints
 them; `add_sweep_args` adds the options most sweeps take. The rest serves the two families of sweeps that are
 the same apart from their kernel: one labelled line per compile (cross-entropy, sampling) and
@@ -69,38 +69,38 @@ def measure(fn, args, target: str, out_dir, static_profile: bool = True, timeout
             limits["memory_bytes"] = int(memory_gib * 2**30)
         res = tpudiag.compile(fn, *args, target=target, out=out_dir, static_profile=static_profile, jobs=1,
                               limits=Limits(**limits))
-        doc = res.report.to_dict()
+        report = res.report
     except Exception as e:  # report it and let the sweep go on
         r.update(error=_error_text(e), wall_s=time.perf_counter() - t0)
         return r
     from tpudiag.analyze.compile.kernel_bench import op_corrected_cycles
 
-    t = doc["target"]
-    clock, bw, peak = t["clock_hz"], t["hbm_bytes_per_s"], t["peak_bf16_flops_per_s"]
+    t = report.target
+    clock, bw, peak = t.clock_hz, t.hbm_bytes_per_s, t.peak_bf16_flops_per_s
     corrected, sources, errors = 0.0, set(), []
-    for m in doc["modules"]:
-        r["static_profiles"].append(str(m.get("static_profile")))
-        if m["status"] != "ok":
-            errors.append(m.get("error") or f"module {m['status']}")
+    for m in report.modules:
+        r["static_profiles"].append(str(m.static_profile))
+        if m.status != "ok":
+            errors.append(m.error or f"module {m.status}")
             continue
-        for o in m["ops"]:
-            cycles, how = op_corrected_cycles(o, clock, bw, peak)
-            static = o.get("estimated_cycles")
+        for o in m.ops:
+            cycles, how = op_corrected_cycles(o, clock)
+            static = o.estimated_cycles
             corrected += cycles
             r["bound"][how] = r["bound"].get(how, 0) + 1
             r["ops"] += 1
             r["ops_floor_only"] += how == "roofline"
-            r["bytes"] += int(o["bytes_accessed"])
-            r["flops"] += int(o["flops"])
-            sources.add(o.get("cycles_source") or "?")
+            r["bytes"] += o.bytes_accessed
+            r["flops"] += o.flops
+            sources.add(o.cycles_source or "?")
             if static:
-                r["static"] = (r["static"] or 0) + int(static)
-                if o["opcode"] == "custom-call":
-                    r["static_kernel"] += int(static)
-            r["op_rows"].append({"name": o["name"], "opcode": o["opcode"], "static": static,
-                                 "hbm": o["bytes_accessed"] / bw * clock, "compute": o["flops"] / peak * clock,
+                r["static"] = (r["static"] or 0) + static
+                if o.opcode == "custom-call":
+                    r["static_kernel"] += static
+            r["op_rows"].append({"name": o.name, "opcode": o.opcode, "static": static,
+                                 "hbm": o.bytes_accessed / bw * clock, "compute": o.flops / peak * clock,
                                  "cycles": cycles, "how": how})
-    ok = bool(doc["modules"]) and not errors
+    ok = bool(report.modules) and not errors
     r.update(status="ok" if ok else "failed", error=None if ok else "; ".join(errors) or "no module",
              corrected=corrected if ok else None, mb=r["bytes"] / 1e6, sources="+".join(sorted(sources)),
              wall_s=time.perf_counter() - t0)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from tests.conftest import ARTIFACT_SETS, PROGRAMS, ROOT
 from tpudiag.analyze.compile.collectives import group_hops, groups_of, wraps
-from tpudiag.api.compile import analyze_compile_run
+from tpudiag.api.pipeline import analyze_compile_run
 from tpudiag.cli import cli
 from tpudiag.parse.hlo_text import parse_replica_groups
 from tpudiag.targets import resolve_target

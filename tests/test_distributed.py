@@ -286,6 +286,46 @@ def test_ctrl_c_stops_every_process_and_keeps_their_traces(tmp_path):
     assert all(p["xplane"] for p in m["processes"])
 
 
+# Each runs one computation (so that each process writes a trace), then breaks a step tpudiag takes
+# after every process has ended. A process finds its run directory from the dump directory tpudiag
+# gives it (RUN/processes/pI/ir).
+_ONE_STEP = """
+import atexit
+import os
+from pathlib import Path
+
+import jax.numpy as jnp
+
+print("sum", float((jnp.arange(8.0) * 2).sum()))
+mine = Path(os.environ["JAX_DUMP_IR_TO"]).parent
+"""
+_AFTER_THE_PROGRAMS = [
+    # A file where the job links the processes' traces into one pod session (RUN/trace/plugins/...).
+    pytest.param('(mine.parents[1] / "trace" / "plugins").write_text("not a directory")', "Not a directory",
+                 id="the-traces-cannot-be-linked"),
+    # tpudiag's record of how the program ended, overwritten after the child wrote it (atexit runs later).
+    pytest.param('atexit.register(lambda: (mine / "capture" / "child.json").write_text("{not json"))',
+                 "Expecting property name", id="a-process-cannot-be-recorded"),
+]
+
+
+@pytest.mark.parametrize("breaks,error", _AFTER_THE_PROGRAMS)
+def test_an_error_after_the_processes_ran_leaves_every_manifest_failed(breaks, error, tmp_path):
+    """Every process ended well, then tpudiag's own step fails: each process's manifest ends
+    `failed` with tpudiag's error (never `running` or `ok`), as does the job's."""
+    script = tmp_path / "prog.py"
+    script.write_text(_ONE_STEP + breaks + "\n")
+    run = tmp_path / "job"
+    res = _tpudiag("profile", "--processes", "2", "--out", str(run), str(script))
+    assert res.returncode == 70, res.stderr[-3000:]  # an error tpudiag did not foresee
+    assert "[p0] sum 56.0" in res.stdout and "[p1] sum 56.0" in res.stdout
+    m = _manifest(run)
+    assert m["status"] == "failed" and m["reason"].startswith("tpudiag failed: ") and error in m["reason"]
+    for i in range(2):
+        p = _manifest(run / "processes" / f"p{i}")
+        assert (p["status"], p["reason"]) == ("failed", m["reason"])
+
+
 def test_a_taken_coordinator_port_is_retried(tmp_path):
     held = socket.socket(socket.AF_INET6, socket.SOCK_STREAM) if socket.has_ipv6 else None
     try:

@@ -1,7 +1,10 @@
-"""Keeps the arrows of STYLE.md and docs/architecture.md honest: analyze/ does no I/O, imports neither
-click nor rich, and neither captures nor renders; report/ computes nothing (no numpy/pandas, no
-analyze/parse/capture, no config); kernels/ drives no capture; no private name crosses a package;
-only `cli.main` calls sys.exit; no file passes 600 lines."""
+"""Keeps the arrows of STYLE.md and docs/architecture.md honest, in every sub-package: analyze/ does
+no I/O, imports neither click nor rich, and neither captures nor renders; each analyze/ workflow
+imports only the shared `analyze/hlo/` besides itself; results/ holds models only; report/ computes
+nothing (no numpy/pandas, no analyze/parse/capture, no config); kernels/ drives no capture; no
+private name crosses a package; no two modules of tpudiag/ import each other in a circle (imports
+inside functions included); only `cli.main` calls sys.exit; no file passes 600 lines; analyze/ keeps
+at most a dozen entries at its top level."""
 
 from __future__ import annotations
 
@@ -11,6 +14,10 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "tpudiag"
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(PKG))
 
 
 def _imports(path: Path) -> set[str]:
@@ -36,14 +43,14 @@ def _calls(path: Path) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("path", sorted((PKG / "analyze").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((PKG / "analyze").rglob("*.py")), ids=_rel)
 def test_analyze_is_pure(path):
     imports = _imports(path)
     assert not {m for m in imports if m.split(".")[0] in {"click", "rich", "subprocess", "os", "shutil"}}
     assert not {"open", "Path.read_text"} & _calls(path)
 
 
-@pytest.mark.parametrize("path", sorted((PKG / "report").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((PKG / "report").rglob("*.py")), ids=_rel)
 def test_report_computes_nothing(path):
     bad = {m for m in _imports(path) if m.split(".")[0] in {"numpy", "pandas"}
            or m.startswith(("tpudiag.analyze", "tpudiag.parse", "tpudiag.capture"))}
@@ -62,25 +69,25 @@ def _tpudiag_imports(path: Path) -> set[str]:
     return {m for m in _imports(path) if m == "tpudiag" or m.startswith("tpudiag.")}
 
 
-@pytest.mark.parametrize("path", sorted((PKG / "kernels").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((PKG / "kernels").rglob("*.py")), ids=_rel)
 def test_kernels_build_kernels_and_drive_no_capture(path):
     """kernels/ holds kernels, references and bench setups; compiling and benching them is api/."""
     assert not {m for m in _tpudiag_imports(path) if m.startswith(("tpudiag.capture", "tpudiag.api"))}
 
 
-@pytest.mark.parametrize("path", sorted((PKG / "parity").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((PKG / "parity").rglob("*.py")), ids=_rel)
 def test_parity_runs_functions_and_neither_captures_nor_renders(path):
     assert not {m for m in _tpudiag_imports(path) if m.startswith(("tpudiag.capture", "tpudiag.report",
                                                                     "tpudiag.api", "tpudiag.cli"))}
 
 
-@pytest.mark.parametrize("path", sorted((PKG / "report").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((PKG / "report").rglob("*.py")), ids=_rel)
 def test_report_reads_no_configuration(path):
     """Renderers format what the models hold; thresholds and heuristics (config.py) are analyze/'s."""
     assert "tpudiag.config" not in _tpudiag_imports(path)
 
 
-@pytest.mark.parametrize("path", sorted((PKG / "analyze").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((PKG / "analyze").rglob("*.py")), ids=_rel)
 def test_analyze_neither_captures_nor_renders(path):
     assert not {m for m in _tpudiag_imports(path) if m.startswith(("tpudiag.capture", "tpudiag.report",
                                                                     "tpudiag.api", "tpudiag.cli"))}
@@ -115,9 +122,108 @@ def test_files_stay_short(path):
     assert len(path.read_text().splitlines()) <= limit, f"{path.relative_to(PKG)}: split it"
 
 
-@pytest.mark.parametrize("path", sorted([*(PKG / "capture").glob("*.py"), *(PKG / "parse").glob("*.py")]),
+@pytest.mark.parametrize("path", sorted([*(PKG / "capture").rglob("*.py"), *(PKG / "parse").rglob("*.py")]),
                          ids=lambda p: str(p.relative_to(PKG)))
 def test_capture_and_parse_reach_no_further_down_the_flow(path):
     """capture/ runs and records, parse/ reads: neither analyzes, renders, nor calls back into api/cli."""
     assert not {m for m in _tpudiag_imports(path) if m.startswith(("tpudiag.analyze", "tpudiag.report",
                                                                     "tpudiag.api", "tpudiag.cli"))}
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+_MODULES = {_module(p): p for p in PKG.rglob("*.py")}
+
+
+def _edges(path: Path) -> set[str]:
+    """The tpudiag modules a file imports, anywhere in it: `from tpudiag.a import b` is an edge to
+    `tpudiag.a.b` where that is a module, else to `tpudiag.a`."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tpudiag":
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if sub in _MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "tpudiag"}
+    return {m for m in out if m in _MODULES}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def test_no_import_circles():
+    graph = {m: _edges(p) for m, p in _MODULES.items()}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+_SHARED_ANALYSIS = "tpudiag.analyze.hlo"
+
+
+@pytest.mark.parametrize("path", sorted((PKG / "analyze").rglob("*.py")), ids=_rel)
+def test_each_analyze_workflow_imports_only_the_shared_hlo_package(path):
+    """analyze/<workflow>/ may use analyze/hlo/ and itself; the workflows meet in api/, not here."""
+    mine = _module(path).split(".")[:3]
+    for m in _tpudiag_imports(path):
+        if m.startswith("tpudiag.analyze."):
+            theirs = m.split(".")[:3]
+            assert theirs == mine or ".".join(theirs) == _SHARED_ANALYSIS, (m, "imported by", _module(path))
+
+
+@pytest.mark.parametrize("path", sorted((PKG / "results").rglob("*.py")), ids=_rel)
+def test_results_hold_models_only(path):
+    """Document models import the Model base, each other and small pure helpers; nothing that reads,
+    runs, analyzes or renders."""
+    allowed = ("tpudiag.model", "tpudiag.results", "tpudiag.text")
+    assert not {m for m in _tpudiag_imports(path) if not m.startswith(allowed)}
+    assert not {m for m in _imports(path) if m.split(".")[0] in {"jax", "numpy", "click", "rich", "subprocess", "os"}}
+
+
+def test_analyze_has_at_most_a_dozen_entries_at_its_top_level():
+    entries = [p for p in (PKG / "analyze").iterdir()
+               if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()]
+    assert len(entries) <= 12, sorted(p.name for p in entries)

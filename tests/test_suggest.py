@@ -9,7 +9,11 @@ import math
 import pytest
 
 from tests.conftest import ARTIFACT_SETS, PROGRAMS
-from tpudiag.analyze.suggest.patterns import find_patterns
+from tpudiag.analyze.suggest.detectors import BY_NAME, find_patterns
+from tpudiag.analyze.suggest.detectors.cross_entropy import CrossEntropyShapes
+from tpudiag.analyze.suggest.detectors.dequant import DequantShapes
+from tpudiag.analyze.suggest.detectors.norms import NormShapes
+from tpudiag.analyze.suggest.detectors.sampling import SamplingShapes
 from tpudiag.errors import InputError
 from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
 
@@ -99,16 +103,17 @@ def test_the_cpu_dump_of_the_decoder_has_its_attention_and_norms(version):
     att = [m for m in matches if m.pattern == "attention"]
     assert {m.pattern for m in matches} == {"attention", "rmsnorm"}
     # decoder.py: B=2, 4 heads of 64, S=128, causal, f32.
-    assert att[0].shapes | {} == {**att[0].shapes, "batch_heads": 8, "q_len": 128, "kv_len": 128, "head_dim": 64}
+    s = att[0].shapes
+    assert (s.batch_heads, s.q_len, s.kv_len, s.head_dim) == (8, 128, 128, 64)
     assert any("masked" in n for n in att[0].notes)
     assert all(s.split(":")[0].endswith("decoder.py") for m in matches for s in m.source)
     rms = [m for m in matches if m.pattern == "rmsnorm"]
-    assert all(m.shapes["rows"] == 256 and m.shapes["hidden"] == 256 for m in rms)
+    assert all(m.shapes.rows == 256 and m.shapes.hidden == 256 for m in rms)
     assert any("residual" in " ".join(m.notes) for m in rms)
 
 
 def test_the_gain_comes_from_the_two_compiles(compiled):
-    from tpudiag.api.compile import analyze_compile_run
+    from tpudiag.api.pipeline import analyze_compile_run
     from tpudiag.api.suggest import suggest_run
 
     run = compiled["qwen_block"]
@@ -132,7 +137,7 @@ def test_the_gain_comes_from_the_two_compiles(compiled):
 def test_a_pattern_in_a_scanned_layer_counts_every_layer(compiled):
     """Four layers under lax.scan: the TPU HLO records no trip count; the loop is read as 4 trips, the
     module's total counts the body four times, and the suggestion's times and saving count every layer."""
-    from tpudiag.api.compile import analyze_compile_run
+    from tpudiag.api.pipeline import analyze_compile_run
     from tpudiag.api.suggest import suggest_run
 
     run = compiled["qwen_layers"]
@@ -294,7 +299,7 @@ def test_ragged_dot_lowered_for_tpu_is_already_replaced(tmp_path):
     import jax.numpy as jnp
 
     from tpudiag import api
-    from tpudiag.api.kernels import _lower
+    from tpudiag.capture.lower import lower_for_tpu
     from tpudiag.api.suggest import suggest_run
 
     def f(x, w, sizes):
@@ -302,7 +307,7 @@ def test_ragged_dot_lowered_for_tpu_is_already_replaced(tmp_path):
 
     args = (jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16), jax.ShapeDtypeStruct((8, 1024, 2048), jnp.bfloat16),
             jax.ShapeDtypeStruct((8,), jnp.int32))
-    _lower(f, args, tmp_path / "ragged.mlir")
+    lower_for_tpu(f, args, tmp_path / "ragged.mlir")
     run = api.compile_target("v5e", tmp_path / "ragged.mlir", (), tmp_path / "run", static_profile=False).run_dir
     rep = suggest_run(run, static_profile=False)
     assert [(r.pattern, r.by) for r in rep.replaced] == [("moe", "ragged-dot")]
@@ -330,16 +335,16 @@ def _random_inputs(names_shapes: dict, key):
 
 # Each kernel's snippet at small shapes: the variables it names, and the reference call it must match.
 SNIPPETS = {
-    "rmsnorm": ({"rows": 64, "hidden": 256, "dtype": "bf16"},
+    "rmsnorm": (NormShapes(rows=64, hidden=256, dtype="bf16"),
                 {"x": ((64, 256), "bfloat16"), "resid": ((64, 256), "bfloat16"), "weight": ((256,), "bfloat16")},
                 "normed", lambda ref, v: ref(v["x"], v["resid"], v["weight"], eps=1e-6)[0]),
-    "cross_entropy": ({"rows": 16, "vocab": 1024, "dtype": "f32"},
+    "cross_entropy": (CrossEntropyShapes(rows=16, vocab=1024, dtype="f32"),
                       {"logits": ((16, 1024), "bfloat16"), "labels": ((16,), "int32_labels")},
                       "loss", lambda ref, v: ref(v["logits"], v["labels"]).mean()),
-    "sampling": ({"rows": 8, "vocab": 1024, "dtype": "f32"},
+    "sampling": (SamplingShapes(rows=8, vocab=1024, dtype="f32"),
                  {"logits": ((8, 1024), "float32"), "u": ((8,), "uniform")},
                  "tokens", lambda ref, v: ref(v["logits"], v["u"], k=64, p=0.9, temperature=1.0)),
-    "dequant_matmul": ({"weight": [256, 256], "weight_dtype": "s8", "out": [16, 256], "dtype": "bf16"},
+    "dequant_matmul": (DequantShapes(weight=(256, 256), weight_dtype="s8", out=(16, 256), dtype="bf16"),
                        {"x": ((16, 256), "bfloat16"), "w_int8": ((256, 256), "int8"),
                         "scales": ((256,), "uniform")},
                        "y", lambda ref, v: ref(v["x"], v["w_int8"], v["scales"])),
@@ -357,7 +362,7 @@ def test_each_snippet_runs_in_interpret_mode_against_its_reference(pattern):
     from tpudiag.kernels.registry import get_spec
 
     shapes, names, result, reference_call = SNIPPETS[pattern]
-    setup = setup_for(pattern, shapes)
+    setup = setup_for(BY_NAME[pattern], shapes)
     tree = ast.parse(setup.snippet)
     call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
                 and n.func.id in {"rmsnorm_residual", "cross_entropy", "sample", "int8_matmul"})

@@ -8,7 +8,7 @@ profiled child must set its dump flags before jax loads).
     result.report.to_dict()["modules"][0]["ops"][:3]
 """
 
-__version__ = "0.1.0"
+from tpudiag.version import __version__  # noqa: F401 - tpudiag.__version__
 
 
 def validate(reference, candidate, inputs=None, **kwargs):

@@ -31,7 +31,9 @@ from jaxlib import _hlo
 from rich.console import Console
 
 from tests.conftest import ARTIFACTS
-from tpudiag.analyze.hlo.fusions import COLLECTIVE, CUSTOM_CALL, LOOP, MISMATCHED, NOT_INFERABLE, REASONS, REDUCE_BROADCAST, SCHEMA, SEVERAL_USERS, build_fusion_report, fusion_breaks, fusion_table
+from tpudiag.analyze.hlo.fusions import (COLLECTIVE, CUSTOM_CALL, LOOP, MISMATCHED, NOT_INFERABLE, REASONS,
+                                         REDUCE_BROADCAST, SCHEMA, SEVERAL_USERS, build_fusion_report, fusion_breaks,
+                                         fusion_table)
 from tpudiag.analyze.hlo.cost import module_costs
 from tpudiag.parse.hlo import parse_hlo_text, read_hlo_file
 from tpudiag.parse.shapes import parse_shape

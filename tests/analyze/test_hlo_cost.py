@@ -59,7 +59,8 @@ from jaxlib import _hlo, _jax
 
 from tests.conftest import glob_sets, set_id, skip_if_newer_than_this_xla
 from tpudiag.analyze.hlo.categories import index_module
-from tpudiag.analyze.hlo.cost import ZERO_COST, Cost, arithmetic_intensity, known_trip_count, module_costs, op_cost, total_cost
+from tpudiag.analyze.hlo.cost import (ZERO_COST, Cost, arithmetic_intensity, known_trip_count, module_costs, op_cost,
+                                      total_cost)
 from tpudiag.errors import ParseError
 from tpudiag.parse.hlo import HloModule, parse_hlo_text, read_hlo_file
 from tpudiag.parse.shapes import parse_shape

@@ -1,6 +1,7 @@
 """How the profiled program lives and dies with tpudiag, with real processes: a closed terminal
-(SIGHUP) and SIGKILL of tpudiag end the program too; a background process the program started does
-not keep tpudiag waiting; standard input reaches the program; a non-ASCII script path reads back."""
+(SIGHUP) and SIGKILL of tpudiag end the program too; an error in tpudiag while the program runs ends
+it and fails its run; a background process the program started does not keep tpudiag waiting;
+standard input reaches the program; a non-ASCII script path reads back."""
 
 from __future__ import annotations
 
@@ -85,6 +86,30 @@ def test_sigkill_of_tpudiag_takes_the_program_down_and_the_next_reader_says_what
     assert m["status"] == "failed" and f"tpudiag (pid {proc.pid}) stopped before it finished" in m["reason"]
     doc = json.loads(report.stdout)
     assert doc["status"] == "failed" and doc["reason"] == m["reason"]
+
+
+def test_an_error_while_the_program_runs_kills_it_and_fails_its_run(tmp_path):
+    """`ProgramProcess` driven as `run_program` drives it, with the caller's block raising while the
+    program sleeps: the program (and its process group) is gone and the manifest says why."""
+    import io
+
+    from tpudiag.capture.process import ChildSpec, ProgramProcess, child_env
+    from tpudiag.capture.rundir import RunDir
+
+    run = tmp_path / "run"
+    out = io.BytesIO()
+    with pytest.raises(RuntimeError, match="the caller failed"):
+        with ProgramProcess(RunDir(run, "profile"), ChildSpec(PROGRAMS / "failing" / "sleeps.py"),
+                            child_env(run, ENV), stdout=out, stderr=out) as proc:
+            deadline = time.monotonic() + 120
+            while b"ready" not in (run / "program.log").read_bytes() and proc.running():
+                assert time.monotonic() < deadline, "the program never got ready"
+                time.sleep(0.1)
+            raise RuntimeError("the caller failed")
+    assert _gone(proc.pid, within=1.0) and proc.popen.returncode == -signal.SIGKILL
+    m = _manifest(run)
+    assert (m["status"], m["exit_code"], m["reason"]) == ("failed", 1, "tpudiag failed: the caller failed")
+    assert m["program_pid"] == proc.pid and b"ready" in out.getvalue()
 
 
 def test_a_background_process_does_not_keep_tpudiag_waiting(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 import tpudiag
 from tpudiag.kernels import grouped_matmul as G
+from tpudiag.kernels import grouped_matmul_schedule as S
 from tpudiag.kernels.verify import verify_spec
 
 
@@ -47,9 +48,9 @@ def test_reference_matches_a_naive_float64_loop(sizes):
 
 def _schedule(sizes, m, bm):
     m_tiles = -(-m // bm)
-    make = jax.jit(G.make_schedule, static_argnames=("m", "block_m", "m_tiles"))
+    make = jax.jit(S.make_schedule, static_argnames=("m", "block_m", "m_tiles"))
     s = np.asarray(make(jnp.asarray(sizes, jnp.int32), m=m, block_m=bm, m_tiles=m_tiles))
-    return s.reshape(G._FIELDS, -1), m_tiles
+    return s.reshape(S.FIELDS, -1), m_tiles
 
 
 @pytest.mark.parametrize("sizes,m,bm", [([37, 0, 90, 50], 200, 64), ([0, 33, 47, 0, 80], 160, 32),
@@ -58,14 +59,14 @@ def _schedule(sizes, m, bm):
 def test_the_schedule_covers_every_row_once_and_fetches_nothing_new_for_idle_visits(sizes, m, bm):
     s, m_tiles = _schedule(sizes, m, bm)
     tile, group, ftile, fgroup, lo, hi, flags = s
-    assert s.shape[1] == G.num_visits(m_tiles, len(sizes))
-    real = (flags & G._REAL) != 0
-    compute = (flags & G._COMPUTE) != 0
+    assert s.shape[1] == S.num_visits(m_tiles, len(sizes))
+    real = (flags & S.REAL) != 0
+    compute = (flags & S.COMPUTE) != 0
     # Real visits come first and walk the tiles in order; each tile's first visit is flagged once.
     n_real = int(real.sum())
     assert real[:n_real].all() and not real[n_real:].any()
     assert (np.diff(tile[:n_real]) >= 0).all()
-    firsts = tile[(flags & G._TILE_FIRST) != 0]
+    firsts = tile[(flags & S.TILE_FIRST) != 0]
     assert sorted(firsts) == list(range(m_tiles))
     # Every row below the groups' end is owned by exactly one computing visit on its own tile.
     ends = np.minimum(np.cumsum(sizes), m)
@@ -79,8 +80,8 @@ def test_the_schedule_covers_every_row_once_and_fetches_nothing_new_for_idle_vis
     assert (owners[:ends[-1]] == 1).all() and (owners[ends[-1]:] == 0).all()
     # Each group is opened and closed once (empty ones too: their weight gradient is written as zeros).
     for e in range(len(sizes)):
-        assert ((group == e) & ((flags & G._GROUP_FIRST) != 0)).sum() == 1
-        assert ((group == e) & ((flags & G._GROUP_LAST) != 0)).sum() == 1
+        assert ((group == e) & ((flags & S.GROUP_FIRST) != 0)).sum() == 1
+        assert ((group == e) & ((flags & S.GROUP_LAST) != 0)).sum() == 1
     # A visit that computes nothing fetches what the previous computing visit fetched (no DMA).
     if compute.any():
         last = int(np.flatnonzero(compute)[0])
@@ -155,6 +156,6 @@ def test_aot_compile_for_v5e_lowers_through_mosaic(tmp_path):
     # The kernel's pl.CostEstimate reaches the report: lhs, each expert and out once (the whole K
     # and N in one block), plus the schedule.
     (call,) = calls
-    sched_bytes = G._FIELDS * G.num_visits(m // 256, e) * 4
+    sched_bytes = S.FIELDS * S.num_visits(m // 256, e) * 4
     assert call["bytes_accessed"] == (m * k + e * k * n + m * n) * 2 + sched_bytes
-    assert call["flops"] == 2 * G.computed_rows(m, 256, 128, e) * k * n
+    assert call["flops"] == 2 * S.computed_rows(m, 256, 128, e) * k * n

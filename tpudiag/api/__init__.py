@@ -6,10 +6,13 @@
     report.to_dict()["breakdown"]
 
 Each module wires capture -> parse -> analyze for one command and does the file I/O that
-`analyze/` must not: `profiling` (profile, profile --target, report), `compile` (compile, the
-Python-function compile, the shadow compile of a profile run), `hlo` (fusions, hlo-diff),
-`compare`, `export`, `kernels` (kernels bench). Every run directory they write goes through
-`capture.rundir.RunDir`.
+`analyze/` must not: `runs` (what a path given to a command is: `open_run`, the one dispatcher),
+`load` (report), `profiling` (profile, profile --target), `distributed` (profile --processes, a
+pod's traces), `pipeline` (the one compile pipeline: compiled modules -> CompileReport), `compile`
+(compile, the Python-function compile, the TPU compile of a profile run), `hlo` (fusions,
+hlo-diff), `compare`, `export`, `suggest`, `estimate`, `kernels` (kernels list/show/verify/bench),
+`validate`. Every run directory they write goes through `capture.rundir.RunDir`. Imports among
+them go one way, with `runs` and `pipeline` at the bottom: no circle (tests/test_layering.py).
 """
 
 import importlib
@@ -18,9 +21,12 @@ import importlib
 # api` is instant and `api.profile` starts the program before pandas and the analysis stack load.
 _WHERE = {
     "load_for_compare": "compare", "compare_runs": "compare",
-    "TPU_DIR": "compile", "CompileResult": "compile", "analyze_compile_run": "compile", "compile_run_artifacts": "compile", "compile_function": "compile",
-    "compile_inputs": "compile", "compile_target": "compile", "module_artifacts": "compile",
+    "CompileResult": "compile", "compile_function": "compile", "compile_target": "compile",
     "shadow_compile_run": "compile",
+    "analyze_compile_run": "pipeline", "compile_inputs": "pipeline", "compile_run_artifacts": "pipeline",
+    "module_artifacts": "pipeline",
+    "RunHandle": "runs", "open_run": "runs",
+    "load_report": "load",
     "perfetto_export": "export",
     "LoadedModule": "hlo", "fusion_reports": "hlo", "fusions_list": "hlo", "hlo_diff": "hlo",
     "load_hlo_modules": "hlo", "write_diff_html": "hlo",
@@ -28,9 +34,10 @@ _WHERE = {
     "specs_named": "kernels",
     "ProfileResult": "profiling", "analyze_run": "profiling", "analyze_xplane": "profiling", "empty_trace": "profiling",
     "finish_capture": "profiling", "hlo_index": "profiling", "hlo_modules": "profiling", "html_report": "profiling",
-    "load_report": "profiling", "profile": "profiling", "write_html": "profiling", "write_report": "profiling",
+    "profile": "profiling", "write_html": "profiling", "write_report": "profiling",
     "validate": "validate",
     "estimate": "estimate",
+    "suggest_run": "suggest",
     "analyze_job": "distributed", "analyze_pod": "distributed", "profile_processes": "distributed",
 }
 __all__ = sorted(_WHERE)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tpudiag.api import runs
 from tpudiag.errors import InputError
 
 
@@ -19,16 +20,13 @@ def load_for_compare(path: Path):
     from tpudiag.analyze.compare.runs import COMPILE_SCHEMA, PROFILE_SCHEMA
     from tpudiag.errors import ParseError
 
-    path = Path(path)
-    from tpudiag.api.distributed import refuse_job
-
-    refuse_job(path, "compare")
-    if not path.exists():
-        raise InputError(f"{path}: no such file or directory")
+    run = runs.open_run(path)
+    runs.refuse_job(run, "compare")
+    path = run.path
     if path.is_dir():
-        from tpudiag.api.profiling import load_report
+        from tpudiag.api.load import load_report
 
-        return load_report(path)
+        return load_report(run)
     try:
         doc = json.loads(path.read_bytes())
     except json.JSONDecodeError as e:

@@ -15,37 +15,6 @@ from tpudiag.capture.runner import CaptureResult
 from tpudiag.errors import InputError, TpudiagError
 from tpudiag.outputs import check_run_dir
 
-DISTRIBUTED_REPORT = "report.json"
-
-
-def is_job(manifest) -> bool:
-    """A `profile --processes N` run (its manifest lists processes)."""
-    return manifest.processes is not None
-
-
-def refuse_job(path: Path, command: str) -> None:
-    """`command` reads one process's run: given a `profile --processes N` run, say which to give."""
-    path = Path(path)
-    if rundir.is_run_dir(path) and (path / "processes").is_dir():
-        manifest = rundir.read_manifest(path)
-        if is_job(manifest):
-            raise InputError(f"{path}: a {manifest.num_processes}-process job; `tpudiag {command}` reads one "
-                             f"process's run: tpudiag {command} {path}/processes/p0 (or p1, ...)")
-
-
-def session_xplanes(path: Path) -> list[Path] | None:
-    """The xplanes of one profiling session with several hosts under `path` (a session directory,
-    an XProf log directory or `.../plugins/profile`), or None when it holds one trace or none. With
-    several sessions, the newest (XProf names them by time)."""
-    path = Path(path)
-    for pattern in ("*.xplane.pb", "plugins/profile/*/*.xplane.pb", "*/*.xplane.pb"):
-        found = sorted(path.glob(pattern))
-        if found:
-            newest = max(p.parent for p in found)
-            hosts = [p for p in found if p.parent == newest]
-            return hosts if len(hosts) > 1 else None
-    return None
-
 
 def _read(xplane: Path, dump: Path | None, warnings: list[str], what: str):
     from tpudiag.api.profiling import hlo_modules
@@ -83,7 +52,7 @@ def analyze_job(run: Path, manifest=None, align: str = "auto"):
     report = build_distributed_report(procs, program=manifest.program, status=manifest.status,
                                       reason=manifest.reason, align=align, warnings=warnings,
                                       artifacts={"run_dir": str(run), "manifest": rundir.MANIFEST,
-                                                 "report": DISTRIBUTED_REPORT, "trace_logdir": rundir.TRACE_DIR})
+                                                 "report": rundir.REPORT, "trace_logdir": rundir.TRACE_DIR})
     return report
 
 
@@ -91,6 +60,7 @@ def analyze_pod(path: Path, xplanes: list[Path] | None = None, align: str = "aut
     """The cross-process report of several hosts' traces (XProf's layout of a pod's profile). An
     HLO dump is used where one sits beside a trace (`<host>.hlo/` or the session's `hlo/`)."""
     from tpudiag.analyze.distributed.collectives import ProcessTrace, build_distributed_report
+    from tpudiag.api.runs import session_xplanes
 
     path = Path(path)
     xplanes = xplanes or session_xplanes(path)
@@ -136,9 +106,9 @@ def profile_processes(script, args=(), out=None, *, processes: int, devices_per_
 
 
 def write_distributed_report(report, run: Path) -> Path:
-    from tpudiag.report.distributed_render import render_distributed_markdown
+    """report.json and report.md of a `DistributedReport`, as the renderer registry renders them."""
+    from tpudiag.report.registry import render
 
-    path = Path(run) / DISTRIBUTED_REPORT
-    rundir.write_json_atomic(path, report.to_dict())
-    rundir.write_text_atomic(Path(run) / rundir.REPORT_MD, render_distributed_markdown(report))
-    return path
+    for name, fmt in ((rundir.REPORT, "json"), (rundir.REPORT_MD, "md")):
+        rundir.write_text_atomic(Path(run) / name, render(report, fmt))
+    return Path(run) / rundir.REPORT

@@ -21,8 +21,6 @@ from tpudiag.capture.rundir import RunDir
 from tpudiag.errors import InputError, ProgramFailed
 from tpudiag.outputs import check_run_dir
 
-ESTIMATE_DIR = "estimate"
-ESTIMATE_REPORT = "estimate.json"
 _MESH_AXIS = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(\d+)$")
 
 
@@ -56,7 +54,7 @@ def parse_mesh(text: str | None) -> list[tuple[str, int]]:
     return out
 
 
-def _lower(path: Path, func: str, argv: list[str], target, mesh, out_dir: Path) -> dict:
+def _lower_in_worker(path: Path, func: str, argv: list[str], target, mesh, out_dir: Path) -> dict:
     spec = out_dir / "spec.json"
     spec.write_text(json.dumps({"file": str(path.resolve()), "func": func, "argv": list(argv),
                                 "topology": target.topology, "mesh": mesh, "out_dir": str(out_dir)}))
@@ -84,9 +82,10 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
     from dataclasses import replace
 
     from tpudiag.analyze.compile.estimate import build_estimate
-    from tpudiag.api.compile import _write_compile_report, compile_inputs
+    from tpudiag.api.compile import _write_compile_report
+    from tpudiag.api.pipeline import compile_inputs
     from tpudiag.capture.tpu_compile import Limits, ModuleInput
-    from tpudiag.report.estimate_render import render_estimate_markdown
+    from tpudiag.report.registry import render
     from tpudiag.targets import require_libtpu, resolve_target
 
     path, func = parse_entry(entry)
@@ -104,22 +103,23 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
     libtpu_args = os.environ.get("LIBTPU_INIT_ARGS") or None
     source = {"input": f"{path}:{func}", "kind": "estimate", "argv": list(argv), "mesh": mesh,
               "libtpu_init_args": libtpu_args}
-    with RunDir(run, "compile", rundir.COMPILE_SUBDIRS + (ESTIMATE_DIR,), program=f"{path}:{func}",
+    with RunDir(run, "compile", rundir.COMPILE_SUBDIRS + (rundir.ESTIMATE_DIR,), program=f"{path}:{func}",
                 argv=[f"{path}:{func}", *argv], target=target.to_dict(), static_profile=static_profile,
                 source=source) as rd:
         if progress:
             progress(f"lowering {path}:{func} for {target.topology} ({target.devices} devices)")
-        lowered = _lower(path, func, list(argv), target, axes, run / ESTIMATE_DIR)
+        lowered = _lower_in_worker(path, func, list(argv), target, axes, run / rundir.ESTIMATE_DIR)
         if progress:
             progress(f"compiling the step for {target.topology}")
         limits = replace(limits or Limits(), compile_timeout_s=compile_timeout_s)
-        report = compile_inputs([ModuleInput(name="step", path=run / ESTIMATE_DIR / "step.mlir", kind="mlir")], run,
-                                target, static_profile=static_profile, jobs=1, limits=limits, source=source)
+        step = ModuleInput(name="step", path=run / rundir.ESTIMATE_DIR / "step.mlir", kind="mlir")
+        report = compile_inputs([step], run, target, static_profile=static_profile, jobs=1, limits=limits,
+                                source=source)
         report = _write_compile_report(report, rd)
         est = build_estimate(report, lowered, program=f"{path}:{func}", argv=list(argv), libtpu_init_args=libtpu_args,
-                             artifacts={"run_dir": str(run), "estimate": ESTIMATE_REPORT, "compile_report": rundir.REPORT,
-                                        "lowered": f"{ESTIMATE_DIR}/step.mlir"})
-        rd.write_json(ESTIMATE_REPORT, est.to_dict())
-        rd.write_text("estimate.md", render_estimate_markdown(est))
+                             artifacts={"run_dir": str(run), "estimate": rundir.ESTIMATE_REPORT,
+                                        "compile_report": rundir.REPORT, "lowered": f"{rundir.ESTIMATE_DIR}/step.mlir"})
+        rd.write_text(rundir.ESTIMATE_REPORT, render(est, "json"))
+        rd.write_text(rundir.ESTIMATE_MD, render(est, "md"))
         rd.finish(est.status == "ok", reason=est.reason)
     return run, est

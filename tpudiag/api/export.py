@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpudiag.results.profile import ProfileReport
-from tpudiag.api.profiling import load_report
+from tpudiag.api import runs
+from tpudiag.api.load import load_report
 from tpudiag.capture import rundir
 from tpudiag.errors import InputError
 from tpudiag.outputs import check_output_file
 from tpudiag.parse.xplane import locate_xplane, read_xplane
+from tpudiag.results.profile import ProfileReport
 
 
 def perfetto_export(run: Path, out: Path) -> dict:
@@ -20,11 +21,10 @@ def perfetto_export(run: Path, out: Path) -> dict:
     Returns {"path", "events", "bytes"}."""
     from tpudiag.report.perfetto import dump_perfetto, render_perfetto
 
-    from tpudiag.api.distributed import refuse_job
-
     check_output_file(out)  # before the run is read and analyzed
-    refuse_job(run, "export")
-    report = load_report(run)
+    handle = runs.open_run(run)
+    runs.refuse_job(handle, "export")
+    report = load_report(handle)
     if not isinstance(report, ProfileReport):
         raise InputError(f"{run}: a compile run has no timeline to export (export a profile run)")
     tl = report.timeline

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpudiag.api import runs
 from tpudiag.capture import rundir
 from tpudiag.errors import InputError
 from tpudiag.outputs import check_output_file
@@ -25,27 +26,27 @@ class LoadedModule:
     time_source: str | None  # "measured" | "estimated" | None
 
 
-def load_hlo_modules(path: Path, module_name: str | None = None) -> list[LoadedModule]:
-    """The optimized HLO modules behind PATH: an HLO text file, an XLA dump directory, a profile run
-    (with measured op times) or a compile run (with estimated TPU op times). `module_name` keeps the
-    modules whose name contains it."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such file or directory")
+def load_hlo_modules(path, module_name: str | None = None) -> list[LoadedModule]:
+    """The optimized HLO modules behind PATH (a path or its `RunHandle`): an HLO text file, an XLA
+    dump directory, a profile run (with measured op times) or a compile run (with estimated TPU op
+    times). `module_name` keeps the modules whose name contains it."""
+    run = runs.open_run(path)
+    path = run.path
     found: list[LoadedModule] = []
-    if path.is_file():
+    if run.kind in (runs.FILE, runs.XPLANE):
         found = [LoadedModule(read_hlo_file(path), None, None)]
-    elif rundir.is_run_dir(path) and rundir.read_manifest(path).is_compile:
-        from tpudiag.api.compile import compile_run_artifacts
+    elif run.is_compile:
+        from tpudiag.api.pipeline import compile_run_artifacts
 
-        arts, report = compile_run_artifacts(path)  # each module's HLO parsed once, for both
+        # Each module's HLO parsed once, for both.
+        arts, report = compile_run_artifacts(path, manifest=run.manifest)
         for art, m in zip(arts, report.modules):
             if m.ok and art.hlo is not None:
                 found.append(LoadedModule(art.hlo, {o.name: o.estimated_s for o in m.ops}, "estimated"))
-    elif rundir.is_run_dir(path):
+    elif run.is_run:  # a profile run (a job's own directory reads as one)
         from tpudiag.api.profiling import analyze_run
 
-        report = analyze_run(path)
+        report = analyze_run(path, manifest=run.manifest)
         tl = report.timeline
         for pid, hpath in sorted(find_optimized_modules(path / rundir.HLO_DIR).items()):
             sel = tl[tl["program_id"] == pid]
@@ -69,8 +70,8 @@ def load_hlo_modules(path: Path, module_name: str | None = None) -> list[LoadedM
     return found
 
 
-def fusion_reports(path: Path, module_name: str | None = None) -> list:
-    """One `FusionReport` (tpudiag.fusions/1) per module behind PATH."""
+def fusion_reports(path, module_name: str | None = None) -> list:
+    """One `FusionReport` (tpudiag.fusions/1) per module behind PATH (a path or its `RunHandle`)."""
     from tpudiag.analyze.hlo.fusions import build_fusion_report
 
     return [build_fusion_report(m.module, m.times, m.time_source) for m in load_hlo_modules(path, module_name)]
@@ -93,16 +94,16 @@ def hlo_diff(path_a: Path, path_b: Path, module_name: str | None = None):
 def fusions_list(path: Path, module_name: str | None = None):
     """`tpudiag fusions`: the `FusionList` (tpudiag.fusions_list/1), one report per module."""
     from tpudiag.results.fusions import LIST_SCHEMA, FusionList
-    from tpudiag.api.distributed import refuse_job
 
-    refuse_job(path, "fusions")
-    return FusionList(schema=LIST_SCHEMA, modules=tuple(fusion_reports(path, module_name)))
+    run = runs.open_run(path)
+    runs.refuse_job(run, "fusions")
+    return FusionList(schema=LIST_SCHEMA, modules=tuple(fusion_reports(run, module_name)))
 
 
 def write_diff_html(diff, path: Path) -> Path:
     """`hlo-diff --html FILE`: the side-by-side page of an `HloDiff`, written whole or not at all."""
-    from tpudiag.report.diff_render import render_diff_html
+    from tpudiag.report.registry import render
 
     check_output_file(path)
-    rundir.write_text_atomic(Path(path), render_diff_html(diff))
+    rundir.write_text_atomic(Path(path), render(diff, "html"))
     return Path(path)

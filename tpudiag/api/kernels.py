@@ -5,7 +5,8 @@ The kernels, their references and bench setups come from `tpudiag/kernels/` (`Ke
 Each variant is lowered here (Pallas -> Mosaic happens at lowering) and compiled in its own worker
 process (capture/tpu_compile.py), so a variant that crashes libtpu is a failed row, not a dead bench.
 Writes a run directory: `modules/` (the compiler's artifacts per variant), `lowered/` (the StableHLO),
-`compile-report.json` (every op's figures) and `report.json` (schema tpudiag.kernels-bench/1).
+`compile-report.json` (every op's figures) and `report.json` (schema tpudiag.kernels-bench/1); the
+compile report is `pipeline.compile_inputs`'s, as for every compile.
 The figures themselves are computed in analyze/compile/kernel_bench.py. The run directory goes through
 `RunDir`.
 """
@@ -23,22 +24,11 @@ from tpudiag.errors import one_line
 from tpudiag.outputs import check_output_file, check_run_dir
 
 MANIFEST_KIND = "kernels-bench"
-COMPILE_REPORT = "compile-report.json"
 
 
 def _variants(setup) -> list[tuple[str, object]]:
     """(variant, function) for each variant the setup has: kernel, xla, and jax where JAX has one."""
     return [(v, fn) for v, fn in zip(VARIANTS, (setup.kernel, setup.xla, setup.jax_kernel)) if fn is not None]
-
-
-def _lower(fn, args, path: Path, debug_info: bool = True) -> None:
-    """`fn` lowered for TPU at `args` into `path`. `debug_info=False` leaves out source locations,
-    which name the caller's stack: the same kernel lowered from another call path is then the same
-    module to the compile cache."""
-    import jax
-
-    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",))
-    path.write_text(lowered.as_text(debug_info=debug_info))
 
 
 def specs_named(names) -> list:
@@ -72,9 +62,9 @@ def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path:
         check_output_file(junit_path)  # before the cases run, not after
     result = verify_specs(specs_named(names), seed, progress)
     if junit_path is not None:
-        from tpudiag.report.kernels_render import render_junit
+        from tpudiag.report.registry import render
 
-        rundir.write_text_atomic(Path(junit_path), render_junit(result))
+        rundir.write_text_atomic(Path(junit_path), render(result, "junit"))
     return result
 
 
@@ -82,16 +72,16 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
                   jobs: int = 2, limits=None, progress: Callable[[str], None] | None = None):
     """Bench the named kernels (or KernelSpecs; all for none) for `target_text`; returns (the
     `KernelBench` result, the run directory)."""
-    from tpudiag.analyze.compile.report import build_compile_report
-    from tpudiag.api.compile import module_artifacts
-    from tpudiag.capture.tpu_compile import Limits, ModuleCompile, ModuleInput, compile_modules
+    from tpudiag.api.pipeline import compile_inputs
+    from tpudiag.capture.lower import lower_for_tpu
+    from tpudiag.capture.tpu_compile import ModuleCompile, ModuleInput
     from tpudiag.targets import require_libtpu, resolve_target
 
     specs = specs_named(names)  # an unknown name fails before any work
     target = resolve_target(target_text)
     require_libtpu()
     run = check_run_dir(Path(out) if out else rundir.default_run_dir(Path("kernels-bench")))
-    with RunDir(run, MANIFEST_KIND, rundir.COMPILE_SUBDIRS + ("lowered",), program="tpudiag kernels bench",
+    with RunDir(run, MANIFEST_KIND, rundir.COMPILE_SUBDIRS + (rundir.LOWERED_DIR,), program="tpudiag kernels bench",
                 kernels=[s.name for s in specs], target=target.to_dict(), static_profile=static_profile) as rd:
         inputs, setups, errors = [], {}, {}  # errors: (kernel, variant) -> why it has no module
         for spec in specs:
@@ -102,11 +92,11 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
                 continue
             setups[spec.name] = setup
             for variant, fn in _variants(setup):
-                path = run / "lowered" / f"{spec.name}.{variant}.mlir"
+                path = run / rundir.LOWERED_DIR / f"{spec.name}.{variant}.mlir"
                 if progress:
                     progress(f"lowering {spec.name}.{variant}")
                 try:
-                    _lower(fn, setup.args, path)
+                    lower_for_tpu(fn, setup.args, path)
                 except Exception as e:
                     errors[(spec.name, variant)] = f"lowering failed: {one_line(e)}"
                     continue
@@ -121,22 +111,21 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
                 note = "" if mc.static_profile in ("ok", "off") else f" (static profile: {mc.static_profile[:60]})"
                 progress(f"[{done[0]}/{len(inputs)}] {mc.name} {mc.status}{note}")
 
-        results = compile_modules(inputs, run / "modules", target.topology, static_profile=static_profile,
-                                  limits=limits or Limits(), jobs=jobs, progress=on_compiled)
-        report = build_compile_report(target, [module_artifacts(r) for r in results],
-                                      {"input": "tpudiag kernels bench", "kind": "kernels"}).to_dict()
-        rd.write_json(COMPILE_REPORT, report)
-        modules = {m["name"]: m for m in report["modules"]}
+        compiled = compile_inputs(inputs, run, target, static_profile=static_profile, jobs=jobs, limits=limits,
+                                  progress=on_compiled, source={"input": "tpudiag kernels bench", "kind": "kernels"})
+        report = compiled.to_dict()
+        rd.write_json(rundir.KERNELS_COMPILE_REPORT, report)
+        modules = {m.name: m for m in compiled.modules}
         rows = []
         for spec in specs:
             setup = setups.get(spec.name)
             wanted = ["kernel"] if setup is None else [v for v, _ in _variants(setup)]  # no setup: one failed row
-            figures = {v: variant_figures(v, modules.get(f"{spec.name}.{v}"), report["target"],
+            figures = {v: variant_figures(v, modules.get(f"{spec.name}.{v}"), compiled.target,
                                           errors.get((spec.name, v))) for v in wanted}
             rows.append(kernel_row(spec.name, setup.shape if setup else "", setup.blocks if setup else None,
                                    setup.jax_name if setup else None, figures))
         result = bench_document(report["target"], rows, static_profile).with_artifacts(
-            {"run_dir": str(run), "report": rundir.REPORT, "compile_report": COMPILE_REPORT})
+            {"run_dir": str(run), "report": rundir.REPORT, "compile_report": rundir.KERNELS_COMPILE_REPORT})
         rd.write_json(rundir.REPORT, result.to_dict())
         rd.finish(result.status == "ok", reason=f"{len(result.failed)} kernel(s) failed: {', '.join(result.failed)}")
     return result, run

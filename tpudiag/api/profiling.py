@@ -1,5 +1,6 @@
-"""`tpudiag profile` and `tpudiag report`: run a script under the profiler (optionally compiling its
-own computations for a TPU beside it), analyze a run directory or a bare trace, write its reports.
+"""`tpudiag profile` and the profile half of `tpudiag report`: run a script under the profiler
+(optionally compiling its own computations for a TPU beside it), analyze a profile run directory or
+a bare trace, write its reports. Which report a path gets is `load.load_report`'s decision.
 
 Reads a run directory's manifest, trace, HLO dump and monitoring log; returns `ProfileReport`s. It
 does not render (that is `report/`) or decide exit codes (that is `cli.py`).
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from tpudiag.capture import rundir
 from tpudiag.capture.runner import CaptureResult, run_program
-from tpudiag.errors import InputError, TpudiagError
+from tpudiag.errors import TpudiagError
 from tpudiag.outputs import check_output_file, check_run_dir
 from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
 
@@ -23,13 +24,11 @@ if TYPE_CHECKING:
 # The analysis stack (pandas, the xplane reader) is imported inside the functions that need it:
 # `profile` starts the program first and imports it while the program runs.
 
-TPU_DIR = "tpu"  # inside a profile run: the shadow compile of its own computations (`profile --target`)
-
 
 @dataclass(frozen=True)
 class ProfileResult:
     capture: CaptureResult
-    report: object  # analyze.profile_report.ProfileReport
+    report: object  # results.profile.ProfileReport
 
 
 def hlo_modules(dump_dir: Path, program_ids: set[int] | None = None) -> dict:
@@ -84,14 +83,6 @@ def _xprof_stats(trace, warnings: list[str]):
         return None
 
 
-def _run_root_of(xplane: Path) -> Path | None:
-    """RUN for RUN/trace/plugins/profile/<session>/<host>.xplane.pb, if RUN is a tpudiag run."""
-    parents = xplane.resolve().parents
-    if len(parents) > 4 and rundir.is_run_dir(parents[4]):
-        return parents[4]
-    return None
-
-
 def _missing_trace(run: Path, manifest) -> str | None:
     """What of the run's trace is gone, in one line: xplane files its manifest lists, or RUN/trace
     itself although the trace started (a run copied without it, a clean-up that deleted it)."""
@@ -106,10 +97,12 @@ def _missing_trace(run: Path, manifest) -> str | None:
     return None
 
 
-def analyze_run(run: Path, xplane: Path | None = None, manifest=None) -> "ProfileReport":
+def analyze_run(run: Path, xplane: Path | None = None, manifest=None, compiled=None) -> "ProfileReport":
     """Analyze a run directory from its artifacts (never re-runs the program).
 
-    `xplane`: which of the run's traces to report (default: the last one).
+    `xplane`: which of the run's traces to report (default: the last one). `compiled`: the
+    `CompileReport` of its `profile --target` compile run, where the caller has built it already
+    (default: built here from RUN/tpu/, when the run has one).
     """
     from tpudiag.analyze.hlo.categories import index_module
     from tpudiag.analyze.profile.report import build_profile_report
@@ -165,25 +158,26 @@ def analyze_run(run: Path, xplane: Path | None = None, manifest=None) -> "Profil
     if missing and not xplanes and report.reason is None:
         # The header shows the reason beside the status; the status stays the manifest's.
         report = replace(report, reason=missing)
-    if rundir.is_run_dir(run / TPU_DIR):  # `profile --target`: the TPU estimate beside the CPU timeline
-        from tpudiag.analyze.profile.tpu_estimate import build_tpu_estimate
-        from tpudiag.api.compile import analyze_compile_run
+    if compiled is None and rundir.is_run_dir(run / rundir.TPU_DIR):
+        from tpudiag.api.pipeline import analyze_compile_run
 
-        compiled = analyze_compile_run(run / TPU_DIR)
-        report = report.with_tpu_estimate(build_tpu_estimate(report.timeline, report.steps.count, compiled), TPU_DIR)
+        compiled = analyze_compile_run(run / rundir.TPU_DIR)
+    if compiled is not None:  # `profile --target`: the TPU estimate beside the CPU timeline
+        from tpudiag.analyze.profile.tpu_estimate import build_tpu_estimate
+
+        section = build_tpu_estimate(report.timeline, report.steps.count, compiled)
+        report = report.with_tpu_estimate(section, rundir.TPU_DIR)
     return report
 
 
 def analyze_xplane(path: Path) -> "ProfileReport":
-    """Analyze a bare `.xplane.pb` captured elsewhere; HLO and compile data are used if it sits in a run."""
+    """Analyze a bare `.xplane.pb` captured elsewhere, without HLO or compile data (one inside a
+    tpudiag run is that run's: `load.load_report` gives it `analyze_run(run, xplane)`)."""
     from tpudiag.analyze.profile.report import build_profile_report
     from tpudiag.parse import frames
     from tpudiag.parse.xplane import read_xplane
 
     path = Path(path)
-    root = _run_root_of(path)
-    if root is not None:
-        return analyze_run(root, path)
     trace = read_xplane(path)
     warnings = ["no HLO dump beside this trace: op categories and source lines are unknown"] if len(trace.ops) else []
     xprof_stats = _xprof_stats(trace, warnings)
@@ -191,45 +185,14 @@ def analyze_xplane(path: Path) -> "ProfileReport":
                                 {"xplane": str(path)}, warnings, xprof_stats)
 
 
-def load_report(target: Path, align: str = "auto"):
-    """A run directory (profile, `profile --processes N` or compile), an xprof log directory (several
-    hosts' traces in one session: the cross-process report), or a `.xplane.pb` file."""
-    from tpudiag.parse.xplane import locate_xplane
-
-    from tpudiag.api.distributed import analyze_job, analyze_pod, is_job, session_xplanes
-
-    target = Path(target)
-    if rundir.is_run_dir(target):
-        manifest = rundir.read_manifest(target)
-        if is_job(manifest):
-            return analyze_job(target, manifest, align=align)
-        if manifest.is_compile and (target / "estimate.json").is_file():  # `tpudiag estimate`: its estimate
-            import json
-
-            from tpudiag.results.estimate import EstimateReport
-
-            return EstimateReport.from_dict(json.loads((target / "estimate.json").read_text()),
-                                            str(target / "estimate.json"))
-        if manifest.is_compile:
-            from tpudiag.api.compile import analyze_compile_run
-
-            return analyze_compile_run(target)
-        return analyze_run(target, manifest=manifest)
-    if target.is_dir() and not any(target.iterdir()):
-        raise InputError(f"{target}: empty directory (expected a tpudiag run directory or an .xplane.pb)")
-    if target.is_dir() and (hosts := session_xplanes(target)):
-        return analyze_pod(target, hosts, align=align)
-    return analyze_xplane(locate_xplane(target))
-
-
 def write_report(report, run: Path) -> Path:
-    """report.json and report.md into the run directory (each written whole, or not at all)."""
-    from tpudiag.report.markdown import render_markdown
+    """report.json and report.md into the run directory (each written whole, or not at all), as the
+    renderer registry renders them."""
+    from tpudiag.report.registry import render
 
-    path = Path(run) / rundir.REPORT
-    rundir.write_json_atomic(path, report.to_dict())
-    rundir.write_text_atomic(Path(run) / rundir.REPORT_MD, render_markdown(report))
-    return path
+    for name, fmt in ((rundir.REPORT, "json"), (rundir.REPORT_MD, "md")):
+        rundir.write_text_atomic(Path(run) / name, render(report, fmt))
+    return Path(run) / rundir.REPORT
 
 
 def html_report(report) -> str:
@@ -237,12 +200,12 @@ def html_report(report) -> str:
     page gets one step's timeline (the median step). For `--html FILE` and the CI bundle."""
     from tpudiag.results.profile import ProfileReport
     from tpudiag.analyze.profile.timeline import step_op_rows
-    from tpudiag.report.html import render_html
+    from tpudiag.report.registry import render
 
-    rows = None
     if isinstance(report, ProfileReport):
-        rows = step_op_rows(report.timeline, [r.to_dict() for r in report.steps.rows])
-    return render_html(report, rows)
+        return render(report, "html", timeline_rows=step_op_rows(report.timeline,
+                                                                 [r.to_dict() for r in report.steps.rows]))
+    return render(report, "html")
 
 
 def write_html(report, path: Path) -> Path:
@@ -272,8 +235,12 @@ def profile(script, args=(), out=None, *, steps=None, skip=0, python_trace=False
 
         if progress:
             progress(None)
-        report = shadow_compile_run(cap.run_dir, target, static_profile=static_profile, jobs=jobs, limits=limits,
-                                    progress=progress)
+        shadow_compile_run(cap.run_dir, target, static_profile=static_profile, jobs=jobs, limits=limits,
+                           progress=progress)
+        # The TPU section from RUN/tpu/ as `tpudiag report RUN` reads it, not from the compile's own
+        # report: that one keeps the note of a target typed as one chip, which RUN/tpu/'s manifest
+        # does not, and both commands must print the same report.
+        report = analyze_run(cap.run_dir)
         write_report(report, cap.run_dir)
         result = ProfileResult(capture=cap, report=report)
     return result

@@ -13,55 +13,32 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from tpudiag.api import runs
 from tpudiag.capture import rundir
 from tpudiag.errors import InputError
-
-
-def _compile_run_of(run: Path, target_text: str | None) -> tuple[Path, object]:
-    """(the compile run to read, the profile manifest or None); a one-line InputError naming what is
-    missing and the command that makes it."""
-    manifest = rundir.read_manifest(run)
-    if manifest.kind == "compile":
-        return run, None
-    tpu = run / "tpu"
-    if not rundir.is_run_dir(tpu):
-        target = target_text or "v5e"
-        program = manifest.program or "SCRIPT"
-        raise InputError(f"{run}: a profile run without a TPU compile; suggestions need one: "
-                         f"tpudiag profile --target {target} {program} (or tpudiag compile --target {target} "
-                         f"{run / rundir.IR_DIR})")
-    return tpu, manifest
 
 
 def suggest_run(run, target_text: str | None = None, *, static_profile: bool = True, jobs: int = 2, limits=None,
                 progress=None, include_all: bool = False):
     """Suggestions for a compile run or a profile run made with --target."""
-    from tpudiag.analyze.suggest.build import DEFAULT_SUGGEST_CONFIG, build_report, candidates, findings_for, roofline_bound
-    from tpudiag.api.compile import compile_run_artifacts
-    from tpudiag.api.profiling import load_report
+    from tpudiag.analyze.suggest.build import (DEFAULT_SUGGEST_CONFIG, build_report, candidates, findings_for,
+                                               roofline_bound)
+    from tpudiag.api.pipeline import compile_run_artifacts
     from tpudiag.targets import resolve_target
 
-    run = Path(run)
-    if not run.exists():
-        raise InputError(f"{run}: no such file or directory")
-    if run.is_file() and run.name.endswith(".xplane.pb"):
-        raise InputError(f"{run}: a bare trace has no HLO to read; suggestions need a TPU compile: "
-                         f"tpudiag profile --target {target_text or 'v5e'} SCRIPT")
-    if not rundir.is_run_dir(run):
-        raise InputError(f"{run}: not a tpudiag run directory (no manifest.json); give a run directory or a script")
-    job = rundir.read_manifest(run)
-    if job.processes is not None:
-        raise InputError(f"{run}: a {job.num_processes}-process job has no TPU compile; suggestions need one: "
-                         f"tpudiag suggest {job.program} --target {target_text or 'v5e'} (compiles it for that TPU)")
-    compile_dir, profile_manifest = _compile_run_of(run, target_text)
+    handle = _compiled_run(runs.open_run(run), target_text)
+    run = handle.path
+    profiled = handle.kind == runs.PROFILE
+    compile_dir = handle.tpu if profiled else run
     # No op time depends on the LLO dump; the detectors run below, on the priced path, not twice.
-    arts, report = compile_run_artifacts(compile_dir, with_llo=False, suggestions=False)
+    arts, report = compile_run_artifacts(compile_dir, with_llo=False, suggestions=False,
+                                         manifest=None if profiled else handle.manifest)
     if target_text:
         asked = resolve_target(target_text)
         if asked.chip.name != report.target.chip:
             raise InputError(f"{run}: compiled for {report.target.topology}, not {asked.topology}; compile it for "
                              f"that target first: tpudiag compile --target {target_text} "
-                             f"{run / rundir.IR_DIR if profile_manifest else report.source.get('input', 'INPUT')}")
+                             f"{run / rundir.IR_DIR if profiled else report.source.get('input', 'INPUT')}")
     ok = [a for a in arts if a.status == "ok" and a.hlo is not None]
     if not ok:
         raise InputError(f"{compile_dir}: every module failed to compile, so there is no optimized HLO to read "
@@ -69,14 +46,16 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
     modules = {a.artifacts_dir: a.hlo for a in ok}
     cands, replaced = candidates(report, modules)
     target = resolve_target(report.target.topology)
-    bounds = {i: roofline_bound(c.match.pattern, c.match.shapes, target.chip, c.backward)
-              for i, c in enumerate(cands)}
+    bounds = {i: roofline_bound(c, target.chip) for i, c in enumerate(cands)}
     worth = [i for i, c in enumerate(cands) if include_all or c.share >= DEFAULT_SUGGEST_CONFIG.min_share]
     prices = _price(cands, worth, target, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress)
     findings = findings_for(report, modules, cands, target.chip.hbm_bytes_per_s)
     measured, notes, per_step = None, [], None
-    if profile_manifest is not None:
-        prof = load_report(run)
+    if profiled:
+        from tpudiag.api.profiling import analyze_run
+
+        # The compile report built above is the run's TPU section too: RUN/tpu/ is read once.
+        prof = analyze_run(run, manifest=handle.manifest, compiled=report)
         measured = {}
         for o in prof.ops:
             if o.source:
@@ -85,6 +64,28 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
         per_step = _executions_per_step(prof.tpu_estimate)
     return build_report(str(run), report, cands, replaced, prices, bounds, findings, measured, notes=notes,
                         per_step=per_step)
+
+
+def _compiled_run(run: runs.RunHandle, target_text: str | None) -> runs.RunHandle:
+    """`run` if it is a compile run or a profile run with its TPU compile; otherwise a one-line
+    InputError naming what is missing and the command that makes it."""
+    target = target_text or "v5e"
+    if run.kind == runs.XPLANE:
+        raise InputError(f"{run.path}: a bare trace has no HLO to read; suggestions need a TPU compile: "
+                         f"tpudiag profile --target {target} SCRIPT")
+    if not run.is_run:
+        raise InputError(f"{run.path}: not a tpudiag run directory (no {rundir.MANIFEST}); give a run directory "
+                         "or a script")
+    if run.kind == runs.JOB:
+        job = run.manifest
+        raise InputError(f"{run.path}: a {job.num_processes}-process job has no TPU compile; suggestions need one: "
+                         f"tpudiag suggest {job.program} --target {target} (compiles it for that TPU)")
+    if run.kind == runs.PROFILE and run.tpu is None:
+        program = run.manifest.program or "SCRIPT"
+        raise InputError(f"{run.path}: a profile run without a TPU compile; suggestions need one: "
+                         f"tpudiag profile --target {target} {program} (or tpudiag compile --target {target} "
+                         f"{run.path / rundir.IR_DIR})")
+    return run
 
 
 def _executions_per_step(section) -> dict | None:
@@ -99,17 +100,16 @@ def _executions_per_step(section) -> dict | None:
 
 def _price(cands, indices, target, *, static_profile, jobs, limits, progress) -> dict:
     """{candidate index: Price}: each distinct kernel setup lowered and compiled once."""
-    from tpudiag.analyze.compile.report import build_compile_report
     from tpudiag.analyze.suggest.build import Price
-    from tpudiag.api.compile import module_artifacts
-    from tpudiag.api.kernels import _lower
-    from tpudiag.capture.tpu_compile import Limits, ModuleInput, compile_modules
+    from tpudiag.api.pipeline import compile_inputs
+    from tpudiag.capture.lower import lower_for_tpu
+    from tpudiag.capture.tpu_compile import ModuleInput
     from tpudiag.kernels.at_shapes import setup_for
 
     prices, setups, by_key = {}, {}, {}
     for i in indices:
         c = cands[i]
-        s = setup_for(c.match.pattern, c.match.shapes, c.match.notes)
+        s = setup_for(c.match.detector, c.match.shapes, c.match.notes)
         if isinstance(s, str):
             prices[i] = Price(None, None, why_not=s)
             continue
@@ -128,24 +128,21 @@ def _price(cands, indices, target, *, static_profile, jobs, limits, progress) ->
         for n, (key, s) in enumerate(setups.items()):
             path = Path(tmp) / f"{n:02d}-{s.kernel}.mlir"
             try:
-                _lower(s.fn, s.args, path, debug_info=False)  # a stable cache key, whoever calls
+                lower_for_tpu(s.fn, s.args, path, debug_info=False)  # a stable cache key, whoever calls
             except Exception as e:  # the kernel refused these shapes while tracing (block sizes, VMEM)
                 failed[key] = f"{s.kernel} does not lower at {s.description}: {str(e).splitlines()[0][:200]}"
                 continue
             inputs.append((key, ModuleInput(name=f"{s.kernel}", path=path, kind="mlir")))
-        results = compile_modules([m for _, m in inputs], Path(tmp) / "modules", target.topology,
-                                  static_profile=static_profile, limits=limits or Limits(), jobs=jobs,
-                                  progress=progress) if inputs else []
-        rep = build_compile_report(target, [module_artifacts(r, with_llo=False) for r in results], {}, False) \
-            if results else None
-        compiled = {key: (rep.modules[k], results[k]) for k, (key, _) in enumerate(inputs)} if rep else {}
+        rep = compile_inputs([m for _, m in inputs], Path(tmp), target, static_profile=static_profile, jobs=jobs,
+                             limits=limits, progress=progress, with_llo=False, suggestions=False) if inputs else None
+        compiled = {key: rep.modules[k] for k, (key, _) in enumerate(inputs)} if rep else {}
     for key, idx in by_key.items():
         s = setups[key]
         for i in idx:
             if key in failed:
                 prices[i] = Price(s.kernel, None, why_not=failed[key], snippet=s.snippet, description=s.description)
                 continue
-            m, r = compiled[key]
+            m = compiled[key]
             if not m.ok or m.totals is None:
                 prices[i] = Price(s.kernel, None, why_not=f"{s.kernel} failed to compile at {s.description}: {m.error}",
                                   snippet=s.snippet, description=s.description)

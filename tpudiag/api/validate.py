@@ -72,7 +72,7 @@ def validate(reference, candidate, inputs=None, *, static=None, grad: bool = Fal
                            config=config, inputs_text=text, progress=progress)
     if junit_path is not None:
         from tpudiag.capture import rundir
-        from tpudiag.report.validate_render import render_junit
+        from tpudiag.report.registry import render
 
-        rundir.write_text_atomic(Path(junit_path), render_junit(result))
+        rundir.write_text_atomic(Path(junit_path), render(result, "junit"))
     return result

@@ -1,1 +1,1 @@
-"""Capture: runs the target program (or, later, the TPU compiler) and writes a run directory. Nothing else."""
+"""Capture: runs the target program or the TPU compiler and writes a run directory. Nothing else."""

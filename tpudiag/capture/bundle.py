@@ -89,29 +89,29 @@ def tier_of(rel: PurePosixPath | str) -> int:
     """The priority tier (an index into TIERS) of a run-relative path."""
     rel = PurePosixPath(rel)
     name, dirs = rel.name, rel.parts[:-1]
-    in_module = len(dirs) >= 2 and dirs[-2] == "modules"
+    in_module = len(dirs) >= 2 and dirs[-2] == rundir.MODULES_DIR
     if not dirs and name in (*_REQUIRED, REPORT_HTML):
         return 0
     if name == rundir.PROGRAM_LOG:
         return 1
     if name.endswith(".xplane.pb"):
         return 2
-    if "capture" in dirs or name in (*_REQUIRED, REPORT_HTML):
+    if rundir.CAPTURE_DIR in dirs or name in (*_REQUIRED, REPORT_HTML):
         return 3
     if name == "compile.log":
         return 11
     if name.endswith((".mlir", ".mlirbc")) or (in_module and name.startswith("input.")):
         return 10
-    if name == "optimized.hlo.txt" or name.endswith("after_optimizations.txt"):
+    if name == rundir.MODULE_HLO or name.endswith("after_optimizations.txt"):
         return 4
-    if (in_module and name in ("result.json", "module.json")) or "static_profile" in dirs or (
-            "llo" in dirs and name.endswith(_LLO_SUMMARIES)):
+    if (in_module and name in (rundir.MODULE_RESULT, rundir.MODULE_JSON)) or rundir.STATIC_PROFILE_DIR in dirs or (
+            rundir.LLO_DIR in dirs and name.endswith(_LLO_SUMMARIES)):
         return 5
     if name.endswith(("memory-usage-report.txt", "before_optimizations.txt")):
         return 6
     if name.endswith(".trace.json.gz"):
         return 7
-    if "llo" in dirs:
+    if rundir.LLO_DIR in dirs:
         return 8
     return 9
 

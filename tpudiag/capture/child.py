@@ -1,6 +1,6 @@
 """The bootstrap that runs inside the profiled child process.
 
-`python -m tpudiag.capture.child SPEC.json` reads the spec written by `runner.py`, registers
+`python -m tpudiag.capture.child SPEC.json` reads the spec written by `process.py`, registers
 jax.monitoring listeners, starts the profiler (for the whole run, or only for the selected
 `StepTraceAnnotation` steps), then runs the user's script as `__main__` with its own `sys.argv`
 and `sys.path[0]`. Whatever happens to the program, it stops the profiler so the trace is

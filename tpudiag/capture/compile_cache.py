@@ -26,6 +26,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tpudiag.capture import rundir
+
 # Bump when what an entry holds, or how its key is made, changes.
 FORMAT = "tpudiag-compile-cache/1"
 # Files of a module directory that belong to one run only (paths of that run): never cached.
@@ -78,7 +80,7 @@ class CompileCache:
         """Copy entry `key` into the module directory `mdir`; False when there is none, or when its
         static profile was dropped under limits smaller than these (a retry might finish)."""
         entry = self.root / key
-        if not (entry / "module.json").is_file():
+        if not (entry / rundir.MODULE_JSON).is_file():
             return False
         if (entry / _LIMITS).is_file():
             was = json.loads((entry / _LIMITS).read_text())

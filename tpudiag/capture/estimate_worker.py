@@ -18,6 +18,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from tpudiag.capture.lower import lower_for_tpu
 from tpudiag.errors import one_line
 
 
@@ -74,9 +75,8 @@ def lower(spec: dict) -> dict:
         raise Refused(f"--mesh {shown} has {int(np.prod(sizes))} devices; {spec['topology']} has {len(devices)}")
     mesh = Mesh(np.array(devices).reshape(sizes), names)
     got = _check(fn(list(spec["argv"]), mesh), where)
-    lowered = got["step"].trace(*got["args"]).lower(lowering_platforms=("tpu",))
     out = Path(spec["out_dir"])
-    (out / "step.mlir").write_text(lowered.as_text(debug_info=True))
+    lower_for_tpu(got["step"], got["args"], out / "step.mlir", jitted=True)
     doc = {"tokens": int(got["tokens"]), "model": got.get("model") or {}, "mesh": [[a, n] for a, n in zip(names, sizes)],
            "devices": len(devices)}
     (out / "lowered.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -16,8 +16,13 @@ Layout (docs/run-directory.md):
 A process that fails (non-zero exit, a signal) or a run past `timeout_s` stops the others:
 SIGINT to each (the child then writes its trace; not SIGTERM, which jax's distributed runtime takes
 for a preemption notice and handles itself), SIGKILL after `_GRACE_S` (a process blocked in a
-collective cannot run Python; it usually fails by itself once its peer's connection closes). tpudiag's exit code is the first failing process's
-(124 for the time limit). It does not analyze anything (that is `analyze/distributed/collectives.py`).
+collective cannot run Python; it usually fails by itself once its peer's connection closes).
+tpudiag's exit code is the first failing process's (124 for the time limit).
+
+Each process lives as a `process.ProgramProcess` (the lifecycle a single `profile` shares): its run
+directory stays open until the job's outcome is recorded, so an exception on the way kills the
+programs and leaves every process's manifest `failed`, never `running`. It does not analyze
+anything (that is `analyze/distributed/collectives.py`).
 """
 
 from __future__ import annotations
@@ -28,20 +33,20 @@ import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Callable, Iterator
 
 from tpudiag.capture import rundir
-from tpudiag.capture.runner import (_RECORDED_ENV, CaptureResult, _describe_signal, _stdin, _tee, child_env,
-                                    finish_process)
+from tpudiag.capture.process import (ChildSpec, ProgramProcess, check_program, child_env, describe_signal,
+                                     forwarding_signals, recorded_env)
+from tpudiag.capture.runner import CaptureResult
 from tpudiag.errors import InputError
 
-PROCESSES_DIR = "processes"
 # SIGINT to SIGKILL, for processes tpudiag stops. An interrupted process writes its trace first:
 # under a 2-core machine's full load that took more than 5 s (a lost trace in CI), so 15.
 _GRACE_S = 15.0
@@ -52,7 +57,7 @@ TIMED_OUT_EXIT = 124  # as timeout(1)
 
 
 def process_dir(i: int) -> str:
-    return f"{PROCESSES_DIR}/p{i}"
+    return f"{rundir.PROCESSES_DIR}/p{i}"
 
 
 def free_port() -> int:
@@ -68,31 +73,17 @@ def free_port() -> int:
     raise InputError("no free TCP port for the jax.distributed coordinator on this machine")
 
 
-@dataclass
-class _Proc:
-    index: int
-    rd: rundir.RunDir
-    popen: subprocess.Popen
-    log: IO[bytes]
-    tees: list[threading.Thread]
-    t0: float
-    code: int | None = None
-    ended_s: float | None = None
-    stopped: str | None = None  # why tpudiag ended it
-    stop_tees: threading.Event | None = None
-
-
-def _check(script: Path, processes: int, devices_per_process: int | None, timeout_s: float | None) -> None:
-    if not script.exists():
-        raise InputError(f"{script}: no such file")
-    if not script.is_file():
-        raise InputError(f"{script}: not a file (give a Python script)")
+def _check(script: Path, processes: int, devices_per_process: int | None, timeout_s: float | None, steps: int | None,
+           skip: int) -> None:
+    """The script first, then the job's options, then the step window: the order errors are reported in."""
+    check_program(script, None, 0)
     if processes < 1:
         raise InputError(f"--processes must be at least 1 (got {processes})")
     if devices_per_process is not None and devices_per_process < 1:
         raise InputError(f"--devices-per-process must be at least 1 (got {devices_per_process})")
     if timeout_s is not None and timeout_s <= 0:
         raise InputError(f"--process-timeout must be more than 0 seconds (got {timeout_s:g})")
+    check_program(script, steps, skip)
 
 
 def run_processes(
@@ -118,11 +109,7 @@ def run_processes(
     `program_stdout` / `program_stderr` (default: ours). `coordinator_port`: the first port tried
     (default: a free one).
     """
-    _check(script, processes, devices_per_process, timeout_s)
-    if steps is not None and steps < 1:
-        raise InputError(f"--steps must be at least 1 (got {steps})")
-    if skip < 0:
-        raise InputError(f"--skip must be 0 or more (got {skip})")
+    _check(script, processes, devices_per_process, timeout_s, steps, skip)
     given, run = run, run.resolve()
     opts = [*(["--steps", str(steps)] if steps is not None else []), *(["--skip", str(skip)] if skip else []),
             *(["--python-trace"] if python_trace else []), "--processes", str(processes),
@@ -134,7 +121,7 @@ def run_processes(
         "argv": [str(script), *args],
         "command": "tpudiag profile " + shlex.join([*opts, str(script), *(["--", *args] if args else [])]),
         "cwd": os.getcwd(),
-        "env": {k: base[k] for k in _RECORDED_ENV if k in base},
+        "env": recorded_env(base),
         "steps": steps,
         "skip": skip,
         "python_trace": python_trace,
@@ -144,139 +131,138 @@ def run_processes(
         "process_timeout_s": timeout_s,
         "wall_s": None,
     }
-    out = program_stdout or sys.stdout.buffer
-    err = program_stderr or sys.stderr.buffer
-    with rundir.RunDir(run, "profile", (rundir.TRACE_DIR, PROCESSES_DIR), **fields) as rd:
+    launch = _Launch(script, tuple(args), base, processes, devices_per_process, steps, skip, python_trace,
+                     program_stdout or sys.stdout.buffer, program_stderr or sys.stderr.buffer)
+    with rundir.RunDir(run, "profile", (rundir.TRACE_DIR, rundir.PROCESSES_DIR), **fields) as rd:
         if while_waiting:
             threading.Thread(target=while_waiting, daemon=True).start()
         port = coordinator_port or free_port()
         for attempt in range(_PORT_TRIES):
             rd.update(coordinator=f"127.0.0.1:{port}")
-            t0 = time.perf_counter()
-            procs = _launch(run, script, args, base, port, processes, devices_per_process, steps, skip,
-                            python_trace, out, err)
-            rd.update(processes=[{"process_id": p.index, "pid": p.popen.pid, "run_dir": process_dir(p.index),
-                                  "status": "running"} for p in procs])
-            timed_out, interrupted = _supervise(procs, timeout_s)
-            wall_s = time.perf_counter() - t0
-            if attempt + 1 < _PORT_TRIES and _bind_failed(procs[0]):
-                sys.stderr.write(f"tpudiag: coordinator port {port} was taken; retrying with another\n")
-                _discard(run, procs)
-                port = free_port()
-                continue
-            break
-        rows = _record(procs)
-        xplanes = _gather_traces(run, rows)
-        failed = _first_failure(procs, rows, timed_out, timeout_s, interrupted)
-        exit_code, reason = failed if failed else (0, None)
-        rd.finish(failed is None, exit_code=exit_code, reason=reason, wall_s=round(wall_s, 6), processes=rows,
-                  xplanes=xplanes, trace_started=any(r["trace_started"] for r in rows))
+            outcome = _attempt(rd, launch, port, timeout_s, may_retry=attempt + 1 < _PORT_TRIES)
+            if outcome is not None:
+                break
+            sys.stderr.write(f"tpudiag: coordinator port {port} was taken; retrying with another\n")
+            shutil.rmtree(run / rundir.PROCESSES_DIR)
+            (run / rundir.PROCESSES_DIR).mkdir()
+            port = free_port()
+        exit_code, reason = outcome.failure if outcome.failure else (0, None)
+        rd.finish(outcome.failure is None, exit_code=exit_code, reason=reason, wall_s=round(outcome.wall_s, 6),
+                  processes=outcome.rows, xplanes=outcome.xplanes,
+                  trace_started=any(r["trace_started"] for r in outcome.rows))
     return CaptureResult(run_dir=given, exit_code=exit_code, status=rd.manifest["status"], reason=reason)
 
 
-def _launch(run: Path, script: Path, args, base: dict, port: int, n: int, k: int | None, steps, skip,
-            python_trace, out, err) -> list[_Proc]:
-    procs = []
-    width = len(str(n - 1))
-    for i in range(n):
-        prun = run / process_dir(i)
-        cenv = child_env(prun, base)
-        if k:
-            cenv["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={k}"
-        rd = rundir.RunDir(prun, "profile", rundir.PROFILE_SUBDIRS, program=str(script), argv=[str(script), *args],
-                           process_id=i, num_processes=n, coordinator=f"127.0.0.1:{port}", steps=steps, skip=skip,
-                           python_trace=python_trace, env={kk: cenv[kk] for kk in _RECORDED_ENV if kk in cenv},
-                           cwd=os.getcwd(), started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=None)
-        rd.__enter__()  # finished by `finish_process`, closed by `_record`
-        spec = prun / rundir.CAPTURE_DIR / "spec.json"
-        spec.write_text(json.dumps({"run_dir": str(prun), "script": str(script), "args": list(args), "steps": steps,
-                                    "skip": skip, "python_trace": python_trace, "trace": True,
-                                    "parent_pid": os.getpid(),
-                                    "distributed": {"coordinator": f"127.0.0.1:{port}", "num_processes": n,
-                                                    "process_id": i}}))
-        log = open(prun / rundir.PROGRAM_LOG, "wb")
-        popen = subprocess.Popen([sys.executable, "-m", "tpudiag.capture.child", str(spec)], env=cenv,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=_stdin() if i == 0 else
-                                 subprocess.DEVNULL, process_group=0)
-        rd.update(program_pid=popen.pid)
-        stop = threading.Event()
-        prefix = f"[p{i:0{width}d}] ".encode()
-        tees = [threading.Thread(target=_tee, args=(popen.stdout, [out, log], stop, prefix, (out,)), daemon=True),
-                threading.Thread(target=_tee, args=(popen.stderr, [err, log], stop, prefix, (err,)), daemon=True)]
-        for t in tees:
-            t.start()
-        procs.append(_Proc(i, rd, popen, log, tees, time.perf_counter(), stop_tees=stop))
-    return procs
+@dataclass(frozen=True)
+class _Launch:
+    """What every process of the job runs, and where its output goes."""
+
+    script: Path
+    args: tuple[str, ...]
+    base_env: dict[str, str]
+    n: int
+    devices_per_process: int | None
+    steps: int | None
+    skip: int
+    python_trace: bool
+    out: IO[bytes]
+    err: IO[bytes]
+
+    def processes(self, run: Path, port: int) -> Iterator[ProgramProcess]:
+        """Process I of the job with the coordinator at `port`, its run directory RUN/processes/pI;
+        each is created when the one before has been started."""
+        width = len(str(self.n - 1))
+        coordinator = f"127.0.0.1:{port}"
+        for i in range(self.n):
+            prun = run / process_dir(i)
+            cenv = child_env(prun, self.base_env)
+            if self.devices_per_process:
+                cenv["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={self.devices_per_process}"
+            rd = rundir.RunDir(prun, "profile", rundir.PROFILE_SUBDIRS, program=str(self.script),
+                               argv=[str(self.script), *self.args], process_id=i, num_processes=self.n,
+                               coordinator=coordinator, steps=self.steps, skip=self.skip,
+                               python_trace=self.python_trace, env=recorded_env(cenv), cwd=os.getcwd(),
+                               started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=None)
+            spec = ChildSpec(self.script, self.args, steps=self.steps, skip=self.skip, python_trace=self.python_trace,
+                             distributed={"coordinator": coordinator, "num_processes": self.n, "process_id": i})
+            yield ProgramProcess(rd, spec, cenv, stdout=self.out, stderr=self.err, share_stdin=i == 0,
+                                 prefix=f"[p{i:0{width}d}] ".encode(), index=i)
 
 
-def _signal_group(p: _Proc, sig: int) -> None:
-    try:
-        os.killpg(p.popen.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+@dataclass(frozen=True)
+class _Outcome:
+    rows: list[dict]  # the job manifest's `processes`
+    xplanes: list[str]  # the traces linked as one session
+    failure: tuple[int, str] | None  # the job's exit code and reason
+    wall_s: float
 
 
-def _supervise(procs: list[_Proc], timeout_s: float | None) -> tuple[bool, bool]:
+def _attempt(rd: rundir.RunDir, launch: _Launch, port: int, timeout_s: float | None, *,
+             may_retry: bool) -> _Outcome | None:
+    """Run the job once with the coordinator at `port`. Every process's run directory stays open
+    until the job's outcome is known: an exception anywhere from the first launch to the linked
+    traces kills the programs still running and leaves each process's manifest `failed`. None when
+    the coordinator could not bind its port and `may_retry`: the processes' manifests then say so,
+    and the caller removes them."""
+    with ExitStack() as stack:
+        t0 = time.perf_counter()
+        procs = [stack.enter_context(p) for p in launch.processes(rd.path, port)]
+        rd.update(processes=[{"process_id": p.index, "pid": p.pid, "run_dir": process_dir(p.index),
+                              "status": "running"} for p in procs])
+        timed_out, interrupted = _supervise(procs, timeout_s)
+        wall_s = time.perf_counter() - t0
+        if may_retry and _bind_failed(procs[0]):
+            for p in procs:
+                p.rd.finish(False, reason="coordinator port taken; retried")
+            return None
+        rows = _record(procs)
+        xplanes = _gather_traces(rd.path, rows)
+        return _Outcome(rows, xplanes, _first_failure(procs, rows, timed_out, timeout_s, interrupted), wall_s)
+
+
+def _supervise(procs: list[ProgramProcess], timeout_s: float | None) -> tuple[bool, bool]:
     """Wait for every process. The first to fail, the time limit or a signal to tpudiag stops the
-    rest: SIGTERM, then SIGKILL after the grace period. Returns (time limit hit, interrupted)."""
+    rest: SIGINT, then SIGKILL after the grace period. Returns (time limit hit, interrupted)."""
     start = time.monotonic()
     stop_at: float | None = None  # when the stop began
     timed_out = False
-    interrupts = [0]
-    stop_reason: list[str] = []
 
-    def begin_stop(reason: str, sig: int = signal.SIGINT) -> None:
+    def begin_stop(reason: str) -> None:
         nonlocal stop_at
         if stop_at is None:
             stop_at = time.monotonic()
-            stop_reason.append(reason)
         for p in procs:
             if p.code is None:
                 p.stopped = p.stopped or reason
-                _signal_group(p, sig)
+                p.signal_group(signal.SIGINT)
 
-    def forward(signum, _frame):
+    def forward(signum: int) -> None:
         """Ctrl-C reaches every process (SIGINT: each writes its trace); a second one SIGTERM, a third SIGKILL."""
-        if signum == signal.SIGINT:
-            interrupts[0] += 1
-            signum = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)[min(interrupts[0], 3) - 1]
-            if interrupts[0] == 2:
-                sys.stderr.write("tpudiag: interrupted again: sending SIGTERM; a third Ctrl-C kills the processes\n")
         for p in procs:
             if p.code is None:
-                _signal_group(p, signum)
+                p.signal_group(signum)
 
-    forwarded = (signal.SIGINT, signal.SIGTERM) + (
-        (signal.SIGHUP,) if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN else ())
-    previous = {s: signal.signal(s, forward) for s in forwarded} \
-        if threading.current_thread() is threading.main_thread() else {}
-    try:
+    with forwarding_signals(forward, "the processes") as ctrl_c:
         while any(p.code is None for p in procs):
             now = time.monotonic()
-            ended = []
-            for p in procs:  # every process's state first, then what to do about it
-                if p.code is None and (code := p.popen.poll()) is not None:
-                    p.code, p.ended_s = code, time.perf_counter() - p.t0
-                    ended.append(p)
+            # every process's state first, then what to do about it
+            ended = [p for p in procs if p.code is None and p.poll() is not None]
             failed = sorted((p for p in ended if p.code != 0 and p.stopped is None), key=_program_end)
-            if failed and stop_at is None and not interrupts[0]:
+            if failed and stop_at is None and not ctrl_c.count:
                 first = failed[0]
                 begin_stop(f"stopped by tpudiag after process {first.index} failed ({_how(first.code)})")
-            if timeout_s is not None and stop_at is None and not interrupts[0] and now - start > timeout_s:
+            if timeout_s is not None and stop_at is None and not ctrl_c.count and now - start > timeout_s:
                 timed_out = True
                 begin_stop(f"stopped by tpudiag: still running after --process-timeout {timeout_s:g} s")
-            if (stop_at is not None and now - stop_at > _GRACE_S) or interrupts[0] >= 3:
+            if (stop_at is not None and now - stop_at > _GRACE_S) or ctrl_c.count >= 3:
                 for p in procs:
                     if p.code is None:
-                        _signal_group(p, signal.SIGKILL)
+                        p.signal_group(signal.SIGKILL)
             time.sleep(0.05)
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    return timed_out, bool(interrupts[0])
+    return timed_out, bool(ctrl_c.count)
 
 
-def _program_end(p: _Proc) -> tuple[int, float]:
+def _program_end(p: ProgramProcess) -> tuple[int, float]:
     """When the process's program ended, by its own clock (capture/child.json), else when tpudiag
     saw it exit: a process that failed because its peer had died ends after that peer's program."""
     try:
@@ -287,24 +273,14 @@ def _program_end(p: _Proc) -> tuple[int, float]:
 
 
 def _how(code: int) -> str:
-    return f"killed by {_describe_signal(code)}" if code < 0 else f"exit code {code}"
+    return f"killed by {describe_signal(code)}" if code < 0 else f"exit code {code}"
 
 
-def _close(p: _Proc) -> None:
-    deadline = time.monotonic() + 1.0
-    for t in p.tees:
-        t.join(timeout=max(0.0, deadline - time.monotonic()))
-    p.stop_tees.set()
-    for t in p.tees:
-        t.join()
-    p.log.close()
-
-
-def _bind_failed(p: _Proc) -> bool:
+def _bind_failed(p: ProgramProcess) -> bool:
     """Process 0 (the coordinator) died because its port was taken."""
     if p.code == 0 or p.code is None:
         return False
-    _close(p)
+    p.close_output()
     try:
         log = (p.rd.path / rundir.PROGRAM_LOG).read_bytes()
     except OSError:
@@ -312,28 +288,13 @@ def _bind_failed(p: _Proc) -> bool:
     return any(m in log for m in _BIND_FAILED)
 
 
-def _discard(run: Path, procs: list[_Proc]) -> None:
-    """Forget an attempt whose coordinator could not bind: its process directories go."""
-    for p in procs:
-        if not p.log.closed:
-            _close(p)
-        p.rd.finish(False, reason="coordinator port taken; retried")
-        p.rd.__exit__(None, None, None)
-    shutil.rmtree(run / PROCESSES_DIR)
-    (run / PROCESSES_DIR).mkdir()
-
-
-def _record(procs: list[_Proc]) -> list[dict]:
+def _record(procs: list[ProgramProcess]) -> list[dict]:
     """Each process's manifest finished; the rows the job's manifest lists."""
     rows = []
     for p in procs:
-        if not p.log.closed:
-            _close(p)
-        exit_code, reason = finish_process(p.rd, p.code, p.ended_s or 0.0, p.popen.pid,
-                                           stopped=p.stopped)
-        p.rd.__exit__(None, None, None)
+        exit_code, reason = p.finish()
         m = p.rd.manifest
-        rows.append({"process_id": p.index, "pid": p.popen.pid, "run_dir": process_dir(p.index),
+        rows.append({"process_id": p.index, "pid": p.pid, "run_dir": process_dir(p.index),
                      "exit_code": exit_code, "status": m["status"], "reason": reason,
                      "stopped_by_tpudiag": p.stopped is not None, "wall_s": m.get("wall_s"),
                      "trace_started": bool(m.get("trace_started")),
@@ -361,7 +322,7 @@ def _gather_traces(run: Path, rows: list[dict]) -> list[str]:
     return out
 
 
-def _first_failure(procs: list[_Proc], rows: list[dict], timed_out: bool, timeout_s,
+def _first_failure(procs: list[ProgramProcess], rows: list[dict], timed_out: bool, timeout_s,
                    interrupted: bool) -> tuple[int, str] | None:
     """(exit code, reason) of the job: Ctrl-C, the process that failed first by itself, or the time limit."""
     if interrupted:

@@ -47,6 +47,21 @@ IR_DIR = "ir"
 CAPTURE_DIR = "capture"
 MONITORING = "capture/monitoring.jsonl"
 CHILD_STATUS = "capture/child.json"
+PROCESSES_DIR = "processes"  # a `profile --processes N` job: one process's run per `p<i>/`
+TPU_DIR = "tpu"  # inside a profile run: the compile run of its own computations (`profile --target`)
+# A compile run (`compile`, `profile --target`'s TPU_DIR, `kernels bench`, `estimate`):
+MODULES_DIR = "modules"  # one directory per compiled module, `<NN>-<name>/`
+MODULE_JSON = "module.json"  # in a module directory: how its compile ended
+MODULE_RESULT = "result.json"  # in a module directory: the compile worker's figures
+MODULE_HLO = "optimized.hlo.txt"  # in a module directory: the executable's optimized HLO
+LLO_DIR = "llo"  # in a module directory: the final LLO bundles and their slot utilization
+STATIC_PROFILE_DIR = "static_profile"  # in a module directory: the static cycle profile
+SHADOW_DIR = "shadow"  # `compile SCRIPT.py`: the CPU run of the script that collected its computations
+LOWERED_DIR = "lowered"  # `kernels bench`: each variant's StableHLO
+KERNELS_COMPILE_REPORT = "compile-report.json"  # `kernels bench`: the compile report of every variant
+ESTIMATE_DIR = "estimate"  # `estimate`: the lowered step and the lowering log
+ESTIMATE_REPORT = "estimate.json"  # `estimate`: the estimate document (report.json is its compile report)
+ESTIMATE_MD = "estimate.md"
 
 
 def default_run_dir(script: Path, root: Path = Path("tpudiag-runs"), now: _dt.datetime | None = None) -> Path:
@@ -62,7 +77,7 @@ def default_run_dir(script: Path, root: Path = Path("tpudiag-runs"), now: _dt.da
 
 
 PROFILE_SUBDIRS = (TRACE_DIR, HLO_DIR, IR_DIR, CAPTURE_DIR)
-COMPILE_SUBDIRS = ("modules",)
+COMPILE_SUBDIRS = (MODULES_DIR,)
 
 
 def create_run_dir(path: Path, subdirs: tuple[str, ...] = PROFILE_SUBDIRS) -> Path:

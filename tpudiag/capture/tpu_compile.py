@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from tpudiag.capture import rundir
 from tpudiag.capture.compile_cache import CompileCache
 
 # The LLO dump narrowed to the final bundles and their slot utilization: without the regex
@@ -156,13 +157,13 @@ def _attempt(spec_path: Path, mdir: Path, static: bool, limit_s: float, memory_b
     without, wall seconds. libtpu splits LIBTPU_INIT_ARGS on spaces and takes quotes literally, so
     its dumps go to a space-free temporary directory and are moved into the module directory afterwards.
     """
-    (mdir / "result.json").unlink(missing_ok=True)
+    (mdir / rundir.MODULE_RESULT).unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="tpudiag-dump-") as tmp:
         try:
             return _run_worker(spec_path, mdir, _env(mdir, Path(tmp), static), limit_s if static else None,
                                limit_s * wall_per_cpu if static else limit_s, memory_bytes, worker or _Worker())
         finally:
-            for sub in ("llo", "static_profile"):
+            for sub in (rundir.LLO_DIR, rundir.STATIC_PROFILE_DIR):
                 if (Path(tmp) / sub).is_dir():
                     shutil.rmtree(mdir / sub, ignore_errors=True)
                     shutil.move(str(Path(tmp) / sub), str(mdir / sub))
@@ -193,7 +194,7 @@ def _run_worker(spec_path: Path, mdir: Path, env: dict, cpu_limit_s: float | Non
                 time.sleep(0.05)
         finally:
             worker.pid = None
-    result = mdir / "result.json"
+    result = mdir / rundir.MODULE_RESULT
     if proc.returncode != 0 or not result.exists():
         return "crashed", f"the TPU compiler aborted (exit {proc.returncode}): {_last_error_line(mdir / 'compile.log')}"
     doc = json.loads(result.read_text())
@@ -202,11 +203,12 @@ def _run_worker(spec_path: Path, mdir: Path, env: dict, cpu_limit_s: float | Non
 
 def _env(mdir: Path, dump: Path, static: bool) -> dict:
     env = dict(os.environ)
-    libtpu = _LLO_FLAGS.format(llo=dump / "llo")
+    libtpu = _LLO_FLAGS.format(llo=dump / rundir.LLO_DIR)
     if static:
-        libtpu += " " + _STATIC_FLAG.format(static=dump / "static_profile")
+        libtpu += " " + _STATIC_FLAG.format(static=dump / rundir.STATIC_PROFILE_DIR)
     env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + " " + libtpu).strip()
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f' --xla_dump_to="{mdir / "hlo"}" --xla_dump_hlo_as_text').strip()
+    dump_to = mdir / rundir.HLO_DIR
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f' --xla_dump_to="{dump_to}" --xla_dump_hlo_as_text').strip()
     env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # several workers load libtpu at once
     env["JAX_PLATFORMS"] = "cpu"  # the compile-only client needs no TPU; skip libtpu's device probe
     env["TF_CPP_MIN_LOG_LEVEL"] = env.get("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -244,7 +246,7 @@ def compile_module(inp: ModuleInput, mdir: Path, topology: str, static_profile: 
     # cache entry the module came from (None: compiled here).
     meta = {"name": res.name, "status": res.status, "error": res.error, "static_profile": res.static_profile,
             "cached": res.cached, "static_limit_s": res.static_limit_s}
-    (mdir / "module.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (mdir / rundir.MODULE_JSON).write_text(json.dumps(meta, indent=2) + "\n")
     if key and not hit:
         cache.store(key, mdir, res.status, res.static_profile, limit_s, limits.memory_bytes)
     return res
@@ -252,8 +254,8 @@ def compile_module(inp: ModuleInput, mdir: Path, topology: str, static_profile: 
 
 def load_module(mdir: Path) -> ModuleCompile:
     """A module compiled earlier, from its `module.json` and `result.json`."""
-    meta = json.loads((mdir / "module.json").read_text())
-    result = json.loads((mdir / "result.json").read_text()) if meta["status"] == "ok" else {}
+    meta = json.loads((mdir / rundir.MODULE_JSON).read_text())
+    result = json.loads((mdir / rundir.MODULE_RESULT).read_text()) if meta["status"] == "ok" else {}
     return ModuleCompile(meta["name"], mdir, meta["status"], meta["error"], meta["static_profile"], result,
                          meta.get("cached"), meta.get("static_limit_s"))
 
@@ -270,7 +272,7 @@ def _compile_module(inp: ModuleInput, mdir: Path, spec: Path, static_profile: bo
             return ModuleCompile(inp.name, mdir, "failed", detail, "not reached: the module failed to compile", {},
                                  None, shown_limit)
         static_note = f"dropped: {detail}"
-        for sub in ("llo", "static_profile", "hlo"):  # partial dumps of the aborted attempt
+        for sub in (rundir.LLO_DIR, rundir.STATIC_PROFILE_DIR, rundir.HLO_DIR):  # partial dumps of the aborted attempt
             shutil.rmtree(mdir / sub, ignore_errors=True)
     # The plain compile never balloons as the static profile does: a smaller static-profile limit
     # does not apply to it.
@@ -282,7 +284,7 @@ def _compile_module(inp: ModuleInput, mdir: Path, spec: Path, static_profile: bo
 
 
 def _done(inp: ModuleInput, mdir: Path, static_note: str, limit_s: float | None) -> ModuleCompile:
-    return ModuleCompile(inp.name, mdir, "ok", None, static_note, json.loads((mdir / "result.json").read_text()),
+    return ModuleCompile(inp.name, mdir, "ok", None, static_note, json.loads((mdir / rundir.MODULE_RESULT).read_text()),
                          None, limit_s)
 
 

@@ -18,6 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
+from tpudiag.capture import rundir
 from tpudiag.errors import one_line
 
 
@@ -63,7 +64,7 @@ def compile_one(spec: dict) -> dict:
                                                compile_options=opts)
         compile_s = time.perf_counter() - t1
     out = Path(spec["out_dir"])
-    (out / "optimized.hlo.txt").write_text(executable.hlo_modules()[0].to_string())
+    (out / rundir.MODULE_HLO).write_text(executable.hlo_modules()[0].to_string())
     cost = executable.cost_analysis() or {}
     if isinstance(cost, list):  # older jaxlibs return one dict per partition
         cost = cost[0] if cost else {}
@@ -99,7 +100,7 @@ def main() -> None:
         traceback.print_exc()
         # XLA errors carry a long tail (stack traces, source locations): the first line is the message.
         result = {"status": "failed", "error": " ".join(one_line(e, 500).split())}
-    (out / "result.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    (out / rundir.MODULE_RESULT).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     sys.stdout.flush()
 
 

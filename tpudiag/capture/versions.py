@@ -16,7 +16,7 @@ def tool_versions() -> dict[str, str | None]:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
             out[name] = None
-    from tpudiag import __version__
+    from tpudiag.version import __version__
 
     out["tpudiag"] = __version__
     out["platform"] = sys.platform

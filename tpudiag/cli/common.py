@@ -1,8 +1,8 @@
-"""What every tpudiag command shares: the output options, one `emit(result, fmt)` that picks the
-renderer for a result by its schema, progress on stderr, the --ci bundle, the version check and the
-check of the paths a command will write.
+"""What every tpudiag command shares: the output options, one `emit(result, fmt)` that prints a
+result through the renderer registry (`report/registry.py`), progress on stderr, the --ci bundle,
+the version check and the check of the paths a command will write.
 
-Renderers live in `report/`; this module only chooses one and says where its text goes.
+Renderers live in `report/`; this module only names the format and says where the text goes.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from pathlib import Path
 import click
 
 from tpudiag.errors import UsageError
-
-FORMATS = ("text", "json", "md")
 
 
 def console(no_color: bool = False, width: int | None = None):
@@ -29,82 +27,16 @@ def output_format(as_json: bool, as_md: bool = False) -> str:
     return "json" if as_json else "md" if as_md else "text"
 
 
-def _renderers(schema: str):
-    """(markdown renderer, terminal renderer, takes the model) for a result's schema. Each renderer
-    takes (result, **options), the terminal one a console too; a renderer that does not take the
-    model gets its document."""
-    from tpudiag.report import compare_render, diff_render, fusions_render, kernels_render
-
-    if schema.startswith("tpudiag.report/"):
-        from tpudiag.report.markdown import render_markdown
-        from tpudiag.report.terminal import render_terminal
-
-        return (lambda r, top=15, top_compiles=10: render_markdown(r, top, top_compiles),
-                lambda r, c, top=15, top_compiles=10: render_terminal(r, c, top, top_compiles), True)
-    if schema.startswith("tpudiag.compile/"):
-        from tpudiag.report.compile_markdown import render_compile_markdown
-        from tpudiag.report.compile_terminal import render_compile_terminal
-
-        return render_compile_markdown, render_compile_terminal, True
-    if schema.startswith("tpudiag.fusions_list/"):
-        def md(result, top=15):
-            return "\n".join(fusions_render.render_fusions_markdown(m, top) for m in result.modules)
-
-        def text(result, c, top=15):
-            for m in result.modules:
-                fusions_render.render_fusions_terminal(m, c, top)
-        return md, text, True
-    if schema.startswith("tpudiag.hlo_diff/"):
-        return (lambda diff, unchanged=False: diff_render.render_diff_markdown(diff),
-                lambda diff, c, unchanged=False: click.echo(diff_render.render_diff_text(diff, unchanged=unchanged),
-                                                            nl=False),
-                True)
-    if schema.startswith("tpudiag.compare/"):
-        return compare_render.render_compare_markdown, compare_render.render_compare_terminal, True
-    if schema.startswith("tpudiag.suggest/"):
-        from tpudiag.report.suggest_render import render_suggest_markdown, render_suggest_terminal
-
-        return render_suggest_markdown, render_suggest_terminal, True
-    if schema.startswith("tpudiag.estimate/"):
-        from tpudiag.report.estimate_render import render_estimate_markdown, render_estimate_terminal
-
-        return render_estimate_markdown, render_estimate_terminal, True
-    if schema.startswith("tpudiag.distributed/"):
-        from tpudiag.report.distributed_render import render_distributed_markdown, render_distributed_terminal
-
-        return render_distributed_markdown, render_distributed_terminal, True
-    if schema.startswith("tpudiag.validate/"):
-        from tpudiag.report.validate_render import render_validate_markdown, render_validate_terminal
-
-        return render_validate_markdown, render_validate_terminal, True
-    if schema.startswith("tpudiag.kernels-verify/"):
-        return None, kernels_render.render_verify, True
-    if schema.startswith("tpudiag.kernels-bench/"):
-        return kernels_render.render_bench_markdown, kernels_render.render_bench, True
-    if schema.startswith("tpudiag.kernels/"):  # the list, or one kernel's card
-        return None, lambda d, c: (kernels_render.render_list(d, c) if "kernels" in d
-                                   else kernels_render.render_show(d, c)), False
-    raise UsageError(f"no renderer for schema {schema!r}")
-
-
 def emit(result, fmt: str, *, no_color: bool = False, width: int | None = None, **options) -> None:
     """Print a result (a model with `to_dict()`, or a document) to stdout as `fmt`: JSON exactly
-    as `report.json` holds it, GitHub Markdown, or the terminal report; `options` go to the renderer
-    (`top=`, `unchanged=`)."""
-    doc = result.to_dict() if hasattr(result, "to_dict") else result
-    if fmt == "json":
-        from tpudiag.report.json_report import render_json
+    as `report.json` holds it, GitHub Markdown, or the terminal report. The renderer is the
+    registry's (`report/registry.py`); `options` go to it (`top=`, `unchanged=`, `show_all=`)."""
+    from tpudiag.report.registry import render, renderer
 
-        click.echo(render_json(doc), nl=False)
-        return
-    md, text, takes_model = _renderers(doc["schema"])
-    subject = result if takes_model else doc
-    if fmt == "md":
-        if md is None:
-            raise UsageError(f"{doc['schema']} has no Markdown form")
-        click.echo(md(subject, **options), nl=False)
+    if fmt == "text":
+        renderer(result, "terminal")(result, console(no_color, width), **options)
     else:
-        text(subject, console(no_color, width), **options)
+        click.echo(render(result, fmt, **options), nl=False)
 
 
 def output_options(schema: str):

@@ -10,7 +10,7 @@ import os
 
 import click
 
-from tpudiag import __version__
+from tpudiag.version import __version__
 
 
 def _print_versions(ctx, _param, value) -> None:

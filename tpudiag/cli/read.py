@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import check_outputs, console, emit, output_format, output_options
+from tpudiag.cli.common import check_outputs, emit, output_format, output_options
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed
 
@@ -52,14 +52,10 @@ def targets(as_json, no_color):
     """The TPU generations `compile --target` accepts, with each chip's figures."""
     from tpudiag.targets import TARGETS_SCHEMA, targets_table
 
-    rows = targets_table()
-    if as_json:
-        emit({"schema": TARGETS_SCHEMA, "targets": rows}, "json")
-        return
-    from tpudiag.report.compile_terminal import render_targets_terminal
-
-    render_targets_terminal(rows, console(no_color, None))
-    click.echo("Also accepted: v5e:2x4, v5p:2x2x1, v6e-4, v5litepod-8, ... (see docs/targets.md)")
+    fmt = output_format(as_json)
+    emit({"schema": TARGETS_SCHEMA, "targets": targets_table()}, fmt, no_color=no_color)
+    if fmt == "text":
+        click.echo("Also accepted: v5e:2x4, v5p:2x2x1, v6e-4, v5litepod-8, ... (see docs/targets.md)")
 
 
 @cli.command()

@@ -1,15 +1,18 @@
 """The bundled kernel for a matched pattern, at the pattern's own shapes: what `tpudiag suggest`
 compiles for the target to price the replacement, and the snippet it shows.
 
-`setup_for(pattern, shapes)` returns an `AtShapes` (the kernel's name, its arguments as
+`setup_for(detector, shapes, notes)` returns an `AtShapes` (the kernel's name, its arguments as
 `jax.ShapeDtypeStruct`s, the function to lower, a drop-in snippet with the real shapes filled in)
-or a one-line reason why no bundled kernel fits. Imports jax only when called.
+or a one-line reason why no bundled kernel fits. The detector names its kernel (`Detector.kernel`,
+or why none fits in `Detector.no_kernel`); this module builds each named kernel's arguments from
+the detector's typed shapes. Imports jax only when called; compiles and runs nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
+
 
 @dataclass(frozen=True)
 class AtShapes:
@@ -26,85 +29,112 @@ def _jnp(dtype: str):
     return {"bf16": jnp.bfloat16, "f32": jnp.float32, "f16": jnp.float16}.get(dtype, jnp.bfloat16)
 
 
-def setup_for(pattern: str, shapes: dict, notes=()) -> AtShapes | str:
-    """The kernel at `shapes` (`notes`: the match's, e.g. a mask makes attention causal), or why none fits."""
+def _flash_attention(shapes, notes) -> AtShapes | str:
     import jax
 
-    sds = jax.ShapeDtypeStruct
-    if pattern == "attention":
-        from tpudiag.kernels.flash_attention import flash_attention
+    from tpudiag.kernels.flash_attention import flash_attention
 
-        bh, sq, sk, d = shapes["batch_heads"], shapes["q_len"], shapes["kv_len"], shapes["head_dim"]
-        if sq != sk:
-            return f"flash_attention takes self-attention (query length = key length); here {sq} vs {sk}"
-        if d % 64 or sq % 128:
-            return f"flash_attention needs head_dim a multiple of 64 and a sequence a multiple of 128 (D{d} S{sq})"
-        dt = "bf16"  # the kernel reads bf16 Q, K, V with an f32 softmax
-        q = sds((1, bh, sq, d), _jnp(dt))
-        causal = any("masked" in n for n in notes)
+    bh, sq, sk, d = shapes.batch_heads, shapes.q_len, shapes.kv_len, shapes.head_dim
+    if sq != sk:
+        return f"flash_attention takes self-attention (query length = key length); here {sq} vs {sk}"
+    if d % 64 or sq % 128:
+        return f"flash_attention needs head_dim a multiple of 64 and a sequence a multiple of 128 (D{d} S{sq})"
+    dt = "bf16"  # the kernel reads bf16 Q, K, V with an f32 softmax
+    q = jax.ShapeDtypeStruct((1, bh, sq, d), _jnp(dt))
+    causal = any("masked" in n for n in notes)
 
-        def fn(q, k, v):
-            return flash_attention(q, k, v, causal=causal)
+    def fn(q, k, v):
+        return flash_attention(q, k, v, causal=causal)
 
-        snippet = ("from tpudiag.kernels.flash_attention import flash_attention\n"
-                   f"# q [B, H, {sq}, {d}] bf16; k, v [B, KVH, {sk}, {d}] bf16 (KVH divides H); here B*H = {bh}\n"
-                   f"out = flash_attention(q, k, v, causal={causal})  # -> [B, H, {sq}, {d}]")
-        return AtShapes("flash_attention", (q, q, q), fn, snippet,
-                        f"B1 H{bh} S{sq} D{d} bf16{' causal' if causal else ''}")
-    if pattern in ("rmsnorm",):
-        from tpudiag.kernels.rmsnorm import rmsnorm_residual
+    snippet = ("from tpudiag.kernels.flash_attention import flash_attention\n"
+               f"# q [B, H, {sq}, {d}] bf16; k, v [B, KVH, {sk}, {d}] bf16 (KVH divides H); here B*H = {bh}\n"
+               f"out = flash_attention(q, k, v, causal={causal})  # -> [B, H, {sq}, {d}]")
+    return AtShapes("flash_attention", (q, q, q), fn, snippet, f"B1 H{bh} S{sq} D{d} bf16{' causal' if causal else ''}")
 
-        n, h = shapes["rows"], shapes["hidden"]
-        if h % 128:
-            return f"rmsnorm_residual needs hidden a multiple of 128 (here {h})"
-        x = sds((n, h), _jnp("bf16"))
-        snippet = ("from tpudiag.kernels.rmsnorm import rmsnorm_residual\n"
-                   f"normed, resid = rmsnorm_residual(x, resid, weight, eps=1e-6)  # x, resid [{n}, {h}] bf16, "
-                   f"weight [{h}]")
-        return AtShapes("rmsnorm", (x, x, sds((h,), _jnp("bf16"))), rmsnorm_residual, snippet, f"N{n} D{h} bf16")
-    if pattern == "cross_entropy":
-        from tpudiag.kernels.cross_entropy import cross_entropy
 
-        n, v = shapes["rows"], shapes["vocab"]
-        if v % 128:
-            return f"cross_entropy needs the vocabulary a multiple of 128 (here {v})"
-        snippet = ("from tpudiag.kernels.cross_entropy import cross_entropy\n"
-                   f"loss = cross_entropy(logits, labels).mean()  # logits [{n}, {v}] bf16, labels [{n}] int32")
-        return AtShapes("cross_entropy", (sds((n, v), _jnp("bf16")), sds((n,), jax.numpy.int32)), cross_entropy,
-                        snippet, f"N{n} V{v} bf16")
-    if pattern == "sampling":
-        from tpudiag.kernels.sampling import sample
+def _rmsnorm(shapes, notes) -> AtShapes | str:
+    import jax
 
-        b, v = shapes["rows"], shapes["vocab"]
-        if v % 128:
-            return f"sample needs the vocabulary a multiple of 128 (here {v})"
+    from tpudiag.kernels.rmsnorm import rmsnorm_residual
 
-        def fn(logits, u):
-            return sample(logits, u, k=64, p=0.9)
+    n, h = shapes.rows, shapes.hidden
+    if h % 128:
+        return f"rmsnorm_residual needs hidden a multiple of 128 (here {h})"
+    x = jax.ShapeDtypeStruct((n, h), _jnp("bf16"))
+    snippet = ("from tpudiag.kernels.rmsnorm import rmsnorm_residual\n"
+               f"normed, resid = rmsnorm_residual(x, resid, weight, eps=1e-6)  # x, resid [{n}, {h}] bf16, "
+               f"weight [{h}]")
+    return AtShapes("rmsnorm", (x, x, jax.ShapeDtypeStruct((h,), _jnp("bf16"))), rmsnorm_residual, snippet,
+                    f"N{n} D{h} bf16")
 
-        snippet = ("from tpudiag.kernels.sampling import sample\n"
-                   f"tokens = sample(logits, u, k=64, p=0.9, temperature=1.0)  # logits [{b}, {v}] f32, "
-                   f"u [{b}] uniform f32")
-        return AtShapes("sampling", (sds((b, v), jax.numpy.float32), sds((b,), jax.numpy.float32)), fn, snippet,
-                        f"B{b} V{v} f32 k=64 p=0.9")
-    if pattern == "dequant_matmul":
-        from tpudiag.kernels.int8_matmul import int8_matmul
 
-        (k, n), (m, _) = shapes["weight"], shapes["out"]
-        if shapes.get("weight_dtype") != "s8":
-            return f"int8_matmul takes int8 weights (here {shapes.get('weight_dtype')})"
-        if k % 128 or n % 128:
-            return f"int8_matmul needs K and N multiples of 128 (K{k} N{n})"
-        snippet = ("from tpudiag.kernels.int8_matmul import int8_matmul\n"
-                   f"y = int8_matmul(x, w_int8, scales)  # x [{m}, {k}] bf16, w [{k}, {n}] int8, scales [{n}] f32")
-        return AtShapes("int8_matmul", (sds((m, k), _jnp("bf16")), sds((k, n), jax.numpy.int8),
-                                        sds((n,), jax.numpy.float32)), int8_matmul, snippet, f"M{m} K{k} N{n}")
-    if pattern == "attention_decode":
-        return ("paged_attention reads a paged KV cache (a page table); this attention slices a contiguous cache, so "
-                "the kernel's figure would price a different layout")
-    if pattern == "moe":
-        return ("grouped_matmul needs the tokens sorted by expert with group sizes; a dense one-hot dispatch has to be "
-                "rewritten around it first (tpudiag kernels show grouped_matmul)")
-    if pattern == "rope":
-        return "rope takes q and k together at [B, S, H, D]; one rotated tensor alone is not priced"
-    return f"no bundled kernel for {pattern}"
+def _cross_entropy(shapes, notes) -> AtShapes | str:
+    import jax
+
+    from tpudiag.kernels.cross_entropy import cross_entropy
+
+    n, v = shapes.rows, shapes.vocab
+    if v % 128:
+        return f"cross_entropy needs the vocabulary a multiple of 128 (here {v})"
+    snippet = ("from tpudiag.kernels.cross_entropy import cross_entropy\n"
+               f"loss = cross_entropy(logits, labels).mean()  # logits [{n}, {v}] bf16, labels [{n}] int32")
+    return AtShapes("cross_entropy", (jax.ShapeDtypeStruct((n, v), _jnp("bf16")),
+                                      jax.ShapeDtypeStruct((n,), jax.numpy.int32)), cross_entropy,
+                    snippet, f"N{n} V{v} bf16")
+
+
+def _sampling(shapes, notes) -> AtShapes | str:
+    import jax
+
+    from tpudiag.kernels.sampling import sample
+
+    b, v = shapes.rows, shapes.vocab
+    if v % 128:
+        return f"sample needs the vocabulary a multiple of 128 (here {v})"
+
+    def fn(logits, u):
+        return sample(logits, u, k=64, p=0.9)
+
+    snippet = ("from tpudiag.kernels.sampling import sample\n"
+               f"tokens = sample(logits, u, k=64, p=0.9, temperature=1.0)  # logits [{b}, {v}] f32, "
+               f"u [{b}] uniform f32")
+    return AtShapes("sampling", (jax.ShapeDtypeStruct((b, v), jax.numpy.float32),
+                                 jax.ShapeDtypeStruct((b,), jax.numpy.float32)), fn, snippet,
+                    f"B{b} V{v} f32 k=64 p=0.9")
+
+
+def _int8_matmul(shapes, notes) -> AtShapes | str:
+    import jax
+
+    from tpudiag.kernels.int8_matmul import int8_matmul
+
+    (k, n), (m, _) = shapes.weight, shapes.out
+    if shapes.weight_dtype != "s8":
+        return f"int8_matmul takes int8 weights (here {shapes.weight_dtype})"
+    if k % 128 or n % 128:
+        return f"int8_matmul needs K and N multiples of 128 (K{k} N{n})"
+    snippet = ("from tpudiag.kernels.int8_matmul import int8_matmul\n"
+               f"y = int8_matmul(x, w_int8, scales)  # x [{m}, {k}] bf16, w [{k}, {n}] int8, scales [{n}] f32")
+    return AtShapes("int8_matmul", (jax.ShapeDtypeStruct((m, k), _jnp("bf16")),
+                                    jax.ShapeDtypeStruct((k, n), jax.numpy.int8),
+                                    jax.ShapeDtypeStruct((n,), jax.numpy.float32)), int8_matmul, snippet,
+                    f"M{m} K{k} N{n}")
+
+
+# Each kernel a detector may name (its `kernel`: the kernel's name in kernels/registry.py), and how
+# its arguments are built from that detector's shapes.
+BUILDERS: dict[str, Callable] = {
+    "flash_attention": _flash_attention,
+    "rmsnorm": _rmsnorm,
+    "cross_entropy": _cross_entropy,
+    "sampling": _sampling,
+    "int8_matmul": _int8_matmul,
+}
+
+
+def setup_for(detector, shapes, notes=()) -> AtShapes | str:
+    """`detector`'s kernel at `shapes` (its typed shapes; `notes`: the match's, e.g. a mask makes
+    attention causal), or why none fits."""
+    if detector.kernel is None:
+        return detector.no_kernel
+    return BUILDERS[detector.kernel](shapes, notes)

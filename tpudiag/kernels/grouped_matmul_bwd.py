@@ -1,6 +1,6 @@
 """The expert-weight gradient of `grouped_matmul`: drhs[e] = lhs_e^T @ g_e over the rows of group e.
 
-Reads the visit schedule built by `grouped_matmul.make_schedule` (the same one the forward pass
+Reads the visit schedule built by `grouped_matmul_schedule.make_schedule` (the same one the forward pass
 used); returns [E, Kp, Np] with zeros for empty groups. The lhs gradient needs no kernel of its own:
 it is the forward kernel contracting N (`gmm_pallas(..., transpose_rhs=True)`).
 """
@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpudiag.kernels.grouped_matmul import (_COMPUTE, _FLAGS, _FTILE, _GROUP, _GROUP_FIRST, _GROUP_LAST,
-                                            _HI, _LO, _TILE, computed_rows, keep_in_hbm)
+from tpudiag.kernels.grouped_matmul_schedule import (COMPUTE, FLAGS, FTILE, GROUP, GROUP_FIRST, GROUP_LAST, HI, LO,
+                                                     TILE, computed_rows, keep_in_hbm)
 from tpudiag.kernels.tiling import block_bytes, vmem_limit
 
 
@@ -25,9 +25,9 @@ def tgmm_kernel(sched_ref, lhs_ref, g_ref, out_ref, acc_ref, *, v_max: int, bloc
     `compute_m`-row slices (slices with no row of the group are skipped); the accumulator starts
     at a group's first visit and is stored at its last."""
     v = pl.program_id(2)
-    flags = sched_ref[_FLAGS * v_max + v]
+    flags = sched_ref[FLAGS * v_max + v]
 
-    @pl.when((flags & _GROUP_FIRST) != 0)
+    @pl.when((flags & GROUP_FIRST) != 0)
     def _():
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
@@ -36,10 +36,10 @@ def tgmm_kernel(sched_ref, lhs_ref, g_ref, out_ref, acc_ref, *, v_max: int, bloc
         acc_ref[...] += jax.lax.dot_general(lhs, g, (((0,), (0,)), ((), ())), precision=precision,
                                             preferred_element_type=jnp.float32)
 
-    tile_row = sched_ref[_TILE * v_max + v] * block_m
-    lo = sched_ref[_LO * v_max + v]
-    hi = sched_ref[_HI * v_max + v]
-    compute = (flags & _COMPUTE) != 0
+    tile_row = sched_ref[TILE * v_max + v] * block_m
+    lo = sched_ref[LO * v_max + v]
+    hi = sched_ref[HI * v_max + v]
+    compute = (flags & COMPUTE) != 0
     for i in range(block_m // compute_m):
         rows = pl.ds(i * compute_m, compute_m)
         r0 = tile_row + i * compute_m
@@ -58,7 +58,7 @@ def tgmm_kernel(sched_ref, lhs_ref, g_ref, out_ref, acc_ref, *, v_max: int, bloc
 
             accumulate(mine(lhs_ref), mine(g_ref))
 
-    @pl.when((flags & _GROUP_LAST) != 0)
+    @pl.when((flags & GROUP_LAST) != 0)
     def _():
         out_ref[...] = acc_ref[...].astype(out_ref.dtype)
 
@@ -88,10 +88,10 @@ def tgmm_pallas(lhs, g, sched, *, e: int, bm: int, bk: int, bn: int, cm: int, v_
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,
             grid=(k_tiles, n_tiles, v_max),
-            in_specs=[pl.BlockSpec((bm, bk), lambda k, n, v, s: (s[_FTILE * v_max + v], k)),
-                      pl.BlockSpec((bm, bn), lambda k, n, v, s: (s[_FTILE * v_max + v], n))],
+            in_specs=[pl.BlockSpec((bm, bk), lambda k, n, v, s: (s[FTILE * v_max + v], k)),
+                      pl.BlockSpec((bm, bn), lambda k, n, v, s: (s[FTILE * v_max + v], n))],
             # A group's visits are consecutive, so its output block stays in VMEM until the group ends.
-            out_specs=pl.BlockSpec((None, bk, bn), lambda k, n, v, s: (s[_GROUP * v_max + v], k, n)),
+            out_specs=pl.BlockSpec((None, bk, bn), lambda k, n, v, s: (s[GROUP * v_max + v], k, n)),
             scratch_shapes=[pltpu.VMEM((bk, bn), jnp.float32)]),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
                                              vmem_limit_bytes=vmem),

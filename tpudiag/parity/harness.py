@@ -25,7 +25,8 @@ from typing import Callable
 
 import numpy as np
 
-from tpudiag.analyze.numerics import DEFAULT_NUMERICS, NumericsConfig, ParityRule, error_stats, exact_check, normwise_error, parity_check, tolerance_check
+from tpudiag.analyze.numerics import (DEFAULT_NUMERICS, NumericsConfig, ParityRule, error_stats, exact_check,
+                                      normwise_error, parity_check, tolerance_check)
 from tpudiag.results.numerics import Check
 from tpudiag.results.validate import SCHEMA, Measure, Shrunk, ValidateCase, ValidateResult
 from tpudiag.errors import InputError, one_line

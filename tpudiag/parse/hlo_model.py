@@ -4,7 +4,7 @@ An instruction keeps its attribute text as printed (`attrs`); its typed fields (
 `dimensions`, `window`, `replica_groups`, `backend_config`, `metadata`, ...) are each parsed from
 that text on first use and cached, so parsing a module costs no more than reading its lines. The
 module builds its def-use graph (`uses`, `users_of`, `instruction`, `operand`), its call graph
-(`callers`, `fusion_callers`, `fused_computations`) and the computations that execute
+(`callers`, `fusion_callers`, `fused_computations`, `walk` over called computations) and the computations that execute
 (`executed_computations`) on first use and caches them: a parsed module is read-only.
 
 It does not read text files (that is `parse.hlo`) and computes no costs (that is `analyze/`).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
@@ -265,6 +266,9 @@ class Computation:
 # Instructions whose called computations run as a sequence of ops of their own (bodies, branches).
 # Reducers (`to_apply` of reduce, all-reduce, sort, scatter) and fusion bodies run inside their caller.
 RUNS_CALLEES = frozenset({"while", "conditional", "call", "async-start"})
+# Levels of calls `HloModule.walk` opens below the computations it starts from: fusions nest two or
+# three deep in TPU modules (output fusions wrap `bitcast_fusion`s); HLO has no recursion.
+WALK_DEPTH = 8
 
 
 @dataclass
@@ -355,6 +359,30 @@ class HloModule:
     def fused_computations(self) -> set[str]:
         """Names of computations that are the body of some fusion instruction."""
         return set(self._fused)
+
+    def walk(self, computations: Iterable[str], into: Collection[str] | None = None,
+             depth: int = WALK_DEPTH) -> Iterator[Instruction]:
+        """The instructions of `computations` and of what they call, depth first in text order:
+        each instruction is followed by the instructions of the computations it calls (a fusion's
+        body, an async-start's wrapped op), before its next sibling.
+
+        `into`: the opcodes whose called computations are opened (None: every caller, reducers
+        included); `depth`: how many levels of calls below `computations` are opened. Each
+        computation is visited once; a name the module does not define is skipped."""
+        seen: set[str] = set()
+
+        def visit(names: Iterable[str], level: int) -> Iterator[Instruction]:
+            for name in names:
+                comp = self.computations.get(name)
+                if comp is None or name in seen:
+                    continue
+                seen.add(name)
+                for instr in comp.instructions:
+                    yield instr
+                    if level < depth and instr.called and (into is None or instr.opcode in into):
+                        yield from visit(instr.called, level + 1)
+
+        return visit(computations, 0)
 
     @cached_property
     def executed_computations(self) -> tuple[str, ...]:

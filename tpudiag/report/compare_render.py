@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tpudiag.report.markdown import _esc, code
+from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
 from tpudiag.report.units import fmt_bytes, fmt_count, fmt_s, printable
 
@@ -92,6 +93,7 @@ def _row_cells(r, unit: str) -> list[str]:
             r.status + (" (flagged)" if r.flagged else "")]
 
 
+@renders("tpudiag.compare", "terminal")
 def render_compare_terminal(comparison, console: Console, top: int = 15) -> None:
     """A `Comparison`: both sides, the headline and its verdict, the first `top` modules and ops."""
     c = comparison
@@ -147,6 +149,7 @@ def render_compare_terminal(comparison, console: Console, top: int = 15) -> None
         console.print(plain(f"warning: {w}", style="yellow"))
 
 
+@renders("tpudiag.compare", "md")
 def render_compare_markdown(comparison, top: int = 15) -> str:
     """A `Comparison` as Markdown: the verdict, both sides, the headline, the first `top` modules and ops."""
     c = comparison

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 from tpudiag.report.markdown import _esc, code, code_block
+from tpudiag.report.registry import renders
 from tpudiag.report.units import fmt_bytes, fmt_int, fmt_runs, fmt_s, fusion_summary_lines, printable, short_source
 
 
+@renders("tpudiag.compile", "md")
 def render_compile_markdown(report, top: int = 10) -> str:
     """A `CompileReport` (tpudiag.compile/1) as Markdown."""
     t = report.target

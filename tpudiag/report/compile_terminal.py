@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
 from tpudiag.report.units import (fmt_bytes, fmt_ghz, fmt_int, fmt_pct, fmt_runs, fmt_s, fusion_summary_lines, printable,
                                   short_source)
@@ -42,6 +43,7 @@ def _collectives_table(m, console: Console, top: int) -> None:
         console.print(Text(f"{len(m.collectives) - top} more collective(s) in report.json", style="bright_black"))
 
 
+@renders("tpudiag.compile", "terminal")
 def render_compile_terminal(report, console: Console, top: int = 10, modules: int = 3) -> None:
     """A `CompileReport` (tpudiag.compile/1). `modules`: how many modules (the slowest by estimated
     time) get an op table; the rest are in the module table and in report.json / --md."""
@@ -109,7 +111,9 @@ def render_compile_terminal(report, console: Console, top: int = 10, modules: in
     console.print(Text(f"Artifacts  {printable((report.artifacts or {}).get('run_dir', ''))}", style="bold"))
 
 
-def render_targets_terminal(rows: list[dict], console: Console) -> None:
+@renders("tpudiag.targets", "terminal")
+def render_targets_terminal(doc: dict, console: Console) -> None:
+    """The tpudiag.targets/1 document: one row per TPU generation."""
     table = Table(title="TPU targets (per chip: bf16 peak, HBM, ridge point, ICI, clock)", title_justify="left",
                   show_edge=False)
     cols = [("target", "name"), ("topology", "default_topology"), ("TFLOP/s", "peak_bf16_flops_per_s"),
@@ -119,7 +123,7 @@ def render_targets_terminal(rows: list[dict], console: Console) -> None:
              "clock_hz": 1e9}
     for label, _ in cols:
         table.add_column(label, justify="left" if label in ("target", "topology") else "right", no_wrap=True)
-    for r in rows:
+    for r in doc["targets"]:
         cells = []
         for _, key in cols:
             v = r.get(key)

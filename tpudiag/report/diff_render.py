@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 
 from tpudiag.report.markdown import _esc, code
+from tpudiag.report.registry import renders
 from tpudiag.report.units import clip, fmt_bytes, fmt_s, printable
 
 MARKS = {"added": "+", "removed": "-", "changed": "~", "moved": ">", "unchanged": " "}
@@ -120,7 +121,15 @@ def render_diff_text(diff, unchanged: bool = False) -> str:
     return "\n".join(printable(line) for line in out) + "\n"
 
 
-def render_diff_markdown(diff, top: int = 50) -> str:
+@renders("tpudiag.hlo_diff", "terminal")
+def render_diff_terminal(diff, console, unchanged: bool = False) -> None:
+    """`render_diff_text` written to the console's file as it is (no wrapping, no markup)."""
+    console.file.write(render_diff_text(diff, unchanged=unchanged))
+    console.file.flush()
+
+
+@renders("tpudiag.hlo_diff", "md")
+def render_diff_markdown(diff, top: int = 50, **_) -> str:
     """The summary, then the first `top` added/removed/changed/moved instructions in program order."""
     a, b = diff.a, diff.b
     out = [f"## tpudiag hlo-diff: {code(a.module)} -> {code(b.module)}", "",
@@ -171,6 +180,7 @@ def _h(x) -> str:
     return html.escape(printable(x), quote=True)
 
 
+@renders("tpudiag.hlo_diff", "html")
 def render_diff_html(diff) -> str:
     """An `HloDiff` as one self-contained HTML page: summary, then every pair side by side
     (unchanged rows hidden by a checkbox, no script)."""

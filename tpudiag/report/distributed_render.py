@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tpudiag.report.markdown import _esc
+from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
 from tpudiag.report.units import fmt_bytes, fmt_count, fmt_pct, fmt_s, short_source
 
@@ -83,6 +84,7 @@ def _table(console: Console, title: str, cols: list[str], rows: list[list[str]],
     console.print(table)
 
 
+@renders("tpudiag.distributed", "terminal")
 def render_distributed_terminal(r, console: Console, top: int = _TOP, **_) -> None:
     for i, line in enumerate(_header(r)):
         console.print(plain(line, style="bold" if i == 0 else ""))
@@ -108,6 +110,7 @@ def _md_table(title: str, cols: list[str], rows: list[list[str]]) -> list[str]:
     return out + [""]
 
 
+@renders("tpudiag.distributed", "md")
 def render_distributed_markdown(r, top: int = _TOP, **_) -> str:
     head = _header(r)
     lines = [f"## {_esc(head[0])}", "", *[f"- {_esc(x)}" for x in head[1:]], ""]

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tpudiag.report.markdown import _esc
+from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
 from tpudiag.report.units import fmt_bytes, fmt_count, fmt_pct, fmt_runs, fmt_s, short_source
 
@@ -30,6 +31,7 @@ def _head(e) -> list[str]:
     return lines
 
 
+@renders("tpudiag.estimate", "terminal")
 def render_estimate_terminal(e, console: Console, **_) -> None:
     for i, line in enumerate(_head(e)):
         console.print(plain(line, style="bold" if i == 0 else ""))
@@ -48,6 +50,7 @@ def render_estimate_terminal(e, console: Console, **_) -> None:
         console.print(plain(f"leaves out: {x}", style="bright_black"))
 
 
+@renders("tpudiag.estimate", "md")
 def render_estimate_markdown(e, **_) -> str:
     head = _head(e)
     out = [f"## {_esc(head[0])}", "", *[f"- {_esc(x)}" for x in head[1:]], ""]

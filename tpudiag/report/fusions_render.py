@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tpudiag.report.markdown import _esc, code
+from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
 from tpudiag.report.units import fmt_bytes, fmt_s, printable, short_source
 
@@ -45,6 +46,7 @@ def _time_header(report) -> str:
     return f"time ({report.time_source})" if report.time_source else "time"
 
 
+@renders("tpudiag.fusions", "terminal")
 def render_fusions_terminal(report, console: Console, top: int = 15, title: bool = True) -> None:
     """A `FusionReport`: the first `top` fusions and breaks; `title=False` leaves out the module line."""
     m, tot = report.module, report.totals
@@ -92,6 +94,7 @@ def render_fusions_terminal(report, console: Console, top: int = 15, title: bool
         console.print(Text(_MEMORY_NOTE, style="bright_black"))
 
 
+@renders("tpudiag.fusions", "md")
 def render_fusions_markdown(report, top: int = 15, level: int = 2) -> str:
     """A `FusionReport` as Markdown under a heading of `level`: the first `top` fusions and breaks."""
     m, tot = report.module, report.totals
@@ -120,3 +123,16 @@ def render_fusions_markdown(report, top: int = 15, level: int = 2) -> str:
     if any(b.memory_space for b in shown):
         out += ["", f"> {_esc(_MEMORY_NOTE)}"]
     return printable("\n".join(out) + "\n", newlines=True)
+
+
+@renders("tpudiag.fusions_list", "terminal")
+def render_fusion_list_terminal(fusion_list, console: Console, top: int = 15) -> None:
+    """A `FusionList` (tpudiag.fusions_list/1): each module's `FusionReport` in turn."""
+    for report in fusion_list.modules:
+        render_fusions_terminal(report, console, top)
+
+
+@renders("tpudiag.fusions_list", "md")
+def render_fusion_list_markdown(fusion_list, top: int = 15) -> str:
+    """A `FusionList` as Markdown: each module's section, one after the other."""
+    return "\n".join(render_fusions_markdown(report, top) for report in fusion_list.modules)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import html
 import math
 
+from tpudiag.report.registry import renders
 from tpudiag.report.units import (BREAKDOWN_PARTS, clip, fmt_bytes, fmt_count, fmt_ghz, fmt_pct, fmt_runs, fmt_s, printable,
                                   short_source)
 
@@ -481,7 +482,7 @@ def _compile_roofline(report) -> list[str]:
 
 
 def _fusions(summaries) -> list[str]:
-    """The fusion summaries (`analyze.fusions.fusion_summary` documents) a report embeds."""
+    """The fusion summaries (`analyze.hlo.fusions.fusion_summary` documents) a report embeds."""
     out = ['<section id="fusions"><h2>Fusion breaks</h2>',
            '<p class="muted">A fusion break is a tensor one kernel writes to memory and another reads back '
            "(<code>tpudiag fusions RUN</code> lists them all).</p>"]
@@ -554,6 +555,7 @@ def _distributed_sections(r) -> list[str]:
     return out + ["</section>"]
 
 
+@renders(("tpudiag.report", "tpudiag.compile", "tpudiag.distributed"), "html")
 def render_html(result, timeline_rows: list[dict] | None = None, top_ops: int = 15, top_compiles: int = 10) -> str:
     """One self-contained HTML page for a `ProfileReport` or a `CompileReport` (their rankings,
     shares and roofline figures are the models' own).
@@ -563,8 +565,7 @@ def render_html(result, timeline_rows: list[dict] | None = None, top_ops: int = 
     step number, shown in the caption). `start_s` is from any common origin (the trace window's
     start, as in the timeline frame); the picture starts at the earliest row. `line` is the trace
     line (thread or stream), one lane each. Without them the timeline section says why it is empty.
-    `top_ops`, `top_compiles`: rows of the profile's op and compilation tables (the caller passes
-    the configured counts; the defaults are `tpudiag.config`'s).
+    `top_ops`, `top_compiles`: rows of the profile's op and compilation tables (`tpudiag.config`'s).
     """
     if result.schema.startswith("tpudiag.distributed/"):
         title = f"tpudiag distributed: {result.program or 'traces'}"

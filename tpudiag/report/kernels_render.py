@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tpudiag.report.markdown import _esc
+from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
 from tpudiag.report.units import fmt_cycles, fmt_ghz, printable
 
@@ -50,6 +51,13 @@ def render_show(k: dict, console: Console) -> None:
     console.print(plain(k["usage"].rstrip(), newlines=True))
 
 
+@renders("tpudiag.kernels", "terminal")
+def render_kernels(doc: dict, console: Console) -> None:
+    """A tpudiag.kernels/1 document: the kernel list, or one kernel's card."""
+    (render_list if "kernels" in doc else render_show)(doc, console)
+
+
+@renders("tpudiag.kernels-verify", "terminal")
 def render_verify(result, console: Console) -> None:
     """A `VerifyResult` (tpudiag.kernels-verify/1)."""
     table = Table(show_edge=False)
@@ -70,6 +78,7 @@ def render_verify(result, console: Console) -> None:
                        style="green" if result.ok else "bold red"))
 
 
+@renders("tpudiag.kernels-verify", "junit")
 def render_junit(result) -> str:
     """A `VerifyResult` as JUnit XML: one testsuite per kernel, one testcase per case."""
     out = ['<?xml version="1.0" encoding="utf-8"?>',
@@ -102,6 +111,7 @@ def _bench_rows(bench):
         yield r, floors, errors
 
 
+@renders("tpudiag.kernels-bench", "terminal")
 def render_bench(bench, console: Console) -> None:
     """A `KernelBench` (tpudiag.kernels-bench/1)."""
     t = bench.target
@@ -127,6 +137,7 @@ def render_bench(bench, console: Console) -> None:
     console.print(plain(f"run directory: {(bench.artifacts or {}).get('run_dir', '')}"))
 
 
+@renders("tpudiag.kernels-bench", "md")
 def render_bench_markdown(bench) -> str:
     """A `KernelBench` (tpudiag.kernels-bench/1) as Markdown."""
     t = bench.target

@@ -1,15 +1,14 @@
-"""Renders a `ProfileReport` (tpudiag.report/1) as GitHub-flavoured Markdown (for
-`$GITHUB_STEP_SUMMARY`). It reads the model's attributes and computes nothing.
-
-`_esc` and `code` are how every Markdown renderer writes a string from the program, the compiler or
-the file system: as text that cannot open a link, an emphasis, a code span, an HTML tag or a table
-cell, and with its control characters made `printable`."""
+"""How every Markdown renderer writes a string from the program, the compiler or the file system:
+`_esc` as text that cannot open a link, an emphasis, a code span, an HTML tag or a table cell,
+`code` as one inline code span, `code_block` as a fenced block; each with its control characters
+made `printable`. Reads strings, returns Markdown text; renders no result (`profile_markdown.py`
+and the other `*_markdown`/`*_render` modules do)."""
 
 from __future__ import annotations
 
 import re
 
-from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, fusion_summary_lines, printable, short_source
+from tpudiag.report.units import printable
 
 # Backslash first, so the escapes added after it are not escaped again. `&` so a name cannot spell
 # an entity (`&lt;script>`); `[`, `]` so it cannot open a link; `` ` ``, `*` and `~` so it cannot
@@ -49,56 +48,3 @@ def code_block(lines: list[str]) -> list[str]:
     """`lines` (already `printable`) as a fenced code block whose fence no line can close."""
     fence = "`" * max(3, 1 + max((len(run) for line in lines for run in re.findall("`+", line)), default=0))
     return [fence, *lines, fence]
-
-
-def render_markdown(report, top: int = 15, top_compiles: int = 10) -> str:
-    """A `ProfileReport` as Markdown: the first `top` ops and `top_compiles` compiles."""
-    bd, share, steps = report.breakdown, report.breakdown_share, report.steps
-    out = [f"## tpudiag profile: {code(report.program or report.artifacts.get('xplane', '?'))}", ""]
-    status = _esc(report.status) + (f" ({_esc(report.reason)})" if report.reason else "")
-    out += [f"**Status:** {status} · **Backend:** {_esc(report.backend)} · **Traced wall:** {fmt_s(report.wall_s)}"
-            + (f" · **Steps:** {steps.count} (median {fmt_s(steps.median_s)})" if steps.count else ""), ""]
-    out += ["| part | time | share |", "|---|---:|---:|"]
-    for key, label in BREAKDOWN_PARTS:
-        out.append(f"| {label} | {fmt_s(getattr(bd, key))} | {fmt_pct(share[label])} |")
-    out += ["", f"### Top ops by self time ({min(top, len(report.ops))} of {len(report.ops)})", ""]
-    if report.ops:
-        out += ["| op | module | category | count | self | share | source |", "|---|---|---|---:|---:|---:|---|"]
-        for o in report.ops[:top]:
-            out.append(f"| {code(o.name)} | {_esc(o.module)} | {_esc(o.category)} | {o.occurrences} | "
-                       f"{fmt_s(o.self_s)} | {fmt_pct(o.share)} | {_esc(short_source(o.source))} |")
-    else:
-        out.append("_No op executed in the traced window._")
-    if report.compile:
-        hits = report.totals.compile_cache_hits
-        out += ["", f"### Compilation: {fmt_s(report.totals.compile_s)}"
-                + (f" ({hits} persistent-cache hits)" if hits else ""), "", "| function | compiles | tracing | lowering | backend |",
-                "|---|---:|---:|---:|---:|"]
-        for c in report.compile[:top_compiles]:
-            out.append(f"| {code(c.function)} | {c.compiles} | {fmt_s(c.tracing_s)} | "
-                       f"{fmt_s(c.lowering_s)} | {fmt_s(c.backend_compile_s)} |")
-    if report.fusions:
-        out += ["", "### Fusion breaks", ""]
-        out += code_block([line for summary in report.fusions for line in fusion_summary_lines(summary)])
-    if report.tpu_estimate is not None:
-        est, backend = report.tpu_estimate, report.backend
-        t = est.target
-        chip, backend = _esc(t.chip), _esc(backend)
-        out += ["", f"### Estimated on TPU {chip} ({_esc(t.topology)})", ""]
-        if est.step.tpu_estimated_s is not None:
-            out += [f"Step: measured {fmt_s(steps.median_s)} on {backend}, estimated "
-                    f"{fmt_s(est.step.tpu_estimated_s)} on {chip}.", ""]
-        out += [f"| module | runs | {backend} op time | TPU est. / run | TPU est. total | status |",
-                "|---|---:|---:|---:|---:|---|"]
-        for m in est.modules[:top]:
-            out.append(f"| {code(m.name)} | {m.executions} | {fmt_s(m.cpu_self_s)} | "
-                       f"{fmt_s(m.tpu_estimated_s)} | {fmt_s(m.tpu_estimated_total_s)} | {_esc(m.status)} |")
-        out += ["", f"_{_esc(est.note)}_"]
-        if est.suggestions is not None:
-            from tpudiag.report.suggest_render import summary_lines
-
-            out += ["", "### Suggestions", ""]
-            out += [f"- {_esc(line)}" for line in summary_lines(est.suggestions, report.artifacts.get("run_dir"))]
-    for w in report.warnings:
-        out += ["", f"> **Warning:** {_esc(w)}"]
-    return printable("\n".join(out) + "\n", newlines=True)

@@ -12,13 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from tpudiag.report.markdown import _esc, code
+from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
 from tpudiag.report.units import fmt_bytes, fmt_s, printable, short_source
-
-PATTERN = {"attention": "attention (prefill)", "attention_decode": "attention (decode, KV cache)",
-           "rmsnorm": "RMSNorm", "layernorm": "LayerNorm", "cross_entropy": "softmax cross-entropy",
-           "rope": "rotary embedding", "sampling": "top-k / top-p sampling", "moe": "MoE dispatch",
-           "dequant_matmul": "dequantize-then-matmul"}
+from tpudiag.results.suggest import pattern_label
 
 
 def _speed(r) -> str:
@@ -32,6 +29,7 @@ def _shapes(r) -> str:
     return ", ".join(f"{k}={v}" for k, v in r.shapes.items())
 
 
+@renders("tpudiag.suggest", "terminal")
 def render_suggest_terminal(rep, console: Console, show_all: bool = False) -> None:
     rows = [r for r in rep.suggestions if r.shown or show_all]
     console.print(plain(f"tpudiag suggest  {rep.run_dir}  target {rep.target} ({rep.chip})", style="bold"))
@@ -40,7 +38,7 @@ def render_suggest_terminal(rep, console: Console, show_all: bool = False) -> No
                                                 if rep.hidden else "")))
     for n, r in enumerate(rows, 1):
         console.print()
-        head = f"{n}. {PATTERN.get(r.pattern, r.pattern)} in {r.module}"
+        head = f"{n}. {pattern_label(r.pattern)} in {r.module}"
         head += f" -> {r.kernel}" if r.kernel else " (no bundled kernel fits)"
         console.print(plain(head + ("" if r.shown else "  [below the minimums]"), style="bold"))
         t = Table(show_header=False, show_edge=False, box=None, pad_edge=False)
@@ -67,7 +65,7 @@ def render_suggest_terminal(rep, console: Console, show_all: bool = False) -> No
         console.print()
         console.print(plain("Already replaced by XLA", style="bold"))
         for x in rep.replaced:
-            console.print(plain(f"  {PATTERN.get(x.pattern, x.pattern)} in {x.module}: {x.by} "
+            console.print(plain(f"  {pattern_label(x.pattern)} in {x.module}: {x.by} "
                                 f"({', '.join(short_source(s) for s in x.source[:2]) or 'no source'})"))
             for note in x.notes:
                 console.print(plain(f"    {note}", style="dim"))
@@ -84,6 +82,7 @@ def render_suggest_terminal(rep, console: Console, show_all: bool = False) -> No
         console.print(plain(f"note: {note}", style="bright_black"))
 
 
+@renders("tpudiag.suggest", "md")
 def render_suggest_markdown(rep, show_all: bool = False) -> str:
     rows = [r for r in rep.suggestions if r.shown or show_all]
     out = [f"## tpudiag suggest: {len(rows)} suggestion(s) for {_esc(rep.target)}", ""]
@@ -91,18 +90,18 @@ def render_suggest_markdown(rep, show_all: bool = False) -> str:
         out += ["| # | pattern | kernel | module | source | share | XLA | kernel | speedup | saved | confidence |",
                 "|---:|---|---|---|---|---:|---:|---:|---:|---:|---|"]
         for n, r in enumerate(rows, 1):
-            out.append(f"| {n} | {_esc(PATTERN.get(r.pattern, r.pattern))} | {code(r.kernel or '-')} | "
+            out.append(f"| {n} | {_esc(pattern_label(r.pattern))} | {code(r.kernel or '-')} | "
                        f"{_esc(r.module)} | {code(short_source(r.source[0]) if r.source else '-')} | {r.share:.1%} | "
                        f"{fmt_s(r.xla_s)} | {fmt_s(r.kernel_s)} | {_speed(r)} | {fmt_s(r.saved_s)} | {r.confidence} |")
         for n, r in enumerate(rows, 1):
-            out += ["", f"**{n}. {_esc(PATTERN.get(r.pattern, r.pattern))}** ({_esc(_shapes(r))}): {_esc(r.reason)}"]
+            out += ["", f"**{n}. {_esc(pattern_label(r.pattern))}** ({_esc(_shapes(r))}): {_esc(r.reason)}"]
             if r.snippet:
                 out += ["", "```python", r.snippet, "```"]
     else:
         out.append("No suggestion." + (f" {rep.hidden} match(es) below the minimums." if rep.hidden else ""))
     if rep.replaced:
         out += ["", "### Already replaced by XLA", ""]
-        out += [f"- {_esc(PATTERN.get(x.pattern, x.pattern))} in {_esc(x.module)}: {_esc(x.by)}"
+        out += [f"- {_esc(pattern_label(x.pattern))} in {_esc(x.module)}: {_esc(x.by)}"
                 + "".join(f"; {_esc(n)}" for n in x.notes) for x in rep.replaced]
     if rep.findings:
         out += ["", "### Findings", "", "| kind | module | op | bytes | at HBM | what |", "|---|---|---|---:|---:|---|"]
@@ -123,7 +122,7 @@ def summary_lines(rep, run_dir: str | None = None) -> list[str]:
     for r in rows:
         where = short_source(r.source[0]) if r.source else "?"
         bound = "bound" if r.kernel_basis == "roofline_bound" else "kernel"
-        out.append(f"{PATTERN.get(r.pattern, r.pattern)} in {r.module} at {where}: {r.share:.1%} of the module, "
+        out.append(f"{pattern_label(r.pattern)} in {r.module} at {where}: {r.share:.1%} of the module, "
                    f"XLA {fmt_s(r.xla_s)}, {bound} {fmt_s(r.kernel_s)} ({_speed(r)})")
     out.append(f"tpudiag suggest {run_dir or 'RUN'} compiles the bundled kernels at these shapes for the gain")
     return out

@@ -10,6 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
 from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, fusion_summary_lines, printable, short_source
 
@@ -146,13 +147,14 @@ def _artifacts(report) -> Text:
     return t
 
 
-def render_terminal(report, console: Console, top_ops: int = 15, top_compiles: int = 10) -> None:
-    """A `ProfileReport` (tpudiag.report/1): the first `top_ops` ops and `top_compiles` compiles."""
+@renders("tpudiag.report", "terminal")
+def render_terminal(report, console: Console, top: int = 15, top_compiles: int = 10) -> None:
+    """A `ProfileReport` (tpudiag.report/1): the first `top` ops and `top_compiles` compiles."""
     console.print(_header(report))
     console.print(_breakdown(report))
     console.print()
     if report.ops:
-        console.print(_ops_table(report, top_ops, console.width))
+        console.print(_ops_table(report, top, console.width))
     else:
         console.print("No op executed in the traced window.")
     if report.compile:
@@ -167,7 +169,7 @@ def render_terminal(report, console: Console, top_ops: int = 15, top_compiles: i
                 console.print(Text(line))
     if report.tpu_estimate is not None:
         console.print()
-        console.print(_tpu_estimate(report, top_ops))
+        console.print(_tpu_estimate(report, top))
     for w in report.warnings:
         console.print(Text(f"warning: {printable(w)}", style="yellow"))
     console.print()

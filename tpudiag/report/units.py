@@ -117,7 +117,7 @@ def fmt_bytes(n: float | None) -> str:
 
 
 def fusion_summary_lines(summary: dict, top: int = 3) -> list[str]:
-    """The fusion summary of one module (`analyze.fusions.fusion_summary`) as plain lines, names
+    """The fusion summary of one module (`analyze.hlo.fusions.fusion_summary`) as plain lines, names
     made `printable`."""
     out = [f"{printable(summary['module'])}: {summary['fusions']} fusions; {summary['breaks']} fusion breaks round-trip "
            f"{fmt_bytes(summary['break_bytes'])} ({fmt_bytes(summary['break_bytes_default_memory'])} in default "

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tpudiag.report.markdown import _esc
+from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
 from tpudiag.report.units import printable
 
@@ -34,6 +35,7 @@ def _verdict(result) -> str:
     return f"{result.failed} of {len(result.cases)} cases FAILED ({tail})"
 
 
+@renders("tpudiag.validate", "terminal")
 def render_validate_terminal(result, console: Console) -> None:
     console.print(plain(f"tpudiag validate  {result.candidate} ({result.kinds['candidate']})  vs  "
                         f"{result.reference} ({result.kinds['reference']})", style="bold"))
@@ -74,6 +76,7 @@ def render_validate_terminal(result, console: Console) -> None:
     console.print(Text(_verdict(result), style="green" if result.ok else "bold red"))
 
 
+@renders("tpudiag.validate", "md")
 def render_validate_markdown(result) -> str:
     out = [f"## tpudiag validate: `{_esc(result.candidate)}` vs `{_esc(result.reference)}`", "",
            f"{_esc(_verdict(result))}", "",
@@ -93,6 +96,7 @@ def render_validate_markdown(result) -> str:
     return "\n".join(out) + "\n"
 
 
+@renders("tpudiag.validate", "junit")
 def render_junit(result) -> str:
     """One testsuite for the pair, one testcase per case (regime)."""
     suite = printable(f"{result.candidate} vs {result.reference}")

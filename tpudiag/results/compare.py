@@ -1,6 +1,6 @@
 """The `tpudiag.compare/1` result as a tree of frozen models (docs/compare.md has every field).
 
-Built by `analyze.compare.compare_reports`; `Comparison.from_dict` reads a saved document back,
+Built by `analyze.compare.runs.compare_reports`; `Comparison.from_dict` reads a saved document back,
 checking each field. No I/O.
 """
 

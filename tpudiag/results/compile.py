@@ -1,6 +1,6 @@
 """The `tpudiag.compile/1` result as a tree of frozen models (docs/compile-schema.md has every field).
 
-Built by `analyze.compile_report.build_compile_report`; `CompileReport.from_dict` reads a saved
+Built by `analyze.compile.report.build_compile_report`; `CompileReport.from_dict` reads a saved
 `report.json` back, checking each field. No I/O.
 """
 

@@ -1,4 +1,6 @@
-"""Document models of estimate (moved here from analyze.compile.estimate): frozen dataclasses, to_dict/from_dict. No I/O."""
+"""The `tpudiag.estimate/1` result: one step of a program at scale on a TPU slice, its time split by
+what bounds it (`StepBreakdown`), the ops that take longest, MFU and HBM per device
+(docs/estimate.md has every field). Built by `analyze.compile.estimate.build_estimate`. No I/O."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The `tpudiag.fusions/1` result (one module's fusions and fusion breaks) and the short summary
 profile and compile reports embed, as frozen models (docs/fusions-schema.md has every field).
 
-Built by `analyze.fusions.build_fusion_report`; `FusionReport.from_dict` reads a saved document
+Built by `analyze.hlo.fusions.build_fusion_report`; `FusionReport.from_dict` reads a saved document
 back, checking each field. No I/O.
 """
 

@@ -1,6 +1,6 @@
 """The `tpudiag.hlo_diff/1` result as a tree of frozen models (docs/hlo-diff-schema.md has every field).
 
-Built by `analyze.hlo_diff.diff_modules`; `HloDiff.from_dict` reads a saved document back,
+Built by `analyze.diff.hlo_diff.diff_modules`; `HloDiff.from_dict` reads a saved document back,
 checking each field. No I/O.
 """
 

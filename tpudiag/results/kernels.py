@@ -1,4 +1,7 @@
-"""Document models of kernels (moved here from analyze.compile.kernel_bench, kernels.verify): frozen dataclasses, to_dict/from_dict. No I/O."""
+"""The bundled kernels' results: `tpudiag.kernels-bench/1` (`KernelBench`: per kernel, the TPU
+compiler's figures for the kernel, plain XLA and JAX's own kernel; built by
+`analyze.compile.kernel_bench`) and `tpudiag.kernels-verify/1` (`VerifyResult`: per case, the
+checks against the reference; built by `kernels.verify`). No I/O."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Document models of numerics (moved here from analyze.numerics): frozen dataclasses, to_dict/from_dict. No I/O."""
+"""What a numerical comparison found, as models shared by `validate` and `kernels verify`: `Check`
+(one comparison and its verdict), `ErrorStats` (error figures against float64), `FirstDiff` (the
+first element past the floor). Built by `analyze.numerics`. No I/O."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Document models of profile (moved here from analyze.profile.report, analyze.profile.breakdown, analyze.profile.work, analyze.profile.tpu_estimate): frozen dataclasses, to_dict/from_dict. No I/O."""
+"""The `tpudiag.report/1` result of a profile run as frozen models (docs/report-schema.md has every
+field): `ProfileReport` and its parts, the time `Breakdown`, the executed `Work` and the
+`profile --target` section `TpuEstimate`. Built by `analyze.profile.report.build_profile_report`;
+`ProfileReport.from_dict` reads a saved `report.json` back, checking every field. The `timeline`
+and `op_frame` frames ride beside the document for renderers and exporters, outside its JSON. No I/O."""
 
 from __future__ import annotations
 
@@ -117,7 +121,7 @@ class ProfileReport(Model):
     compile: tuple[CompileRow, ...]
     artifacts: dict[str, str | None]
     versions: dict[str, str | None]
-    fusions: tuple[dict[str, Any], ...]  # analyze.fusions.fusion_summary documents
+    fusions: tuple[dict[str, Any], ...]  # analyze.hlo.fusions.fusion_summary documents
     warnings: tuple[str, ...]
     tpu_estimate: TpuEstimate | None = field(default=None, metadata={"omit_none": True})  # profile --target
     # The machine's speed: a fixed CPU loop timed before and after the program (compare's drift check).

@@ -8,6 +8,26 @@ from tpudiag.model import Model
 
 SCHEMA = "tpudiag.suggest/1"
 
+# The human name of each pattern a suggest detector finds (analyze/suggest/detectors/), by its
+# `pattern` in the document: the renderers read it here, where report/ may import it, and each
+# detector's `label` is its entry.
+PATTERN_LABELS: dict[str, str] = {
+    "attention": "attention (prefill)",
+    "attention_decode": "attention (decode, KV cache)",
+    "rmsnorm": "RMSNorm",
+    "layernorm": "LayerNorm",
+    "cross_entropy": "softmax cross-entropy",
+    "rope": "rotary embedding",
+    "sampling": "top-k / top-p sampling",
+    "moe": "MoE dispatch",
+    "dequant_matmul": "dequantize-then-matmul",
+}
+
+
+def pattern_label(pattern: str) -> str:
+    """The human name of `pattern`; the name itself for one this tpudiag does not know (a newer run's)."""
+    return PATTERN_LABELS.get(pattern, pattern)
+
 
 @dataclass(frozen=True)
 class Suggestion(Model):
@@ -18,7 +38,7 @@ class Suggestion(Model):
     module: str
     ops: tuple[str, ...]  # the XLA ops it replaces (top-level instructions)
     source: tuple[str, ...]  # Python source lines, most frequent first
-    shapes: dict
+    shapes: dict  # the match's shapes (one object per pattern: docs/suggest.md lists their keys)
     share: float  # xla_s over the module's estimated TPU time
     xla_s: float  # the estimated TPU time of exactly those ops, every run in one execution of the module
     kernel_s: float | None  # the kernel compiled at these shapes on the same target (or the pattern's roofline bound), times runs

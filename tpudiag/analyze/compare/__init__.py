@@ -1,0 +1,1 @@
+"""The comparison of two runs (`tpudiag compare`)."""

@@ -14,10 +14,11 @@ import re
 import numpy as np
 
 from tpudiag.analyze.hlo.collectives import collective_instruction, describe
-from tpudiag.results.compile import CollectiveEstimate
+from tpudiag.analyze.hlo.vocabulary import COLLECTIVE_DONE, COLLECTIVE_START
 from tpudiag.parse.hlo_model import HloModule
 from tpudiag.parse.hlo_text import ReplicaGroups
 from tpudiag.parse.sdy_mesh import DeviceMesh
+from tpudiag.results.compile import CollectiveEstimate
 from tpudiag.targets import Target
 
 # Full-pod axis length of v5e and v6e slices: only a 16-chip axis has its wraparound link.
@@ -88,6 +89,9 @@ def group_hops(group: tuple[int, ...], coords: list[list[int]] | None, dims, wra
 # is split into `async-collective-start`, continuation fusions that carry its state through the
 # compute, and `async-collective-done`, kCustom fusions paired by their name's suffix.
 _TPU_ASYNC = re.compile(r"async-collective-(start|done)(\.\d+)?$")
+# XLA's async collectives: a collective's own -start/-done opcodes, or the generic async wrapper.
+_STARTS = COLLECTIVE_START | {"async-start"}
+_DONES = COLLECTIVE_DONE | {"async-done"}
 
 
 def async_collective_tails(module: HloModule) -> set[str]:
@@ -136,11 +140,11 @@ def _async_pair(module: HloModule, instr) -> tuple[str, str] | None:
         start, done = (f"async-collective-{end}{m.group(2) or ''}" for end in ("start", "done"))
         found = all(module.instruction(n, instr.computation) is not None for n in (start, done))
         return (start, done) if found else None
-    if instr.opcode.endswith("-start") or instr.opcode == "async-start":
+    if instr.opcode in _STARTS:
         done = next((i for i in comp.instructions if i.operands and i.operands[0] == instr.name
-                     and (i.opcode.endswith("-done") or i.opcode == "async-done")), None)
+                     and i.opcode in _DONES), None)
         return (instr.name, done.name) if done is not None else None
-    if (instr.opcode.endswith("-done") or instr.opcode == "async-done") and instr.operands:
+    if instr.opcode in _DONES and instr.operands:
         return instr.operands[0], instr.name
     return None
 

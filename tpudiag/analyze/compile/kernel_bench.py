@@ -1,66 +1,59 @@
-"""The figures `tpudiag kernels bench` reports, from compile reports of each kernel's variants.
+"""The figures `tpudiag kernels bench` reports, from the compile report of each kernel's variants.
 
-Per op of a compiled module, corrected cycles = max(the TPU compiler's static estimate, HBM floor,
-compute floor). The HBM floor is bytes_accessed / HBM bandwidth x clock (a Pallas kernel's bytes are
-its own `pl.CostEstimate`; XLA ops' bytes come from hlo_cost): TPU-NOTES says the static model is
-2-4x optimistic about HBM and estimates kernels that issue their own DMAs below their traffic. The
-compute floor (FLOPs at the bf16 peak) catches Pallas kernels whose work hides behind data-dependent
-branches the static model does not follow. An op the static profile did not estimate (it aborted,
-timed out, or gave 0) gets the larger of its two floors and is counted in `ops_floor_only`, so the
-reader knows how much of the figure is a floor.
+Reads `results.compile` models (a `ModuleReport` per compiled variant and the report's
+`CompileTarget`); returns the `KernelBench` model (tpudiag.kernels-bench/1, docs/kernels.md). No
+I/O, no jax, and no figure of its own: an op's cycles are its compile-report time
+(`OpEstimate.estimated_s`, the largest of the TPU compiler's static estimate, the HBM floor, the
+compute floor and, for a collective, the modelled ICI time; analyze/compile/report.py) at the
+chip's clock, and `bound_by` says which one it was.
 
-Pure functions over compile-report documents, returning the `KernelBench` model
-(tpudiag.kernels-bench/1, docs/kernels.md): no I/O, no jax.
+The floors matter for kernels: TPU-NOTES says the static model is 2-4x optimistic about HBM and
+estimates kernels that issue their own DMAs below their traffic (a Pallas kernel's bytes are its
+own `pl.CostEstimate`), and the compute floor catches Pallas kernels whose work hides behind
+data-dependent branches the static model does not follow. An op the static profile did not
+estimate (it aborted, timed out, or gave 0) is counted in `ops_floor_only`, so the reader knows how
+much of the figure is a floor.
 """
 
 from __future__ import annotations
 
-
 from tpudiag.config import KERNEL_GOALS, KernelGoals
-from tpudiag.results.kernels import BENCH_SCHEMA, VARIANTS, VariantFigures, KernelRow, KernelBench
+from tpudiag.results.compile import CompileTarget, ModuleReport, OpEstimate
+from tpudiag.results.kernels import BENCH_SCHEMA, VARIANTS, KernelBench, KernelRow, VariantFigures
+
+# `OpEstimate.bound_by` -> what the bench calls the figure that set an op's time.
+_HOW = {"static_cycles": "static", "hbm": "hbm_floor", "compute": "compute_floor", "ici": "ici"}
 
 
-def op_corrected_cycles(op: dict, clock_hz: float, hbm_bytes_per_s: float, peak_flops_per_s: float) -> tuple[float, str]:
-    """(cycles, how) for one compile-report op row: the largest of its static estimate, its HBM floor
-    and its compute floor; how is "static", "hbm_floor", "compute_floor", or "roofline" where the
-    compiler gave no estimate."""
-    hbm = op["bytes_accessed"] / hbm_bytes_per_s * clock_hz
-    # The compute floor (FLOPs at the bf16 MXU peak) matters for Pallas kernels whose work sits
-    # behind data-dependent branches (pl.when on scalar-prefetched values): the static model does
-    # not follow them. Measured: the grouped matmul is estimated at 41k cycles on v5e against a
-    # 1.0M-cycle compute floor, while a plain gridded Pallas matmul is estimated at 1.16x its floor.
-    compute = op["flops"] / peak_flops_per_s * clock_hz
-    # 0 from the static profile on an op that moves bytes or does work means "not estimated"
-    # (seen on XLA's dequantize+matmul fusions with libtpu 0.0.42), so it gets the full roofline.
-    if not op.get("estimated_cycles"):
-        return max(hbm, compute), "roofline"
-    static = float(op["estimated_cycles"])
-    cycles = max(static, hbm, compute)
-    return cycles, ("static" if cycles == static else ("hbm_floor" if cycles == hbm else "compute_floor"))
+def op_corrected_cycles(op: OpEstimate, clock_hz: float) -> tuple[float, str]:
+    """(cycles, how) for one op of a compile report: its estimated time in cycles; how is "static",
+    "hbm_floor", "compute_floor" (or "ici"), or "roofline" where the compiler gave no estimate (0
+    from the static profile on an op that moves bytes means "not estimated": seen on XLA's
+    dequantize+matmul fusions with libtpu 0.0.42)."""
+    return op.estimated_s * clock_hz, (_HOW[op.bound_by] if op.estimated_cycles else "roofline")
 
 
-def variant_figures(variant: str, module_doc: dict | None, target_doc: dict, error: str | None = None) -> VariantFigures:
-    """Figures for one compiled variant from its compile-report module document."""
-    if module_doc is None or module_doc.get("status") != "ok":
-        err = error or (module_doc or {}).get("error") or "not compiled"
+def variant_figures(variant: str, module: ModuleReport | None, target: CompileTarget,
+                    error: str | None = None) -> VariantFigures:
+    """Figures for one compiled variant from its compile-report module."""
+    if module is None or module.status != "ok":
+        err = error or (module.error if module is not None else None) or "not compiled"
         return VariantFigures(variant, "failed", err, None, None, 0, 0, 0, 0, 0, 0,
-                              (module_doc or {}).get("static_profile"), (module_doc or {}).get("artifacts"))
-    clock, hbm, peak = target_doc["clock_hz"], target_doc["hbm_bytes_per_s"], target_doc["peak_bf16_flops_per_s"]
+                              module.static_profile if module else None, module.artifacts if module else None)
     static_sum, corrected, floor_only, hbm_bound, compute_bound, any_static = 0, 0.0, 0, 0, 0, False
-    for op in module_doc["ops"]:
-        cycles, how = op_corrected_cycles(op, clock, hbm, peak)
+    for op in module.ops:
+        cycles, how = op_corrected_cycles(op, target.clock_hz)
         corrected += cycles
-        if op.get("estimated_cycles"):
+        if op.estimated_cycles:
             any_static = True
-            static_sum += int(op["estimated_cycles"])
+            static_sum += op.estimated_cycles
         floor_only += how == "roofline"
         hbm_bound += how == "hbm_floor"
         compute_bound += how == "compute_floor"
     return VariantFigures(
-        variant, "ok", None, static_sum if any_static else None, round(corrected), len(module_doc["ops"]),
-        floor_only, hbm_bound, compute_bound, sum(int(o["bytes_accessed"]) for o in module_doc["ops"]),
-        sum(int(o["flops"]) for o in module_doc["ops"]), module_doc.get("static_profile"),
-        module_doc.get("artifacts"))
+        variant, "ok", None, static_sum if any_static else None, round(corrected), len(module.ops),
+        floor_only, hbm_bound, compute_bound, sum(o.bytes_accessed for o in module.ops),
+        sum(o.flops for o in module.ops), module.static_profile, module.artifacts)
 
 
 def _ratio(a: int | None, b: int | None) -> float | None:

@@ -15,24 +15,29 @@ ICI bandwidth, and flagged `modelled`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pandas as pd
 
-from tpudiag.analyze.hlo.categories import index_module
 from tpudiag.analyze.compile.collectives import async_collective_tails, collective_estimates
-from tpudiag.analyze.hlo.fusions import build_fusion_report, fusion_summary
+from tpudiag.analyze.hlo.categories import index_module
+from tpudiag.analyze.hlo.collectives import bus_factor, message_bytes
 from tpudiag.analyze.hlo.cost import module_costs
+from tpudiag.analyze.hlo.fusions import build_fusion_report, fusion_summary
 from tpudiag.analyze.hlo.loops import loop_runs
-from tpudiag.analyze.suggest.build import unpriced_report
+from tpudiag.analyze.hlo.vocabulary import BOOKKEEPING, COLLECTIVE_KINDS, COLLECTIVE_START, IDS, collective_kind
 from tpudiag.parse.hlo import RUNS_CALLEES, HloModule, Instruction
 from tpudiag.parse.sdy_mesh import DeviceMesh
+from tpudiag.results.compile import (SCHEMA, CompileReport, CompileTarget, CompileTotals, MemoryOnlyTotals,
+                                     ModuleReport, ModuleTotals, OpEstimate)
 from tpudiag.targets import Target
 
-from tpudiag.results.compile import SCHEMA, CompileReport, CompileTarget, CompileTotals, MemoryOnlyTotals, ModuleReport, ModuleTotals, OpEstimate
 # Instructions that move no data and take no time on their own (they alias their operands).
-_FREE = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all",
-                   "partition-id", "replica-id", "opt-barrier", "add-dependency"})
+_FREE = BOOKKEEPING | IDS
+# The wrappers whose called computations hold the collectives they run.
+_WRAPPERS = ("fusion", "async-start")
+# Point-to-point transfers that leave the device (the -done halves wait for them).
+_SEND_RECV = ("send", "recv")
 # The per-slot utilization columns of the LLO frame, reported as `utilization.<slot>`.
 _UTIL_PREFIX = "util_"
 # libtpu's out-of-memory verdict: "... the total memory required for HLO temporaries (24.00G)
@@ -79,41 +84,26 @@ def _group_size(instr: Instruction, default: int) -> int:
     return groups.group_size if groups is not None and groups.group_size else default
 
 
-_COLLECTIVE_BASES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all",
-                     "collective-permute", "collective-broadcast", "send", "recv")
-
-
-def _result_bytes(instr: Instruction) -> int:
-    """The collective's result: for `X-start` ops the output tuple's second element (operands, results, ...)."""
-    shape = instr.parsed_shape
-    if instr.opcode.endswith("-start") and shape.is_tuple and len(shape.tuple_shapes) >= 2:
-        return shape.tuple_shapes[1].bytes
-    return shape.bytes
-
-
 def ici_bytes(module: HloModule, instr: Instruction, n: int) -> float:
-    """Bytes one device sends over ICI for a bandwidth-optimal ring (docs/compile.md):
-    all-reduce 2(n-1)/n x result, all-gather and all-to-all (n-1)/n x result, reduce-scatter
-    (n-1)/n x input, permute / broadcast / send / recv the whole result."""
-    base = instr.opcode.removesuffix("-start")
-    if n <= 1 or base not in _COLLECTIVE_BASES:
+    """Bytes one device sends over ICI for a bandwidth-optimal ring (docs/compile.md): the
+    collective's message (`message_bytes`) times its ring factor (`bus_factor`): all-reduce
+    2(n-1)/n x result, all-gather and all-to-all (n-1)/n x result, reduce-scatter (n-1)/n x input,
+    permute / broadcast / send / recv the whole result. Nothing leaves a group of one device, and
+    the -done half of an async pair moves nothing of its own."""
+    op = instr.opcode
+    if n <= 1 or not (op in _SEND_RECV or op in COLLECTIVE_KINDS or op in COLLECTIVE_START):
         return 0.0
-    out = _result_bytes(instr)
-    if base == "all-reduce":
-        return 2 * (n - 1) / n * out
-    if base == "reduce-scatter":
-        inputs = sum(x.parsed_shape.bytes for x in map(module.instruction, instr.operands) if x is not None)
-        return (n - 1) / n * inputs
-    if base in ("all-gather", "all-to-all", "ragged-all-to-all"):
-        return (n - 1) / n * out
-    return float(out)
+    if op in _SEND_RECV:
+        return float(instr.parsed_shape.bytes)
+    kind = collective_kind(op)
+    return bus_factor(kind, n) * message_bytes(module, instr)
 
 
 def _op_ici_bytes(module: HloModule, instr: Instruction, devices: int) -> float:
     """A collective's ICI bytes; for a fusion or async wrapper, the collectives inside it."""
-    if instr.opcode in ("fusion", "async-start"):
-        return sum(_op_ici_bytes(module, inner, devices) for c in instr.called
-                   if c in module.computations for inner in module.computations[c].instructions)
+    if instr.opcode in _WRAPPERS:
+        return sum(ici_bytes(module, inner, _group_size(inner, devices))
+                   for inner in module.walk(instr.called, into=_WRAPPERS) if inner.opcode not in _WRAPPERS)
     return ici_bytes(module, instr, _group_size(instr, devices))
 
 
@@ -285,10 +275,9 @@ def _module_report(doc: dict) -> ModuleReport:
                            "findings": tuple(doc["findings"]), "collectives": tuple(doc.get("collectives", ()))})
 
 
-def build_compile_report(target: Target, modules: list[ModuleArtifacts], source: dict,
-                         suggestions: bool = True) -> CompileReport:
-    """The compile report of `modules`; `suggestions=False` leaves out the unpriced suggestions (a
-    caller that runs the detectors itself, or compiled kernels with nothing to suggest)."""
+def build_compile_report(target: Target, modules: list[ModuleArtifacts], source: dict) -> CompileReport:
+    """The compile report of `modules`, without suggestions (the pipeline adds the detectors'
+    unpriced ones: `api.pipeline`)."""
     docs = [_module_doc(m, target) for m in modules]
     ok = [d for d in docs if d["status"] == "ok"]
     chip, dev = target.chip, DeviceFigures.of(target)
@@ -305,5 +294,4 @@ def build_compile_report(target: Target, modules: list[ModuleArtifacts], source:
         totals=CompileTotals(modules=len(docs), failed=len(docs) - len(ok),
                              estimated_s=round(sum(d["totals"]["estimated_s"] for d in ok), 12)),
     )
-    hlo = {m.artifacts_dir: m.hlo for m in modules if m.status == "ok" and m.hlo is not None}
-    return replace(report, suggestions=unpriced_report(report, hlo, chip)) if hlo and suggestions else report
+    return report

@@ -1,0 +1,1 @@
+"""The structural diff of two HLO modules: matching, then the diff."""

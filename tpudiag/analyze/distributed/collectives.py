@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 from tpudiag.analyze.hlo.collectives import CollectiveOp, bus_factor, describe
-from tpudiag.results.distributed import SCHEMA, CollectiveRow, DistributedReport, ProcessSummary, Segment, StepSkew, Straggler, Waiting
+from tpudiag.results.distributed import (SCHEMA, CollectiveRow, DistributedReport, ProcessSummary, Segment, StepSkew,
+                                         Straggler, Waiting)
 
 _NS = 1e-9
 # A straggler is last at its step's most skewed collective in more than this share of the steps.

@@ -12,29 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpudiag.analyze.hlo.vocabulary import (COLLECTIVE, CONTROL, DATA_MOVEMENT, HOST, MATMUL, MATMUL_CALL_PREFIXES,
+                                            REDUCE, SEND_RECV)
 from tpudiag.parse.hlo import HloModule, Instruction
-
-# XLA's collective opcodes (hlo_opcode.h). Async reduce-scatter and all-to-all appear as
-# async-start/async-done wrapping one of these; see classify().
-_COLLECTIVE = frozenset({
-    "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute",
-    "collective-broadcast", "all-reduce-start", "all-reduce-done", "all-gather-start", "all-gather-done",
-    "collective-permute-start", "collective-permute-done",
-})
-_SEND_RECV = frozenset({"send", "send-done", "recv", "recv-done"})
-_HOST = frozenset({"infeed", "outfeed"})
-_DATA = frozenset({
-    "copy", "copy-start", "copy-done", "slice-start", "slice-done", "transpose", "gather", "scatter", "dynamic-slice",
-    "dynamic-update-slice", "slice", "concatenate", "pad", "reshape", "broadcast", "bitcast", "reverse",
-    "tuple", "get-tuple-element", "bitcast-convert", "iota", "constant", "parameter",
-})
-_REDUCE = frozenset({"reduce", "reduce-window", "select-and-scatter", "sort", "reduce-precision"})
-_CONTROL = frozenset({"while", "conditional", "call", "async-start", "async-done", "async-update"})
-_MATMUL = frozenset({"dot", "convolution", "ragged-dot"})
-# Custom-call targets that are matmuls or convolutions (cuBLAS, cuDNN, oneDNN) or Pallas/Mosaic
-# kernels (`tpu_custom_call`), which are written for the MXU/tensor cores.
-_MATMUL_CALL_PREFIXES = ("__cublas$", "__cudnn$conv", "__onednn$matmul", "__onednn$convolution", "tpu_custom_call",
-                         "__gpu$xla.gpu.triton")
 
 
 @dataclass(frozen=True)
@@ -46,43 +26,35 @@ class OpInfo:
     source: str | None  # "file.py:12" of the innermost Python frame, if the HLO metadata has it
 
 
-def _contains_matmul(module: HloModule, comp_names: list[str], depth: int = 0) -> bool:
-    for name in comp_names:
-        comp = module.computations.get(name)
-        if comp is None or depth > 8:
-            continue
-        for i in comp.instructions:
-            if i.opcode in _MATMUL or (i.opcode == "custom-call" and _is_matmul_call(i)):
-                return True
-            if i.opcode == "fusion" and _contains_matmul(module, i.called, depth + 1):
-                return True
-    return False
-
-
 def _is_matmul_call(instr: Instruction) -> bool:
-    return (instr.custom_call_target or "").startswith(_MATMUL_CALL_PREFIXES)
+    return (instr.custom_call_target or "").startswith(MATMUL_CALL_PREFIXES)
+
+
+def _contains_matmul(module: HloModule, computations: list[str]) -> bool:
+    """Whether `computations` (a fusion's body, nested fusions opened) hold a matmul."""
+    return any(i.opcode in MATMUL or (i.opcode == "custom-call" and _is_matmul_call(i))
+               for i in module.walk(computations, into=("fusion",)))
 
 
 def _calls_collective(module: HloModule, computations: list[str]) -> bool:
-    return any(i.opcode in _COLLECTIVE for c in computations if c in module.computations
-               for i in module.computations[c].instructions)
+    return any(i.opcode in COLLECTIVE for i in module.walk(computations, depth=0))
 
 
 def _by_opcode(op: str) -> tuple[str, str] | None:
     """(category, bound) from the opcode alone, where the opcode decides; None where the HLO must."""
-    if op in ("dot", "ragged-dot"):
-        return "matmul", "compute"
     if op == "convolution":
         return "convolution", "compute"
-    if op in _COLLECTIVE:
+    if op in MATMUL:
+        return "matmul", "compute"
+    if op in COLLECTIVE:
         return "collective", "communication"
-    if op in _HOST:
+    if op in HOST:
         return "host_transfer", "host"
-    if op in _CONTROL:
+    if op in CONTROL:
         return "control_flow", "control"
-    if op in _REDUCE:
+    if op in REDUCE:
         return "reduction", "memory"
-    if op in _DATA:
+    if op in DATA_MOVEMENT:
         return "data_movement", "memory"
     return None
 
@@ -96,7 +68,7 @@ def classify(module: HloModule, instr: Instruction) -> OpInfo:
         bound = "compute" if _contains_matmul(module, instr.called) else "memory"
         if _calls_collective(module, instr.called):
             bound = "communication"
-    elif op in _SEND_RECV:
+    elif op in SEND_RECV:
         host = instr.is_host_transfer
         cat, bound = ("host_transfer", "host") if host else ("collective", "communication")
     elif op.startswith("async-"):
@@ -129,7 +101,7 @@ def guess_from_name(op_name: str) -> OpInfo:
     whose kind the name cannot tell are `unknown`."""
     stem = op_name.split(".")[0]
     for candidate in (stem, stem.replace("_", "-")):
-        if candidate in _SEND_RECV:
+        if candidate in SEND_RECV:
             return OpInfo(candidate, "collective", "communication", "", None)
         guess = _by_opcode(candidate)
         if guess:

@@ -40,33 +40,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tpudiag.analyze.hlo.vocabulary import (ASYNC_DONE, BOOKKEEPING, COLLECTIVE_START_TUPLE, ELEMENTWISE,
+                                            TRANSCENDENTAL)
 from tpudiag.errors import ParseError
 from tpudiag.parse.hlo import HloModule, Instruction, WindowDim
 from tpudiag.parse.shapes import Shape
 
 FMA_FLOPS = 2  # XLA's kFmaFlops: a multiply-add is two FLOPs
 
-# HloCostAnalysis::HandleElementwiseOp counts these as transcendentals, not FLOPs.
-TRANSCENDENTAL = frozenset({
-    "erf", "exponential", "log", "logistic", "power", "sqrt", "cbrt", "rsqrt", "tanh", "sin", "cos",
-    "exponential-minus-one", "log-plus-one", "atan2", "tan",
-})
-# One FLOP (or transcendental) per output element (the ops XLA routes to HandleElementwiseOp).
-ELEMENTWISE = TRANSCENDENTAL | frozenset({
-    "abs", "add", "and", "bitcast-convert", "ceil", "clamp", "compare", "complex", "convert",
-    "count-leading-zeros", "divide", "floor", "imag", "is-finite", "maximum", "minimum", "multiply",
-    "negate", "not", "or", "popcnt", "real", "reduce-precision", "remainder", "round-nearest-afz",
-    "round-nearest-even", "select", "shift-left", "shift-right-arithmetic", "shift-right-logical",
-    "sign", "stochastic-convert", "subtract", "xor",
-})
 # No computation and no memory traffic: views, bookkeeping, and the waiting half of async pairs
 # (their transfer is counted at the start).
-ZERO_COST = frozenset({
-    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "add-dependency",
-    "domain", "opt-barrier", "copy-done", "all-reduce-done", "all-gather-done", "collective-permute-done",
-    "async-done", "async-update", "send-done", "recv-done",
-})
-_ASYNC_COLLECTIVE_START = frozenset({"all-gather-start", "collective-permute-start"})
+ZERO_COST = BOOKKEEPING | ASYNC_DONE
 
 
 @dataclass(frozen=True)
@@ -295,7 +279,7 @@ class _Coster:
             return 2 * out.tuple_shapes[1].bytes
         if op == "copy-start":  # read the source, write the destination (output tuple element 0)
             return self.operand_bytes(instr) + out.leaves()[0].bytes
-        if op in _ASYNC_COLLECTIVE_START and out.is_tuple and len(out.tuple_shapes) >= 2:
+        if op in COLLECTIVE_START_TUPLE and out.is_tuple and len(out.tuple_shapes) >= 2:
             return self.operand_bytes(instr) + out.tuple_shapes[1].bytes  # (operands, results, ...)
         if op == "send":
             return self.operand_shape(instr, 0).bytes

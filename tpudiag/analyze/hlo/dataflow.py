@@ -12,15 +12,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from tpudiag.analyze.hlo.vocabulary import TRANSPARENT
 from tpudiag.parse.hlo import HloModule, Instruction
-
-# Ops that move or re-type a value without computing on it: walked through when looking for the op
-# that produced a value (a softmax's exp behind a convert and a bitcast is still its exp).
-TRANSPARENT = frozenset({"bitcast", "copy", "reshape", "transpose", "convert", "copy-done", "copy-start",
-                         "bitcast-convert", "optimization-barrier"})
-# Matmuls as the compilers write them: XLA:CPU keeps `dot`; the TPU compiler writes `convolution`
-# with matmul dim_labels.
-MATMUL = frozenset({"dot", "convolution"})
 
 
 class Dataflow:

@@ -44,10 +44,11 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from tpudiag.analyze.hlo.categories import index_module
-from tpudiag.results.fusions import SCHEMA, FusionBreak, FusionReport, FusionRow, FusionTotals, ModuleRef
-from tpudiag.analyze.hlo.cost import ELEMENTWISE, arithmetic_intensity, module_costs
+from tpudiag.analyze.hlo.cost import arithmetic_intensity, module_costs
+from tpudiag.analyze.hlo.vocabulary import BOOKKEEPING, ELEMENTWISE, IDS, VIEWS
 from tpudiag.parse.hlo import HloModule, Instruction
 from tpudiag.parse.shapes import Shape, parse_shape
+from tpudiag.results.fusions import SCHEMA, FusionBreak, FusionReport, FusionRow, FusionTotals, ModuleRef
 
 CUSTOM_CALL = "custom call boundary"
 COLLECTIVE = "collective boundary"
@@ -70,13 +71,10 @@ UPSTREAM_HOPS = 2
 # loop/call instructions (their results are their bodies'), the starting half of async pairs (the
 # tensor appears at the `-done`), and copy-start/copy-done, which move an existing tensor between
 # memory spaces (they are followed through, as views).
-_NOT_PRODUCERS = frozenset({
-    "parameter", "constant", "partition-id", "replica-id", "rng-get-and-update-state",
-    "get-tuple-element", "tuple", "bitcast", "copy-start", "copy-done", "after-all", "add-dependency",
-    "opt-barrier", "domain", "while", "call", "conditional", "async-update", "send", "send-done", "recv",
+_NOT_PRODUCERS = BOOKKEEPING | IDS | frozenset({
+    "rng-get-and-update-state", "copy-start", "copy-done", "while", "call", "conditional", "async-update",
+    "send", "send-done", "recv",
 })
-# Followed through without a read: same tensor, same position.
-_VIEWS = frozenset({"bitcast", "opt-barrier", "domain"})
 # Ops that keep the tensor's elements one-to-one (the reduce/broadcast walks follow them).
 _ONE_TO_ONE = ELEMENTWISE | {"bitcast", "reshape", "copy", "transpose"}
 _EVIDENCE_NAMES = 4  # user names listed in "several users" evidence before "and N more"
@@ -87,17 +85,7 @@ _EVIDENCE_NAMES = 4  # user names listed in "several users" evidence before "and
 
 def _fused_instructions(module: HloModule, fusion: Instruction):
     """Every instruction inside a fusion, nested fusions opened (not listed themselves)."""
-    todo, seen = list(fusion.called[:1]), set()
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in module.computations:
-            continue
-        seen.add(name)
-        for i in module.computations[name].instructions:
-            if i.opcode == "fusion":
-                todo += i.called[:1]
-            else:
-                yield i
+    return (i for i in module.walk(fusion.called[:1], into=("fusion",)) if i.opcode != "fusion")
 
 
 def _bytes_out(module: HloModule, fusion: Instruction) -> int:
@@ -252,7 +240,7 @@ class _Graph:
                         todo.append((user, p[1:], step, loop))
                 elif op == "tuple":
                     todo.append((user, (pos,) + p, step, loop))
-                elif op in _VIEWS or (op == "add-dependency" and pos == 0):
+                elif op in VIEWS or (op == "add-dependency" and pos == 0):
                     todo.append((user, p, step, loop))
                 elif op == "copy-start":  # (destination, source, context): the tensor lands in element 0
                     todo.append((user, (0,) + p, step, loop))
@@ -367,8 +355,7 @@ class _Graph:
 
     def resolve(self, instr: Instruction, path: tuple[int, ...]) -> tuple[Instruction | None, tuple[int, ...]]:
         """Back through views and tuples to the instruction that made the tensor, and where in its output."""
-        while instr.opcode in ("get-tuple-element", "bitcast", "copy-done", "copy-start", "opt-barrier", "domain",
-                               "tuple"):
+        while instr.opcode in VIEWS or instr.opcode in ("get-tuple-element", "copy-done", "copy-start", "tuple"):
             if instr.opcode == "tuple":
                 if not path or path[0] >= len(instr.operands):
                     return None, path

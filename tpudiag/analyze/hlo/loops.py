@@ -21,7 +21,9 @@ from tpudiag.parse.hlo import HloModule, Instruction
 from tpudiag.parse.hlo_model import RUNS_CALLEES
 from tpudiag.parse.hlo_text import ascii_int
 
-# Ops that pass a scalar counter through unchanged on its way into or out of the loop tuple.
+# Ops that pass a scalar counter through unchanged on its way into or out of the loop tuple: the
+# subset of `vocabulary.TRANSPARENT` that keeps an integer's value (bitcast-convert re-reads its bits
+# as another type; copy-start returns a tuple, not the value).
 _PASS = frozenset({"copy", "bitcast", "convert", "copy-done", "reshape"})
 
 

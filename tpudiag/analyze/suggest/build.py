@@ -2,31 +2,28 @@
 
 In two steps, so that the caller can compile the kernels in between (this module does no I/O):
 
-1. `candidates(report, modules)`: the pattern matches of each compiled module (analyze/suggest/patterns.py),
+1. `candidates(report, modules)`: the pattern matches of each compiled module (the detectors of
+   analyze/suggest/detectors/),
    grouped by (module, pattern, source line) so a pattern's forward and backward ops count
    together, each with the estimated TPU time of exactly the ops it covers (`xla_s`, from the
    compile report's op rows) and its share of the module's estimated time. A matmul fusion that
    only absorbed a norm's last multiply stays out of a norm's ops: the matmul is not what the
    kernel replaces.
 2. `build_report(...)`: each candidate with the price of its replacement (the bundled kernel
-   compiled at its shapes, or the pattern's roofline bound where none fits), the speedup and the
+   compiled at its shapes, or its detector's roofline bound where none fits), the speedup and the
    seconds saved, the confidence and its reason, whether it clears the minimums of
    `SuggestConfig`, XLA's own replacements, and the static findings.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 from tpudiag.results.compile import CompileReport
-from tpudiag.analyze.hlo.dataflow import MATMUL
-from tpudiag.analyze.suggest.patterns import PatternMatch, find_patterns
+from tpudiag.analyze.hlo.vocabulary import MATMUL
+from tpudiag.analyze.suggest.detectors import find_patterns
+from tpudiag.analyze.suggest.detectors.base import PatternMatch
 from tpudiag.results.suggest import SCHEMA, Finding, Replaced, Suggestion, SuggestReport
-
-_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s8": 1, "u8": 1, "s32": 4}
-# Patterns whose own work is matmuls: their ops include the matmul fusions.
-_MATMUL_PATTERNS = frozenset({"attention", "attention_decode", "moe", "dequant_matmul"})
 
 
 @dataclass(frozen=True)
@@ -103,11 +100,11 @@ def candidates(report: CompileReport, modules: dict) -> tuple[list[Candidate], l
                                                              source=same.source + pm.source)
                 continue
             groups.setdefault((pm.pattern, pm.source[:1]), []).append(pm)
-        for (pattern, _), pms in groups.items():
+        for pms in groups.values():
             ops, source = [], []
             for pm in pms:
                 ops += [o for o in pm.ops if o not in ops and o in times
-                        and (pattern in _MATMUL_PATTERNS or not _has_matmul(hlo, o))]
+                        and (pm.detector.matmul_work or not _has_matmul(hlo, o))]
                 source += [s for s in pm.source if s not in source]
             if not ops:
                 continue
@@ -186,7 +183,7 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
             notes_.append(f"runs {c.runs} times per execution of {c.module} (a loop body): the times count every run")
         rows.append(Suggestion(
             pattern=c.match.pattern, kernel=p.kernel, module=c.module, ops=c.ops, source=c.source,
-            shapes=dict(c.match.shapes), share=round(c.share, 6), xla_s=round(c.xla_s, 12),
+            shapes=c.match.shapes.to_dict(), share=round(c.share, 6), xla_s=round(c.xla_s, 12),
             kernel_s=None if kernel_s is None else round(kernel_s, 12), kernel_basis=basis,
             expected_speedup=None if speedup is None else round(speedup, 3),
             saved_s=None if saved is None else round(saved, 12), confidence=confidence, reason=reason,
@@ -206,40 +203,10 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
                          hidden=sum(1 for r in rows if not r.shown), notes=tuple(out_notes))
 
 
-def roofline_bound(pattern: str, shapes: dict, chip, backward: bool = False) -> float | None:
-    """The least seconds the pattern needs on `chip` at `shapes` (largest of its unavoidable bytes at HBM
-    bandwidth and its FLOPs at the bf16 peak); None where the shapes do not say enough. `backward`:
-    forward and backward, three times the forward's (a gradient reads and computes about twice what
-    the forward does)."""
-    b = _BYTES.get(shapes.get("dtype", "bf16"), 2)
-    flops = nbytes = 0.0
-    if pattern in ("attention", "attention_decode"):
-        bh, sq, sk, d = shapes["batch_heads"], shapes["q_len"], shapes["kv_len"], shapes["head_dim"]
-        kvh = shapes.get("kv_batch_heads", bh)  # grouped query heads read one K and V row per kv head
-        flops = 4.0 * bh * sq * sk * d
-        nbytes = 2 * (2 * bh * sq * d) + b * 2 * kvh * sk * d  # Q and O in bf16; K and V as stored
-    elif pattern in ("rmsnorm", "layernorm"):
-        nbytes = 2.0 * b * shapes["rows"] * shapes["hidden"]
-        flops = 4.0 * shapes["rows"] * shapes["hidden"]
-    elif pattern == "cross_entropy":
-        nbytes = 2.0 * shapes["rows"] * shapes["vocab"]  # the bf16 logits, read once
-        flops = 4.0 * shapes["rows"] * shapes["vocab"]
-    elif pattern == "rope":
-        nbytes = 2.0 * b * math.prod(shapes["shape"])
-    elif pattern == "sampling":
-        nbytes = 4.0 * shapes["rows"] * shapes["vocab"]
-    elif pattern == "moe" and "dense_flops" in shapes:
-        # Routed, each token goes through k >= 1 experts instead of all of them: top-1's FLOPs are
-        # the least any routing kernel computes; the expert weights are read at least once.
-        flops = shapes["dense_flops"] / max(1, shapes["experts"])
-        nbytes = float(shapes["weight_bytes"])
-    elif pattern == "dequant_matmul":
-        (k, n), (m, _) = shapes["weight"], shapes["out"]
-        nbytes = k * n * 1 + 2.0 * (m * k + m * n)
-        flops = 2.0 * m * k * n
-    else:
-        return None
-    return (3 if backward else 1) * max(nbytes / chip.hbm_bytes_per_s, flops / chip.peak_bf16_flops_per_s)
+def roofline_bound(c: Candidate, chip) -> float | None:
+    """The least seconds `c`'s pattern needs on `chip` at its shapes (its detector's bound), forward and
+    backward where its ops include the gradient; None where the shapes do not say enough."""
+    return c.match.detector.bound(c.match.shapes, chip, c.backward)
 
 
 def findings_for(report: CompileReport, modules: dict, cands: list[Candidate], hbm_bytes_per_s: float) -> list[Finding]:
@@ -265,7 +232,7 @@ def unpriced_report(report: CompileReport, modules: dict, chip, run_dir: str = "
     """The suggestions a compile report carries: the matches with their XLA time and each pattern's
     roofline bound, no kernel compiled (`tpudiag suggest RUN` compiles them)."""
     cands, replaced = candidates(report, modules)
-    bounds = {i: roofline_bound(c.match.pattern, c.match.shapes, chip, c.backward) for i, c in enumerate(cands)}
+    bounds = {i: roofline_bound(c, chip) for i, c in enumerate(cands)}
     prices = {i: Price(None, None, why_not="not compiled here: tpudiag suggest RUN compiles the bundled kernel at "
                                             "these shapes") for i in range(len(cands))}
     findings = findings_for(report, modules, cands, chip.hbm_bytes_per_s)

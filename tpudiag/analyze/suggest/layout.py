@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpudiag.analyze.hlo.dataflow import MATMUL, Dataflow
+from tpudiag.analyze.hlo.dataflow import Dataflow
+from tpudiag.analyze.hlo.vocabulary import MATMUL
 from tpudiag.results.suggest import Finding
 from tpudiag.parse.hlo import HloModule
 

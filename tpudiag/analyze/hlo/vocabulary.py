@@ -1,0 +1,108 @@
+"""The HLO opcode vocabulary: every opcode set the analyses share, defined once.
+
+Reads nothing and computes nothing: frozensets of opcode spellings as XLA prints them
+(`HloOpcodeString`, xla/hlo/ir/hlo_opcode.h: `opt-barrier`, `exponential`, `popcnt`), and the
+custom-call target prefixes that are matmuls. Classification, costing and byte counting live in
+the modules that import these (`categories`, `cost`, `collectives`, `dataflow`, `fusions`, ...).
+
+Async collectives appear in two spellings. XLA has its own opcodes for all-reduce, all-gather and
+collective-permute (`all-gather-start` / `all-gather-done`); every other collective runs
+asynchronously as `async-start`/`async-done` wrapping it, which XLA's printer writes, and its parser
+reads, as `<wrapped opcode>-start` / `-update` / `-done` (`reduce-scatter-start`,
+`all-to-all-done`). Both spellings are in COLLECTIVE.
+"""
+
+from __future__ import annotations
+
+# -- collectives ----------------------------------------------------------------------------------
+
+# The collective kinds, as the base opcode of the sync form.
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all",
+                    "collective-permute", "collective-broadcast")
+# The kinds with async opcodes of their own (-start/-done, no -update); the others run async only
+# inside the generic wrapper.
+_OWN_ASYNC_KINDS = ("all-reduce", "all-gather", "collective-permute")
+# The -start halves of async collectives: the instruction that carries the transfer.
+COLLECTIVE_START = frozenset(f"{k}-start" for k in COLLECTIVE_KINDS)
+# The -update/-done halves: they wait for (or poll) the transfer their -start began.
+COLLECTIVE_UPDATE = frozenset(f"{k}-update" for k in COLLECTIVE_KINDS if k not in _OWN_ASYNC_KINDS)
+COLLECTIVE_DONE = frozenset(f"{k}-done" for k in COLLECTIVE_KINDS)
+COLLECTIVE = frozenset(COLLECTIVE_KINDS) | COLLECTIVE_START | COLLECTIVE_UPDATE | COLLECTIVE_DONE
+# Async starts whose shape is (operands, results, context...): all-reduce-start's is its result alone.
+COLLECTIVE_START_TUPLE = COLLECTIVE_START - {"all-reduce-start"}
+# Point-to-point transfers: a collective between devices, or a host transfer (`is_host_transfer`).
+SEND_RECV = frozenset({"send", "send-done", "recv", "recv-done"})
+
+
+def collective_kind(opcode: str) -> str | None:
+    """`all-gather-start`, `reduce-scatter-done`, `all-reduce` -> its collective kind; None for any
+    other opcode."""
+    if opcode not in COLLECTIVE:
+        return None
+    for suffix in ("-start", "-update", "-done"):
+        if opcode.endswith(suffix):
+            opcode = opcode[:-len(suffix)]
+            break
+    return opcode
+
+
+# -- async pairs ----------------------------------------------------------------------------------
+
+# The generic async wrapper (its called computation holds the op it runs).
+ASYNC = frozenset({"async-start", "async-update", "async-done"})
+# The waiting halves of every async pair: their transfer or copy is the -start's.
+ASYNC_DONE = COLLECTIVE_DONE | COLLECTIVE_UPDATE | frozenset({
+    "async-done", "async-update", "copy-done", "send-done", "recv-done",
+})
+
+# -- compute --------------------------------------------------------------------------------------
+
+# Matmuls and convolutions as opcodes (the TPU compiler writes matmuls as `convolution` with
+# matmul dim_labels; `ragged-dot` is the grouped matmul of MoE layers).
+MATMUL = frozenset({"dot", "convolution", "ragged-dot", "scaled-dot"})
+# Custom-call targets that are matmuls or convolutions (cuBLAS, cuDNN, oneDNN) or Pallas/Mosaic
+# kernels (`tpu_custom_call`), which are written for the MXU/tensor cores.
+MATMUL_CALL_PREFIXES = ("__cublas$", "__cudnn$conv", "__onednn$matmul", "__onednn$convolution", "tpu_custom_call",
+                        "__gpu$xla.gpu.triton")
+
+# HloCostAnalysis::HandleElementwiseOp counts these as transcendentals, not FLOPs.
+TRANSCENDENTAL = frozenset({
+    "erf", "exponential", "log", "logistic", "power", "sqrt", "cbrt", "rsqrt", "tanh", "sine", "cosine",
+    "exponential-minus-one", "log-plus-one", "atan2", "tan",
+})
+# One FLOP (or transcendental) per output element (the ops XLA routes to HandleElementwiseOp).
+ELEMENTWISE = TRANSCENDENTAL | frozenset({
+    "abs", "add", "and", "bitcast-convert", "ceil", "clamp", "compare", "complex", "convert",
+    "count-leading-zeros", "divide", "floor", "imag", "is-finite", "maximum", "minimum", "multiply",
+    "negate", "not", "or", "popcnt", "real", "reduce-precision", "remainder", "round-nearest-afz",
+    "round-nearest-even", "select", "shift-left", "shift-right-arithmetic", "shift-right-logical",
+    "sign", "stochastic-convert", "subtract", "xor",
+})
+REDUCE = frozenset({"reduce", "reduce-window", "select-and-scatter", "sort", "reduce-precision"})
+
+# -- data movement, bookkeeping, control ----------------------------------------------------------
+
+# The TPU compiler's async slice (not an XLA opcode: libtpu prints it in its optimized HLO).
+TPU_ASYNC_SLICE = frozenset({"slice-start", "slice-done"})
+DATA_MOVEMENT = TPU_ASYNC_SLICE | frozenset({
+    "copy", "copy-start", "copy-done", "transpose", "gather", "scatter", "dynamic-slice",
+    "dynamic-update-slice", "slice", "concatenate", "pad", "reshape", "broadcast", "bitcast", "reverse",
+    "tuple", "get-tuple-element", "bitcast-convert", "iota", "constant", "parameter",
+})
+# Instructions that compute nothing and move no data: inputs, literals, tuples and views of an
+# existing buffer, and ordering tokens.
+BOOKKEEPING = frozenset({
+    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "add-dependency",
+    "domain", "opt-barrier",
+})
+# The device's own ids: a scalar the runtime supplies.
+IDS = frozenset({"partition-id", "replica-id"})
+# Views: the same tensor, the same elements, no read (followed through without a cost).
+VIEWS = frozenset({"bitcast", "opt-barrier", "domain"})
+# Ops that move or re-type a value without computing on it: followed through when looking for the
+# op that produced a value (a softmax's exp behind a convert and a bitcast is still its exp).
+TRANSPARENT = frozenset({"bitcast", "copy", "reshape", "transpose", "convert", "copy-done", "copy-start",
+                         "bitcast-convert", "opt-barrier"})
+
+CONTROL = frozenset({"while", "conditional", "call"}) | ASYNC
+HOST = frozenset({"infeed", "outfeed"})

@@ -1,0 +1,119 @@
+"""Attention, prefill and decode: one finder, two detectors.
+
+Reads a `walk.Flow`; returns `PatternMatch`es with `AttentionShapes`. The finder anchors on an
+`exponential` fed by a matmul (the scores, through scale, mask, bias and the max-subtraction) whose
+result reaches a second matmul (probabilities x V). The reduced dimension of its row sum is the key
+length; the dimension before it the query length (1: decode). A K that comes from a gather or
+dynamic-slice is a KV cache. libtpu's own `online-softmax` kernel counts as attention XLA already
+replaced. It prices nothing and does no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpudiag.analyze.hlo.vocabulary import TRANSPARENT
+from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s, stored_bytes
+from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, elems, etype, reducer_is
+
+# Walked through between the scores matmul and the exp: scale, mask, bias, max-subtraction.
+SCORES_PATH = TRANSPARENT | {"multiply", "divide", "select", "add", "subtract", "broadcast", "maximum", "minimum"}
+# Walked through between the exp and the PV matmul: normalisation and casts.
+_PROBS_PATH = TRANSPARENT | {"divide", "multiply", "broadcast", "select"}
+
+
+@dataclass(frozen=True)
+class AttentionShapes(Shapes):
+    batch_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    kv_batch_heads: int  # one K/V row per (batch, kv head): grouped query heads share it
+    dtype: str  # Q, K, V as stored
+    softmax_dtype: str
+
+
+def _online_softmax(flow: Flow, x) -> PatternMatch:
+    # The kernel takes the scores (the QK^T fusion's output, which carries the source line) and V:
+    # softmax and PV run inside it, the scores are still written out.
+    scores = flow.m.operand(x, 0)
+    covered = [scores] if scores is not None and scores.opcode not in ("parameter", "constant") else []
+    notes = ["libtpu rewrote this all-bf16 attention into its own kernel"]
+    s = scores.parsed_shape if scores is not None else None
+    if s is not None and s.is_array and len(s.dims) >= 3:
+        notes.append(f"its input is the {s.dims[-2]}x{s.dims[-1]} score matrix ({s.bytes / 2**20:.3g} MiB), "
+                     "materialized by the QK^T fusion: softmax and PV are fused, QK^T is not")
+    return flow.match(PREFILL, [x], covered, None, tuple(notes), replaced="online-softmax")
+
+
+def _find(flow: Flow) -> list[PatternMatch]:
+    out = []
+    for x in flow.g.instructions:
+        if x.opcode == "custom-call" and "online-softmax" in (x.attrs or "") + x.name:
+            out.append(_online_softmax(flow, x))
+            continue
+        if x.opcode != "exponential":
+            continue
+        qk, spath = flow.back(x, SCORES_PATH, flow.is_matmul)
+        if qk is None:
+            continue
+        pv, ppath = flow.forward(x, _PROBS_PATH, flow.is_matmul)
+        if pv is None:
+            continue
+        red = flow.reduce_of(x, "add")
+        if red is None or red is pv:  # XLA may recompute the exp apart from its row sum: the row max then
+            red = flow.back(x, SCORES_PATH, lambda o: o.opcode == "reduce"
+                            and reducer_is(flow.m, o, "maximum"), depth=8)[0]
+        if red is None or not red.dimensions:
+            continue
+        scores = dims(flow.g.operand(red, 0) or x)
+        if not scores:
+            continue
+        kd = red.dimensions[-1]
+        kv_len = scores[kd]
+        q_len = scores[kd - 1] if kd >= 1 and len(scores) >= 3 else 1
+        rows = max(1, elems(scores) // max(1, kv_len))
+        head_dim = max(1, elems(dims(pv)) // rows)
+        notes = [f"softmax in {etype(x)}"]
+        if any(p.opcode == "select" for p in spath):
+            notes.append("masked (select before the softmax)")
+        k_src = flow.back(qk, TRANSPARENT | {"broadcast", "multiply", "concatenate", "pad", "slice"},
+                          lambda o: o.opcode in ("gather", "dynamic-slice"), depth=6)[0]
+        # One query per sequence; with grouped heads XLA may keep the group as a dimension of size <= 8.
+        decode = q_len == 1 or k_src is not None and q_len <= 8
+        if k_src is not None:
+            notes.append(f"keys read through a {k_src.opcode} (a KV cache)")
+        kv_rows = rows // max(1, q_len)  # one K/V row per (batch, kv head): grouped heads share it
+        if decode:
+            q_len = 1
+        shapes = AttentionShapes(batch_heads=rows // max(1, q_len), q_len=q_len, kv_len=kv_len, head_dim=head_dim,
+                                 kv_batch_heads=kv_rows, dtype=flow.stored_dtype(qk), softmax_dtype=etype(x))
+        out.append(flow.match(DECODE if decode else PREFILL, [qk, x, pv], [*spath, *ppath, red], shapes, notes))
+    return dedupe(out)
+
+
+class _Attention(Detector):
+    matmul_work = True
+
+    def find(self, flow: Flow) -> list[PatternMatch]:
+        return [m for m in flow.once("attention", _find) if m.detector is self]
+
+    def bound(self, shapes: AttentionShapes, chip, backward: bool = False) -> float | None:
+        bh, sq, sk, d, kvh = shapes.batch_heads, shapes.q_len, shapes.kv_len, shapes.head_dim, shapes.kv_batch_heads
+        flops = 4.0 * bh * sq * sk * d
+        nbytes = 2 * (2 * bh * sq * d) + stored_bytes(shapes.dtype) * 2 * kvh * sk * d  # Q, O bf16; K, V as stored
+        return roofline_s(nbytes, flops, chip, backward)
+
+
+class Prefill(_Attention):
+    name = "attention"
+    kernel = "flash_attention"
+
+
+class Decode(_Attention):
+    name = "attention_decode"
+    no_kernel = ("paged_attention reads a paged KV cache (a page table); this attention slices a contiguous cache, "
+                 "so the kernel's figure would price a different layout")
+
+
+PREFILL, DECODE = Prefill(), Decode()

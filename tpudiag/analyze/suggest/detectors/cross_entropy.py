@@ -1,0 +1,70 @@
+"""Softmax cross-entropy over a large vocabulary.
+
+Reads a `walk.Flow`; returns `PatternMatch`es with `CrossEntropyShapes`: a `log` of a row sum of
+exponentials over at least `VOCAB_MIN` classes (a log-softmax or logsumexp), with the labels picked
+by a gather or a one-hot compare. It prices nothing and does no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpudiag.analyze.hlo.vocabulary import MATMUL, TRANSPARENT
+from tpudiag.analyze.suggest.detectors.attention import SCORES_PATH
+from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s
+from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, elems, etype, reducer_is
+
+VOCAB_MIN = 8192  # classes: below this a plain log-softmax is cheap next to the matmul that made the logits
+
+
+@dataclass(frozen=True)
+class CrossEntropyShapes(Shapes):
+    rows: int
+    vocab: int
+    dtype: str
+
+
+class CrossEntropy(Detector):
+    name = "cross_entropy"
+    kernel = "cross_entropy"
+
+    def find(self, flow: Flow) -> list[PatternMatch]:
+        out = []
+        for lg in flow.g.instructions:
+            if lg.opcode != "log":
+                continue
+            red, _ = flow.back(lg, TRANSPARENT | {"add", "broadcast"},
+                               lambda o: o.opcode == "reduce" and reducer_is(flow.m, o, "add"), depth=4)
+            if red is None or not red.dimensions:
+                continue
+            ex = flow.g.source(flow.g.operand(red, 0))
+            if ex is None or ex.opcode != "exponential":
+                continue
+            ex_dims = dims(ex)
+            vocab = ex_dims[red.dimensions[-1]] if ex_dims else 0
+            if vocab < VOCAB_MIN:
+                continue
+            logits = flow.back(ex, SCORES_PATH, lambda o: o.opcode in MATMUL, depth=8)[0]
+            pick = None
+            for cand in flow.g.instructions:
+                if cand.opcode == "gather" and vocab in dims(flow.g.operand(cand, 0) or cand):
+                    pick = cand
+                    break
+                if cand.opcode == "compare" and vocab in dims(cand):
+                    pick = cand
+                    break
+            notes = [f"vocabulary {vocab}"]
+            if logits is not None:
+                notes.append("logits from a matmul in the same module (an LM head)")
+            notes.append("labels picked by " + (pick.opcode if pick is not None else "no gather or one-hot found"))
+            shapes = CrossEntropyShapes(rows=max(1, elems(ex_dims) // vocab), vocab=vocab, dtype=etype(ex))
+            out.append(flow.match(self, [lg, red, ex], [p for p in (pick,) if p is not None], shapes, notes))
+        return dedupe(out)
+
+    def bound(self, shapes: CrossEntropyShapes, chip, backward: bool = False) -> float | None:
+        nbytes = 2.0 * shapes.rows * shapes.vocab  # the bf16 logits, read once
+        flops = 4.0 * shapes.rows * shapes.vocab
+        return roofline_s(nbytes, flops, chip, backward)
+
+
+CROSS_ENTROPY = CrossEntropy()

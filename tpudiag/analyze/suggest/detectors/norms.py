@@ -1,0 +1,79 @@
+"""RMSNorm and LayerNorm: one finder, two detectors.
+
+Reads a `walk.Flow`; returns `PatternMatch`es with `NormShapes`. The finder anchors on an `rsqrt` of
+a row sum of `x * x` (LayerNorm: of `(x - mean)^2`); an `add` producing x is the residual add before
+it. It prices nothing and does no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpudiag.analyze.hlo.vocabulary import TRANSPARENT
+from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s, stored_bytes
+from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, elems, etype, reducer_is
+
+
+@dataclass(frozen=True)
+class NormShapes(Shapes):
+    rows: int
+    hidden: int
+    dtype: str
+
+
+def _find(flow: Flow) -> list[PatternMatch]:
+    out = []
+    for r in flow.g.instructions:
+        if r.opcode != "rsqrt":
+            continue
+        red, path = flow.back(r, TRANSPARENT | {"add", "multiply", "divide", "broadcast"},
+                              lambda o: o.opcode == "reduce" and reducer_is(flow.m, o, "add"), depth=6)
+        if red is None or not red.dimensions:
+            continue
+        sq = flow.g.source(flow.g.operand(red, 0))
+        if sq is None or sq.opcode != "multiply":
+            continue
+        a, b = (flow.g.source(flow.g.operand(sq, k)) for k in (0, 1))
+        if a is None or a is not b:
+            continue
+        layer = a.opcode == "subtract"
+        x = flow.g.source(flow.g.operand(a, 0)) if layer else a
+        red_dims = dims(red) and dims(flow.g.operand(red, 0))
+        hidden = 1
+        for d in red.dimensions:
+            hidden *= red_dims[d] if d < len(red_dims) else 1
+        rows = max(1, elems(red_dims) // max(1, hidden))
+        notes = []
+        residual = x is not None and x.opcode == "add" and all(dims(o) == dims(x) for o in flow.g.operands(x))
+        if residual:
+            notes.append("with the residual add before it")
+        covered = [red, sq, *path, *flow.forward(r, TRANSPARENT | {"broadcast"},
+                                                 lambda u: u.opcode == "multiply", depth=3)[1]]
+        if residual:
+            covered.append(x)
+        shapes = NormShapes(rows=rows, hidden=hidden, dtype=etype(x) if x is not None else etype(sq))
+        out.append(flow.match(LAYERNORM if layer else RMSNORM, [r], covered, shapes, notes))
+    return dedupe(out)
+
+
+class _Norm(Detector):
+    def find(self, flow: Flow) -> list[PatternMatch]:
+        return [m for m in flow.once("norms", _find) if m.detector is self]
+
+    def bound(self, shapes: NormShapes, chip, backward: bool = False) -> float | None:
+        nbytes = 2.0 * stored_bytes(shapes.dtype) * shapes.rows * shapes.hidden
+        flops = 4.0 * shapes.rows * shapes.hidden
+        return roofline_s(nbytes, flops, chip, backward)
+
+
+class RmsNorm(_Norm):
+    name = "rmsnorm"
+    kernel = "rmsnorm"
+
+
+class LayerNorm(_Norm):
+    name = "layernorm"
+    no_kernel = "no bundled kernel for layernorm"
+
+
+RMSNORM, LAYERNORM = RmsNorm(), LayerNorm()

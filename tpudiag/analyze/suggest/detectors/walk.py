@@ -1,0 +1,174 @@
+"""The walking machinery every detector shares: a `Flow` over one optimized HLO module.
+
+Reads a `parse.hlo` module through `analyze.hlo.dataflow.Dataflow` (fusion boundaries erased);
+offers breadth-first walks back (operands) and forward (users) through a set of opcodes, the
+matmul test (a matmul, or the multiply-and-sum of a matrix-vector product), the stored dtype of an
+operand, and `match()`, which turns the instructions a detector found into a `PatternMatch` (the
+top-level ops that execute it, its anchors, their source lines). A detector that shares a finder
+with another (prefill and decode attention) computes it once per module through `once()`.
+
+It recognises no pattern itself and does no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from tpudiag.analyze.hlo.dataflow import Dataflow
+from tpudiag.analyze.hlo.vocabulary import MATMUL, TRANSPARENT
+from tpudiag.analyze.suggest.detectors.base import PatternMatch
+from tpudiag.parse.hlo import HloModule, Instruction
+
+
+def dims(instr: Instruction) -> tuple[int, ...]:
+    s = instr.parsed_shape
+    return s.dims if s.is_array else ()
+
+
+def etype(instr: Instruction) -> str:
+    s = instr.parsed_shape
+    return s.element_type if s.is_array else ""
+
+
+def elems(shape_dims) -> int:
+    n = 1
+    for d in shape_dims:
+        n *= max(d, 0)
+    return n
+
+
+def reducer_is(module: HloModule, instr: Instruction, opcode: str) -> bool:
+    comp = module.computations.get(instr.to_apply or "")
+    root = comp.root if comp else None
+    return root is not None and root.opcode == opcode
+
+
+class Flow:
+    """One module's dataflow with the walks the detectors use."""
+
+    def __init__(self, module: HloModule):
+        self.m = module
+        self.g = Dataflow(module)
+        self.order = {id(i): n for n, i in enumerate(module.instructions())}
+        self._once: dict[str, list] = {}
+
+    def once(self, key: str, find: Callable[[Flow], list]) -> list:
+        """`find(self)`, computed once per module for every detector that shares it."""
+        if key not in self._once:
+            self._once[key] = find(self)
+        return self._once[key]
+
+    def _walk(self, instr: Instruction, step, through: frozenset, want, depth: int) -> tuple[Instruction | None, list]:
+        """Breadth first from `instr` along `step` (operands or users) through ops in `through`: the first
+        op satisfying `want`, and the path walked."""
+        frontier, seen, path = [instr], {id(instr)}, []
+        for _ in range(depth):
+            nxt = []
+            for i in frontier:
+                for o in step(i):
+                    if id(o) in seen:
+                        continue
+                    seen.add(id(o))
+                    if want(o):
+                        return o, path + [o]
+                    if o.opcode in through:
+                        path.append(o)
+                        nxt.append(o)
+            frontier = nxt
+        return None, path
+
+    def back(self, instr: Instruction, through: frozenset, want, depth: int = 12) -> tuple[Instruction | None, list]:
+        """The first op satisfying `want` reached from `instr` back through `through`; and the path."""
+        return self._walk(instr, self.g.operands, through, want, depth)
+
+    def forward(self, instr: Instruction, through: frozenset, want, depth: int = 8) -> tuple[Instruction | None, list]:
+        """The same, downstream."""
+        return self._walk(instr, self.g.users, through, want, depth)
+
+    def is_matmul(self, instr: Instruction) -> bool:
+        """A matmul, or the multiply-and-sum XLA writes for a matrix-vector product (a decode step's
+        QK and PV with one query: no dot left in the HLO)."""
+        if instr.opcode in MATMUL:
+            return True
+        if instr.opcode != "reduce" or not reducer_is(self.m, instr, "add"):
+            return False
+        mul = self.g.source(self.g.operand(instr, 0))
+        if mul is None or mul.opcode != "multiply":
+            return False
+        a, b = (self.g.source(self.g.operand(mul, k), TRANSPARENT | {"broadcast"}) for k in (0, 1))
+        return a is not None and b is not None and a is not b and a.opcode != "exponential" \
+            and b.opcode != "exponential"
+
+    def reachable(self, instr: Instruction, want, depth: int) -> list[Instruction]:
+        """Every op satisfying `want` downstream of `instr` within `depth` steps."""
+        frontier, seen, out = [instr], {id(instr)}, []
+        for _ in range(depth):
+            nxt = []
+            for i in frontier:
+                for u in self.g.users(i):
+                    if id(u) in seen:
+                        continue
+                    seen.add(id(u))
+                    if want(u):
+                        out.append(u)
+                    nxt.append(u)
+            frontier = nxt
+        return out
+
+    def stored_dtype(self, instr: Instruction) -> str:
+        """The narrowest float type among the arrays `instr` reads, before the converts and slices in
+        between: a bf16 KV cache upcast to f32 for the matmul is still read as bf16."""
+        seen_types = set()
+        frontier, seen = [instr], {id(instr)}
+        for _ in range(6):
+            nxt = []
+            for i in frontier:
+                for o in self.g.operands(i):
+                    if id(o) in seen:
+                        continue
+                    seen.add(id(o))
+                    seen_types.add(etype(o))
+                    if o.opcode in TRANSPARENT | {"broadcast", "dynamic-slice", "slice", "gather", "multiply"}:
+                        nxt.append(o)
+            frontier = nxt
+        for t in ("bf16", "f16", "f32"):
+            if t in seen_types:
+                return t
+        return etype(instr)
+
+    def reduce_of(self, instr: Instruction, opcode: str) -> Instruction | None:
+        r, _ = self.forward(instr, TRANSPARENT | {"broadcast"},
+                            lambda u: u.opcode == "reduce" and reducer_is(self.m, u, opcode), depth=4)
+        return r
+
+    def match(self, detector, anchors: list[Instruction], covered: list[Instruction], shapes, notes=(),
+              replaced=None):
+        """The `PatternMatch` of `detector` anchored on `anchors`, its ops the top-level instructions that
+        execute `anchors` and `covered`, in program order."""
+        tops = {}
+        for i in [*anchors, *covered]:
+            t = self.g.top(i)
+            if t.opcode not in ("parameter", "constant"):
+                tops[id(t)] = t
+        ops = sorted(tops.values(), key=lambda t: self.order.get(id(t), 0))
+        lines: dict[str, int] = {}
+        for i in [*anchors, *covered]:
+            src = self.m.source(i)
+            if src:
+                lines[src] = lines.get(src, 0) + 1
+        return PatternMatch(detector=detector, module=self.m.name, ops=tuple(t.name for t in ops),
+                            anchors=tuple(a.name for a in anchors),
+                            source=tuple(sorted(lines, key=lambda s: (-lines[s], s))),
+                            shapes=shapes, notes=tuple(notes), replaced_by_xla=replaced)
+
+
+def dedupe(matches: list) -> list:
+    """One match per (pattern, ops): the forward and a recomputation in the backward of one attention
+    share their ops only when XLA fused them together."""
+    seen, out = set(), []
+    for m in matches:
+        key = (m.pattern, m.ops, m.anchors[:1])
+        if key not in seen:
+            seen.add(key)
+            out.append(m)
+    return out

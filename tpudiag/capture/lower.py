@@ -1,0 +1,31 @@
+"""Lowers a JAX function for a TPU target on a machine without one, and writes the StableHLO text.
+
+Reads a function and its arguments (arrays or `jax.ShapeDtypeStruct`s: only shapes, dtypes and
+shardings matter); writes the module a compile worker (`tpu_compile.py`) takes as input. Pallas
+kernels become Mosaic here: lowering is where a kernel's block sizes and VMEM use are checked. It
+does not compile (that is `tpu_compile.py`) and keeps nothing in memory.
+
+jax is imported inside the function: the CLI imports this module before it knows whether it
+needs jax, and a worker sets its platform flags before jax loads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def lower_for_tpu(fn, args, path: Path, *, debug_info: bool = True, jitted: bool = False) -> Path:
+    """`fn(*args)` lowered for TPU, written as StableHLO text to `path`; returns `path`.
+
+    `jitted`: `fn` is a `jax.jit`-ed function with its own shardings, lowered as it is (wrapping it
+    in `jax.jit` again would nest it as a call in another module). `debug_info=False` leaves out
+    source locations, which name the caller's stack: the same kernel lowered from another call path
+    is then the same module to the compile cache.
+    """
+    import jax
+
+    traced = (fn if jitted else jax.jit(fn)).trace(*args)
+    lowered = traced.lower(lowering_platforms=("tpu",))
+    path = Path(path)
+    path.write_text(lowered.as_text(debug_info=debug_info))
+    return path
