@@ -233,7 +233,8 @@ def unpriced_report(report: CompileReport, modules: dict, chip, run_dir: str = "
     roofline bound, no kernel compiled (`tpudiag suggest RUN` compiles them)."""
     cands, replaced = candidates(report, modules)
     bounds = {i: roofline_bound(c, chip) for i, c in enumerate(cands)}
-    prices = {i: Price(None, None, why_not="not compiled here: tpudiag suggest RUN compiles the bundled kernel at "
-                                            "these shapes") for i in range(len(cands))}
+    prices = {i: Price(None, None, why_not=c.match.detector.no_kernel if c.match.detector.kernel is None
+                       else "not compiled here: tpudiag suggest RUN compiles the bundled kernel at these shapes")
+              for i, c in enumerate(cands)}
     findings = findings_for(report, modules, cands, chip.hbm_bytes_per_s)
     return build_report(run_dir, report, cands, replaced, prices, bounds, findings)
