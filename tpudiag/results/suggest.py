@@ -21,7 +21,6 @@ PATTERN_LABELS: dict[str, str] = {
     "sampling": "top-k / top-p sampling",
     "moe": "MoE dispatch",
     "dequant_matmul": "dequantize-then-matmul",
-    "gated_mlp": "gated MLP (SwiGLU / GeGLU)",
 }
 
 

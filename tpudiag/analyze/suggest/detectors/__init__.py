@@ -12,7 +12,6 @@ from tpudiag.analyze.suggest.detectors.attention import DECODE, PREFILL
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch
 from tpudiag.analyze.suggest.detectors.cross_entropy import CROSS_ENTROPY
 from tpudiag.analyze.suggest.detectors.dequant import DEQUANT_MATMUL
-from tpudiag.analyze.suggest.detectors.gated_mlp import GATED_MLP
 from tpudiag.analyze.suggest.detectors.moe import MOE
 from tpudiag.analyze.suggest.detectors.norms import LAYERNORM, RMSNORM
 from tpudiag.analyze.suggest.detectors.rope import ROPE
@@ -30,7 +29,6 @@ DETECTORS: tuple[Detector, ...] = (
     SAMPLING,
     MOE,
     DEQUANT_MATMUL,
-    GATED_MLP,
 )
 BY_NAME: dict[str, Detector] = {d.name: d for d in DETECTORS}
 
