@@ -62,6 +62,18 @@ _RUN_COMMANDS = {
 }
 
 
+def _expected_file(name: str):
+    """What 08cd88e printed with this leg's jax. `jax-0.12/` holds the outputs that differ there:
+    suggest compiles the bundled kernels with the installed libtpu, and Python 3.12's `sum` rounds
+    hlo-diff's time totals differently."""
+    import jax
+
+    newest = EXPECTED / "jax-0.12" / f"{name}.gz"
+    if tuple(int(x) for x in jax.__version__.split(".")[:2]) >= (0, 11) and newest.is_file():
+        return newest
+    return EXPECTED / f"{name}.gz"
+
+
 @pytest.mark.parametrize("name", sorted(_RUN_COMMANDS))
 def test_run_from_08cd88e_gives_the_same_output(name):
     import gzip
@@ -70,5 +82,5 @@ def test_run_from_08cd88e_gives_the_same_output(name):
     args = [a.replace("{RUN}", run) for a in _RUN_COMMANDS[name]]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    expected = gzip.decompress((EXPECTED / f"{name}.gz").read_bytes()).decode()
+    expected = gzip.decompress(_expected_file(name).read_bytes()).decode()
     assert result.output.replace(run, "{RUN}") == expected

@@ -130,28 +130,37 @@ class ChildSpec:
 def _tee(src: IO[bytes], sinks: list[IO[bytes]], stop: threading.Event, prefix: bytes = b"",
          prefixed: tuple[IO[bytes], ...] = ()) -> None:
     """Copy `src` to every sink until EOF, or until `stop` is set and nothing more is waiting.
-    Sinks in `prefixed` get each line with `prefix` before it (one process's output among several)."""
+    Sinks in `prefixed` get whole lines only, each with `prefix` before it (one process's output
+    among several: a line is held until its newline, so two processes' partial writes, such as
+    `print("sum", x)` unbuffered, never interleave within a line)."""
     fd = src.fileno()
-    at_line_start = True
-    while True:
-        ready, _, _ = select.select([fd], [], [], 0.1)
-        if not ready:
-            if stop.is_set():
-                return
-            continue
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return
-        marked = chunk
-        if prefix:
-            marked = (prefix if at_line_start else b"") + chunk[:-1].replace(b"\n", b"\n" + prefix) + chunk[-1:]
-            at_line_start = chunk.endswith(b"\n")
+    held = b""  # the prefixed sinks' unfinished line
+
+    def write(data: bytes, to_prefixed: bool) -> None:
         for s in sinks:
+            if (s in prefixed) != to_prefixed:
+                continue
             try:
-                s.write(marked if s in prefixed else chunk)
+                s.write(data)
                 s.flush()
             except (ValueError, OSError):  # a closed terminal must not stop the log
                 pass
+
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        chunk = os.read(fd, 65536) if ready else b""
+        if not chunk and (ready or stop.is_set()):  # EOF, or stopped with nothing waiting
+            if held:
+                write(prefix + held, True)
+            return
+        if not chunk:
+            continue
+        write(chunk, False)
+        if prefixed:
+            held += chunk
+            done, nl, held = held.rpartition(b"\n")
+            if nl:
+                write(prefix + (done + nl).replace(b"\n", b"\n" + prefix)[:-len(prefix) or None], True)
 
 
 def _group_members(pgid: int) -> list[int]:
