@@ -234,6 +234,20 @@ def _join_cluster(distributed: dict) -> None:
     jsd.initialize = jd.initialize = jax.distributed.initialize = initialize
 
 
+_PROGRAM = {"running": True, "late_signal": None}
+
+
+def _stop_program(signum: int, _frame) -> None:
+    """While the program runs: SIGINT raises KeyboardInterrupt in it, SIGTERM exits it (code 143).
+    After it has ended (tpudiag then writes the trace), the signal is only noted."""
+    if not _PROGRAM["running"]:
+        _PROGRAM["late_signal"] = signum
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    sys.exit(128 + signal.SIGTERM)
+
+
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     _die_with_parent(spec.get("parent_pid"))
@@ -241,8 +255,11 @@ def main() -> None:
     script = os.path.abspath(spec["script"])
     status = {"exit_code": 0, "reason": None, "exception": None}
 
-    # SIGTERM would kill us before the trace is written: turn it into an orderly exit.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # SIGINT and SIGTERM stop the program (SIGTERM as an orderly exit, not a kill, so that the trace
+    # is written); once the program has ended they are only noted, so that one arriving while its
+    # error is formatted or its trace written cannot cut that short.
+    signal.signal(signal.SIGTERM, _stop_program)
+    signal.signal(signal.SIGINT, _stop_program)
 
     recorder = _Recorder(run / "capture" / "monitoring.jsonl")
     import jax.monitoring
@@ -266,8 +283,11 @@ def main() -> None:
     calibration = [calibrate()] if spec.get("trace", True) else []
     t0 = time.time_ns()
     try:
-        # runpy sets sys.argv[0] to its argument: pass the path as the user gave it (as `python x.py` would).
-        runpy.run_path(spec["script"], run_name="__main__")
+        try:
+            # runpy sets sys.argv[0] to its argument: pass the path as the user gave it (as `python x.py` would).
+            runpy.run_path(spec["script"], run_name="__main__")
+        finally:
+            _PROGRAM["running"] = False  # first on every way out: a later SIGINT is only noted
     except SystemExit as e:
         status["exit_code"] = _exit_code(e)
         if status["exit_code"] != 0:
@@ -280,9 +300,6 @@ def main() -> None:
         status.update(exit_code=1, reason="program raised " + one_line(e, 285),
                       exception=type(e).__name__)
     finally:
-        # A second Ctrl-C must not cut the trace write short.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         program_end = time.time_ns()
         try:
             sys.stdout.flush()
