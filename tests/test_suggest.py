@@ -105,7 +105,7 @@ def test_the_cpu_dump_of_the_decoder_has_its_attention_and_norms(version):
     # decoder.py: B=2, 4 heads of 64, S=128, causal, f32.
     s = att[0].shapes
     assert (s.batch_heads, s.q_len, s.kv_len, s.head_dim) == (8, 128, 128, 64)
-    assert any("masked" in n for n in att[0].notes)
+    assert s.mask == "causal" and "causal mask" in att[0].notes
     assert all(s.split(":")[0].endswith("decoder.py") for m in matches for s in m.source)
     rms = [m for m in matches if m.pattern == "rmsnorm"]
     assert all(m.shapes.rows == 256 and m.shapes.hidden == 256 for m in rms)
@@ -171,8 +171,9 @@ def test_attention_xla_already_replaced_is_named_not_suggested(compiled):
 
 
 def test_a_dense_moe_dispatch_gets_a_routed_bound(compiled):
-    """moe_layer.py: tokens 512, 8 experts, SwiGLU 1024 -> 2048 -> 1024, one-hot dispatch. No bundled
-    kernel takes a dense dispatch; the bound is top-1 routing's FLOPs against the expert weights."""
+    """moe_layer.py: tokens 512, 8 experts, top-2, SwiGLU 1024 -> 2048 -> 1024, one-hot dispatch. No
+    bundled kernel takes a dense dispatch; the bound is top-2 routing's FLOPs (counted by hand: 3
+    matmuls of 2*t*d*f per routed expert) against the expert weights."""
     from tpudiag.api.suggest import suggest_run
     from tpudiag.targets import resolve_target
 
@@ -183,8 +184,9 @@ def test_a_dense_moe_dispatch_gets_a_routed_bound(compiled):
     assert moe.shapes["dense_flops"] == 3 * 2 * t * e * d * f  # every token through every expert
     assert moe.shapes["weight_bytes"] == 3 * e * d * f * 2
     chip = resolve_target("v5e").chip
+    assert moe.shapes["top_k"] == 2
     assert moe.kernel_s == pytest.approx(max(moe.shapes["weight_bytes"] / chip.hbm_bytes_per_s,
-                                             3 * 2 * t * d * f / chip.peak_bf16_flops_per_s), rel=1e-6)
+                                             2 * 3 * 2 * t * d * f / chip.peak_bf16_flops_per_s), rel=1e-6)
     assert moe.xla_s > moe.kernel_s
 
 

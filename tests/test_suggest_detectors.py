@@ -32,7 +32,8 @@ def test_shapes_serialize_in_the_order_the_detectors_always_wrote_them():
     for m in find_patterns(read_hlo_file(path)):
         first.setdefault(m.pattern, m.shapes.to_dict())
     assert {k: list(v) for k, v in first.items()} == {
-        "attention": ["batch_heads", "q_len", "kv_len", "head_dim", "kv_batch_heads", "dtype", "softmax_dtype"],
-        "rmsnorm": ["rows", "hidden", "dtype"],
+        "attention": ["batch_heads", "q_len", "kv_len", "head_dim", "kv_batch_heads", "dtype", "softmax_dtype", "mask",
+                      "mask_offset", "mask_window"],
+        "rmsnorm": ["rows", "hidden", "dtype", "eps"],
     }
 

@@ -9,7 +9,7 @@ import re
 import pytest
 from jaxlib import _hlo
 
-from tests.conftest import ARTIFACTS, glob_sets, set_id, skip_if_newer_than_this_xla
+from tests.conftest import ARTIFACT_SETS, ARTIFACTS, ROOT, glob_sets, set_id, skip_if_newer_than_this_xla
 from tpudiag.errors import ParseError
 from tpudiag.parse.hlo import RUNS_CALLEES, WindowDim, find_optimized_modules, parse_hlo_text, read_hlo_file
 
@@ -49,6 +49,25 @@ def test_source_lines_resolve_through_stack_frames():
     module = next(read_hlo_file(p) for p in mods.values() if "train_step" in p.name)
     sources = {module.source_frames(i)[0][0] for i in module.instructions() if module.source_frames(i)}
     assert any(s.endswith("fixtures/programs/mlp.py") for s in sources)
+
+
+@pytest.mark.parametrize("version", sorted(ARTIFACT_SETS))
+def test_a_stack_of_frames_reads_each_line_inside_the_function_it_names(version):
+    """decoder.py's attention exp: attention <- _block <- loss_fn <- train_step <- main <- <module>,
+    every line inside the function the dump names for it (checked against decoder.py's own AST)."""
+    import ast
+
+    mods = find_optimized_modules(ARTIFACT_SETS[version] / "decoder" / "hlo")
+    module = next(read_hlo_file(p) for p in mods.values() if "train_step" in p.name)
+    exp = next(i for i in module.instructions() if i.opcode == "exponential")
+    frames = [f for f in module.source_frames(exp) if f[0].endswith("fixtures/programs/decoder.py")]
+    assert [f[2] for f in frames] == ["attention", "_block", "loss_fn", "train_step", "main", "<module>"]
+    tree = ast.parse((ROOT / "fixtures" / "programs" / "decoder.py").read_text())
+    spans = {n.name: (n.lineno, n.end_lineno) for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    for _, line, func in frames[:-1]:
+        assert spans[func][0] <= line <= spans[func][1], (func, line)
+    site, library = module.call_site(exp)
+    assert site == f"{frames[0][0]}:{frames[0][1]}" and library is None
 
 
 def test_inline_source_metadata_of_older_dumps():

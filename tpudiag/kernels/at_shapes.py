@@ -29,6 +29,11 @@ def _jnp(dtype: str):
     return {"bf16": jnp.bfloat16, "f32": jnp.float32, "f16": jnp.float16}.get(dtype, jnp.bfloat16)
 
 
+_MASK_WORDS = {"causal": "causal with a diagonal offset", "window": "a sliding window",
+               "inputs": "computed from the program's inputs (padding or a position)",
+               "other": "neither causal nor a window", "unknown": "one tpudiag could not read"}
+
+
 def _flash_attention(shapes, notes) -> AtShapes | str:
     import jax
 
@@ -39,9 +44,13 @@ def _flash_attention(shapes, notes) -> AtShapes | str:
         return f"flash_attention takes self-attention (query length = key length); here {sq} vs {sk}"
     if d % 64 or sq % 128:
         return f"flash_attention needs head_dim a multiple of 64 and a sequence a multiple of 128 (D{d} S{sq})"
+    mask = getattr(shapes, "mask", "none")
+    if mask not in ("none", "causal") or mask == "causal" and shapes.mask_offset:
+        return (f"flash_attention masks causally (query i sees keys j <= i) or not at all; this attention's mask is "
+                f"{_MASK_WORDS.get(mask, mask)}, which the kernel would drop or change")
     dt = "bf16"  # the kernel reads bf16 Q, K, V with an f32 softmax
     q = jax.ShapeDtypeStruct((1, bh, sq, d), _jnp(dt))
-    causal = any("masked" in n for n in notes)
+    causal = mask == "causal"
 
     def fn(q, k, v):
         return flash_attention(q, k, v, causal=causal)
@@ -50,6 +59,12 @@ def _flash_attention(shapes, notes) -> AtShapes | str:
                f"# q [B, H, {sq}, {d}] bf16; k, v [B, KVH, {sk}, {d}] bf16 (KVH divides H); here B*H = {bh}\n"
                f"out = flash_attention(q, k, v, causal={causal})  # -> [B, H, {sq}, {d}]")
     return AtShapes("flash_attention", (q, q, q), fn, snippet, f"B1 H{bh} S{sq} D{d} bf16{' causal' if causal else ''}")
+
+
+def _eps(shapes) -> str:
+    """The program's own epsilon where the HLO holds it as a constant, else the kernel's default."""
+    eps = getattr(shapes, "eps", None)
+    return repr(eps) if eps is not None else "1e-6"
 
 
 def _rmsnorm(shapes, notes) -> AtShapes | str:
@@ -62,9 +77,11 @@ def _rmsnorm(shapes, notes) -> AtShapes | str:
         return f"rmsnorm_residual needs hidden a multiple of 128 (here {h})"
     x = jax.ShapeDtypeStruct((n, h), _jnp("bf16"))
     snippet = ("from tpudiag.kernels.rmsnorm import rmsnorm_residual\n"
-               f"normed, resid = rmsnorm_residual(x, resid, weight, eps=1e-6)  # x, resid [{n}, {h}] bf16, "
+               f"normed, resid = rmsnorm_residual(x, resid, weight, eps={_eps(shapes)})  # x, resid [{n}, {h}] bf16, "
                f"weight [{h}]")
-    return AtShapes("rmsnorm", (x, x, jax.ShapeDtypeStruct((h,), _jnp("bf16"))), rmsnorm_residual, snippet,
+    eps = float(_eps(shapes))
+    return AtShapes("rmsnorm", (x, x, jax.ShapeDtypeStruct((h,), _jnp("bf16"))),
+                    lambda x, r, w: rmsnorm_residual(x, r, w, eps=eps), snippet,
                     f"N{n} D{h} bf16")
 
 

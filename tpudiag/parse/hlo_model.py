@@ -24,6 +24,24 @@ from tpudiag.parse.hlo_text import (CALL_KEYS, KV, SLICE_DIM, TAIL_ITEM, TAIL_ST
                                     unquote)
 
 
+# Packages whose frames are not the model's own: a source line inside them (flax.linen's attention,
+# optax's losses) is reported after the model file's line that called them.
+FRAMEWORKS = frozenset({"jax", "jaxlib", "flax", "optax", "numpy", "haiku", "equinox", "chex", "einops", "keras",
+                        "torch", "scipy", "ml_dtypes", "orbax", "tpudiag", "runpy", "<frozen runpy>"})
+
+
+def is_framework_file(path: str) -> bool:
+    """A file of an installed framework (`.../site-packages/flax/linen/attention.py`), or Python's
+    own machinery that runs a script."""
+    if path in FRAMEWORKS or path.startswith("<frozen"):
+        return True
+    parts = path.replace("\\", "/").split("/")
+    for k, part in enumerate(parts[:-1]):
+        if part in ("site-packages", "dist-packages") and parts[k + 1].split(".")[0] in FRAMEWORKS:
+            return True
+    return "/tpudiag/capture/" in path  # the run's own driver (child.py)
+
+
 @dataclass
 class Instruction:
     """One HLO instruction. The attribute text (`attrs`) is kept as printed; the typed fields below
@@ -415,18 +433,34 @@ class HloModule:
         md = instr.metadata
         if "source_file" in md:
             return [(md["source_file"], ascii_int(md.get("source_line")), "")]
-        fid = md.get("stack_frame_id")
+        fid = ascii_int(md.get("stack_frame_id"), None)
         out, seen = [], set()
-        while fid and ascii_int(fid, None) in self.stack_frames and fid not in seen:
+        while fid and fid in self.stack_frames and fid not in seen:
             seen.add(fid)
-            frame = self.stack_frames[ascii_int(fid)]
+            frame = self.stack_frames[fid]
             loc = self.file_locations.get(ascii_int(frame.get("file_location_id")), {})
             file = self.file_names.get(ascii_int(loc.get("file_name_id")), "?")
             func = self.function_names.get(ascii_int(loc.get("function_name_id")), "")
             out.append((file, ascii_int(loc.get("line")), func))
-            parent = frame.get("parent_frame_id")
-            fid = parent if parent != fid else None
+            # The dump prints a frame's parent one above its row number (the outermost frame's
+            # parent is printed 1): the chain of decoder.py's attention reads attention <- _block
+            # <- loss_fn <- train_step <- main, each line inside the function it names.
+            fid = ascii_int(frame.get("parent_frame_id"), 0) - 1
         return out
+
+    def call_site(self, instr: Instruction) -> tuple[str | None, str | None]:
+        """(`file:line` of the innermost frame outside the frameworks in `FRAMEWORKS`, the innermost
+        frame where that is a framework's): the model code's own line (a transformers or MaxText
+        model file counts as model code), and the library line that emitted the op."""
+        frames = self.source_frames(instr)
+        if not frames:
+            return None, None
+        inner = f"{frames[0][0]}:{frames[0][1]}"
+        for file, line, _ in frames:
+            if not is_framework_file(file):
+                own = f"{file}:{line}"
+                return own, (inner if own != inner else None)
+        return inner, None
 
     def source(self, instr: Instruction) -> str | None:
         """`file:line` of the innermost Python frame an instruction came from, if the metadata says."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tpudiag.analyze.hlo.vocabulary import TRANSPARENT
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s, stored_bytes
+from tpudiag.analyze.suggest.detectors.masks import read_mask
 from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, elems, etype, reducer_is
 
 # Walked through between the scores matmul and the exp: scale, mask, bias, max-subtraction.
@@ -31,6 +32,9 @@ class AttentionShapes(Shapes):
     kv_batch_heads: int  # one K/V row per (batch, kv head): grouped query heads share it
     dtype: str  # Q, K, V as stored
     softmax_dtype: str
+    mask: str = "none"  # masks.Mask.kind: none, causal, window, inputs, other, unknown
+    mask_offset: int = 0  # causal and window: query i sees keys j <= i + offset
+    mask_window: int = 0  # window: and keys j > i + offset - window
 
 
 def _online_softmax(flow: Flow, x) -> PatternMatch:
@@ -44,6 +48,29 @@ def _online_softmax(flow: Flow, x) -> PatternMatch:
         notes.append(f"its input is the {s.dims[-2]}x{s.dims[-1]} score matrix ({s.bytes / 2**20:.3g} MiB), "
                      "materialized by the QK^T fusion: softmax and PV are fused, QK^T is not")
     return flow.match(PREFILL, [x], covered, None, tuple(notes), replaced="online-softmax")
+
+
+def _kv_rows(flow: Flow, qk, pv, rows: int, kv_len: int, head_dim: int) -> int:
+    """K/V rows (batch x kv heads) before any repeat: grouped-query heads written as `jnp.repeat`,
+    `broadcast` or `tile` of K and V read fewer elements than the matmul's operand holds."""
+    least = None
+    for mm in (qk, pv):
+        for operand in flow.g.operands(mm):
+            n = elems(dims(operand))
+            if operand.opcode not in TRANSPARENT | {"broadcast"}:
+                continue  # computed here (Q's scale, a projection): not a repeat of K or V
+            walked = [operand, *flow.back(operand, TRANSPARENT | {"broadcast"}, lambda _o: False, depth=8)[1]]
+            for o in walked:
+                src = flow.g.operand(o, 0) if o.opcode == "broadcast" else None
+                # a repeat of the heads: the whole tensor (rank >= 2), a whole number of times
+                if src is not None and len(dims(src)) >= 2 and n % max(1, elems(dims(src))) == 0:
+                    n = min(n, elems(dims(src)))
+            if n < elems(dims(operand)):
+                least = n if least is None else min(least, n)
+    if least is None:
+        return rows
+    kv = least // max(1, kv_len * head_dim)
+    return kv if 0 < kv < rows and rows % kv == 0 else rows
 
 
 def _find(flow: Flow) -> list[PatternMatch]:
@@ -75,19 +102,21 @@ def _find(flow: Flow) -> list[PatternMatch]:
         rows = max(1, elems(scores) // max(1, kv_len))
         head_dim = max(1, elems(dims(pv)) // rows)
         notes = [f"softmax in {etype(x)}"]
-        if any(p.opcode == "select" for p in spath):
-            notes.append("masked (select before the softmax)")
+        mask = read_mask(flow, qk, x, spath, kd - 1 if len(scores) >= 3 else -1, kd)
+        if mask.kind != "none":
+            notes.append(mask.describe())
         k_src = flow.back(qk, TRANSPARENT | {"broadcast", "multiply", "concatenate", "pad", "slice"},
                           lambda o: o.opcode in ("gather", "dynamic-slice"), depth=6)[0]
         # One query per sequence; with grouped heads XLA may keep the group as a dimension of size <= 8.
         decode = q_len == 1 or k_src is not None and q_len <= 8
         if k_src is not None:
             notes.append(f"keys read through a {k_src.opcode} (a KV cache)")
-        kv_rows = rows // max(1, q_len)  # one K/V row per (batch, kv head): grouped heads share it
+        kv_rows = _kv_rows(flow, qk, pv, rows // max(1, q_len), kv_len, head_dim)
         if decode:
             q_len = 1
         shapes = AttentionShapes(batch_heads=rows // max(1, q_len), q_len=q_len, kv_len=kv_len, head_dim=head_dim,
-                                 kv_batch_heads=kv_rows, dtype=flow.stored_dtype(qk), softmax_dtype=etype(x))
+                                 kv_batch_heads=kv_rows, dtype=flow.stored_dtype(qk), softmax_dtype=etype(x),
+                                 mask=mask.kind, mask_offset=mask.offset, mask_window=mask.window)
         out.append(flow.match(DECODE if decode else PREFILL, [qk, x, pv], [*spath, *ppath, red], shapes, notes))
     return dedupe(out)
 

@@ -1,7 +1,7 @@
 """Softmax cross-entropy over a large vocabulary.
 
 Reads a `walk.Flow`; returns `PatternMatch`es with `CrossEntropyShapes`: a `log` of a row sum of
-exponentials over at least `VOCAB_MIN` classes (a log-softmax or logsumexp), with the labels picked
+exponentials (or of its absolute value, as `jax.nn.logsumexp` writes it) over at least `VOCAB_MIN` classes (a log-softmax or logsumexp), with the labels picked
 by a gather or a one-hot compare. It prices nothing and does no I/O.
 """
 
@@ -33,7 +33,8 @@ class CrossEntropy(Detector):
         for lg in flow.g.instructions:
             if lg.opcode != "log":
                 continue
-            red, _ = flow.back(lg, TRANSPARENT | {"add", "broadcast"},
+            # `log(abs(sum))`: jax's logsumexp (and optax's losses through it) takes the sign apart
+            red, _ = flow.back(lg, TRANSPARENT | {"add", "broadcast", "abs"},
                                lambda o: o.opcode == "reduce" and reducer_is(flow.m, o, "add"), depth=4)
             if red is None or not red.dimensions:
                 continue

@@ -33,6 +33,7 @@ class DenseDispatchShapes(Shapes):
     # that any kernel must read once.
     dense_flops: float
     weight_bytes: int
+    top_k: int = 1  # experts per token, from the router's top-k (1 where none is found)
 
 
 class Moe(Detector):
@@ -61,27 +62,46 @@ class Moe(Detector):
             # labels (a loss over classes) has neither.
             dispatch = [d for d in flow.reachable(c, flow.is_matmul, depth=16)
                         if len(dims(d)) >= 3 and experts in dims(d)]
-            if experts > MOE_MAX_EXPERTS or not dispatch:
+            # The forward's matmuls carry the work a routed kernel does; a training step's gradient
+            # matmuls (JAX's `transpose(jvp(...))`) are its ops too, priced by the backward factor.
+            forward = [d for d in dispatch if "transpose(" not in (d.metadata.get("op_name") or "")]
+            if experts > MOE_MAX_EXPERTS or not forward:
                 continue
+            k = _top_k(flow, c, iota, experts)
             shapes = DenseDispatchShapes(
-                tokens=max((x for x in cd if x != experts), default=1), experts=experts, matmuls=len(dispatch),
-                dtype=etype(dispatch[0]), dense_flops=sum(op_cost(flow.m, d).flops for d in dispatch),
+                tokens=max((x for x in cd if x not in (experts, k)), default=1), experts=experts,
+                matmuls=len(forward), dtype=etype(forward[0]),
+                dense_flops=sum(op_cost(flow.m, d).flops for d in forward),
                 weight_bytes=sum(max((o.parsed_shape.bytes for o in flow.g.operands(d) if o.parsed_shape.is_array),
-                                     default=0) for d in dispatch))
-            out.append(flow.match(self, [c, *dispatch], [], shapes,
-                                  [f"dispatch by a dense one-hot over {experts} experts: every token goes through "
-                                   "every expert's matmul, masked",
-                                   "the bound routes each token to one expert and reads each expert's weights once; "
-                                   "top-k routing computes k times its FLOPs"]))
+                                     default=0) for d in forward), top_k=k)
+            routed = "read from the router" if k > 1 else "no top-k found: the least any routing computes"
+            notes = [(f"dispatch by a dense one-hot over {experts} experts: every token goes through every expert's "
+                      f"matmul, masked ({experts / k:.3g}x the FLOPs of top-{k} routing)"),
+                     (f"the bound routes each token to its {k} expert{'s' if k > 1 else ''} (top-{k}, {routed}) "
+                      "and reads each expert's weights once")]
+            out.append(flow.match(self, [c, *forward], [d for d in dispatch if d not in forward], shapes, notes))
         return dedupe(out)
 
     def bound(self, shapes: Shapes, chip, backward: bool = False) -> float | None:
         if not isinstance(shapes, DenseDispatchShapes):
             return None  # a ragged-dot's shapes do not say how much it computes
-        # Routed, each token goes through k >= 1 experts instead of all of them: top-1's FLOPs are
-        # the least any routing kernel computes; the expert weights are read at least once.
-        flops = shapes.dense_flops / max(1, shapes.experts)
+        # Routed, each token goes through its k experts instead of all of them; the expert weights
+        # are read at least once. `dense_flops` is the forward's: the backward factor adds the gradient.
+        flops = shapes.dense_flops * max(1, shapes.top_k) / max(1, shapes.experts)
         return roofline_s(float(shapes.weight_bytes), flops, chip, backward)
+
+
+def _top_k(flow: Flow, compare, iota, experts: int) -> int:
+    """Experts per token: the last dimension of the expert indices the one-hot compares against (a
+    `[tokens, k]` array from the router's top-k), 1 where they have none."""
+    for o in flow.g.operands(compare):
+        if o is iota:
+            continue
+        src = flow.g.source(o, TRANSPARENT | {"broadcast"})
+        d = dims(src) if src is not None else ()
+        if src is not None and src.opcode not in ("iota", "constant") and len(d) >= 2 and 1 < d[-1] < experts:
+            return d[-1]
+    return 1
 
 
 MOE = Moe()

@@ -1,7 +1,8 @@
 """RMSNorm and LayerNorm: one finder, two detectors.
 
-Reads a `walk.Flow`; returns `PatternMatch`es with `NormShapes`. The finder anchors on an `rsqrt` of
-a row sum of `x * x` (LayerNorm: of `(x - mean)^2`); an `add` producing x is the residual add before
+Reads a `walk.Flow`; returns `PatternMatch`es with `NormShapes`. The finder anchors on a reciprocal square
+root (`rsqrt`, `pow(_, -0.5)`, or a `sqrt` that divides) of a row sum of `x * x` (LayerNorm: of
+`(x - mean)^2`) plus a constant epsilon; an `add` producing x is the residual add before
 it. It prices nothing and does no I/O.
 """
 
@@ -9,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from tpudiag.analyze.hlo.evaluate import evaluate
 from tpudiag.analyze.hlo.vocabulary import TRANSPARENT
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s, stored_bytes
 from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, elems, etype, reducer_is
@@ -19,15 +23,52 @@ class NormShapes(Shapes):
     rows: int
     hidden: int
     dtype: str
+    eps: float | None = None  # added to the mean square before the square root, where a constant
+
+
+def _inverse_sqrt(flow: Flow, r) -> bool:
+    """`rsqrt(v)`, `pow(v, -0.5)`, or a `sqrt(v)` that divides something (`x / jnp.sqrt(v)`): one
+    form, the reciprocal square root a norm scales by."""
+    if r.opcode == "rsqrt":
+        return True
+    if r.opcode == "power":
+        e = evaluate(flow.g, flow.g.operand(r, 1))
+        return e.ok and e.value.size > 0 and bool(np.all(e.value == -0.5))
+    if r.opcode != "sqrt":
+        return False
+    frontier, seen = [r], {id(r)}
+    for _ in range(4):
+        nxt = []
+        for i in frontier:
+            for u in flow.g.users(i):
+                if u.opcode == "divide" and flow.g.operand(u, 1) is i:
+                    return True
+                if u.opcode in TRANSPARENT | {"broadcast"} and id(u) not in seen:
+                    seen.add(id(u))
+                    nxt.append(u)
+        frontier = nxt
+    return False
+
+
+def _epsilon(flow: Flow, path) -> float | None:
+    """The constant added to the mean square on the way to the square root."""
+    for op in path:
+        if op.opcode != "add":
+            continue
+        for o in flow.g.operands(op):
+            e = evaluate(flow.g, o)
+            if e.ok and e.value.size and np.all(e.value == e.value.flat[0]) and 0 < float(e.value.flat[0]) < 1e-2:
+                return float(str(np.float32(e.value.flat[0])))  # as the program wrote it: 1e-05
+    return None
 
 
 def _find(flow: Flow) -> list[PatternMatch]:
     out = []
     for r in flow.g.instructions:
-        if r.opcode != "rsqrt":
+        if r.opcode not in ("rsqrt", "sqrt", "power") or not _inverse_sqrt(flow, r):
             continue
         red, path = flow.back(r, TRANSPARENT | {"add", "multiply", "divide", "broadcast"},
-                              lambda o: o.opcode == "reduce" and reducer_is(flow.m, o, "add"), depth=6)
+                              lambda o: o.opcode == "reduce" and reducer_is(flow.m, o, "add"), depth=10)
         if red is None or not red.dimensions:
             continue
         sq = flow.g.source(flow.g.operand(red, 0))
@@ -51,7 +92,8 @@ def _find(flow: Flow) -> list[PatternMatch]:
                                                  lambda u: u.opcode == "multiply", depth=3)[1]]
         if residual:
             covered.append(x)
-        shapes = NormShapes(rows=rows, hidden=hidden, dtype=etype(x) if x is not None else etype(sq))
+        shapes = NormShapes(rows=rows, hidden=hidden, dtype=etype(x) if x is not None else etype(sq),
+                            eps=_epsilon(flow, path))
         out.append(flow.match(LAYERNORM if layer else RMSNORM, [r], covered, shapes, notes))
     return dedupe(out)
 

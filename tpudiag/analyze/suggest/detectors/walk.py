@@ -151,14 +151,18 @@ class Flow:
             if t.opcode not in ("parameter", "constant"):
                 tops[id(t)] = t
         ops = sorted(tops.values(), key=lambda t: self.order.get(id(t), 0))
-        lines: dict[str, int] = {}
+        own: dict[str, int] = {}  # the model's lines; then the library lines that emitted the ops
+        lib: dict[str, int] = {}
         for i in [*anchors, *covered]:
-            src = self.m.source(i)
-            if src:
-                lines[src] = lines.get(src, 0) + 1
+            site, library = self.m.call_site(i)
+            if site:
+                own[site] = own.get(site, 0) + 1
+            if library:
+                lib[library] = lib.get(library, 0) + 1
+        lines = sorted(own, key=lambda s: (-own[s], s))
+        lines += [s for s in sorted(lib, key=lambda s: (-lib[s], s)) if s not in own]
         return PatternMatch(detector=detector, module=self.m.name, ops=tuple(t.name for t in ops),
-                            anchors=tuple(a.name for a in anchors),
-                            source=tuple(sorted(lines, key=lambda s: (-lines[s], s))),
+                            anchors=tuple(a.name for a in anchors), source=tuple(lines),
                             shapes=shapes, notes=tuple(notes), replaced_by_xla=replaced)
 
 

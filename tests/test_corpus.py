@@ -1,0 +1,116 @@
+"""`tpudiag suggest` on model code written by others: transformers' own `FlaxLlamaForCausalLM`
+(transformers 4.57.6, installed from PyPI by the test extra), a training step with optax's
+cross-entropy, compiled for v5e by fixtures/artifacts/regenerate.py
+(`fixtures/programs/thirdparty/flax_llama.py`). Every pattern its source contains is found, with
+its mask, head counts and epsilon, each at the line of the installed model file that writes it;
+nothing else is found."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import ARTIFACTS
+from tpudiag.analyze.suggest.detectors import find_patterns
+from tpudiag.cli import cli
+from tpudiag.parse.hlo import read_hlo_file
+
+LLAMA = ARTIFACTS / "corpus_flax_llama_train"
+
+
+def _module():
+    (path,) = (LLAMA / "modules").glob("*-jit_train_step/optimized.hlo.txt")
+    return read_hlo_file(path)
+
+
+def _installed(source: str) -> tuple[Path, int]:
+    """A `file:line` of the regenerating machine's site-packages, as a file of this environment."""
+    file, line = source.rsplit(":", 1)
+    rel = file.split("site-packages/", 1)[1]
+    spec = importlib.util.find_spec(rel.split("/", 1)[0])
+    return Path(spec.origin).parent.parent / rel, int(line)
+
+
+def _function_of(source: str) -> tuple[str, str]:
+    """(the qualified name of the function holding the line, the line's text), from the installed file."""
+    path, line = _installed(source)
+    text = path.read_text()
+    name = []
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.ClassDef)) and child.lineno <= line <= child.end_lineno:
+                name.append(prefix + child.name)
+                visit(child, prefix + child.name + ".")
+
+    visit(ast.parse(text), "")
+    return (name[-1] if name else ""), text.splitlines()[line - 1]
+
+
+@pytest.fixture(scope="module")
+def matches():
+    return find_patterns(_module())
+
+
+def test_every_pattern_the_model_writes_is_found_and_nothing_else(matches):
+    by = {}
+    for m in matches:
+        by.setdefault(m.pattern, []).append(m)
+    # 2 layers: an attention each (forward; the backward's recomputation shares its ops), two
+    # RMSNorms each and the final one (forward and gradient), RoPE on q and k, one cross-entropy.
+    assert {p: len(ms) for p, ms in by.items()} == {"attention": 2, "rmsnorm": 10, "rope": 4, "cross_entropy": 1}
+
+
+def test_attention_is_causal_grouped_and_at_the_model_line(matches):
+    for m in (m for m in matches if m.pattern == "attention"):
+        s = m.shapes
+        assert (s.batch_heads, s.q_len, s.kv_len, s.head_dim, s.kv_batch_heads) == (16, 1024, 1024, 64, 4)
+        assert (s.mask, s.mask_offset) == ("causal", 0)  # an additive bias built by lax.select
+        func, text = _function_of(m.source[0])
+        assert func == "FlaxLlamaAttention.__call__" and "dot_product_attention_weights" in text, (m.source[0], text)
+        assert any("flax/linen/attention.py" in s for s in m.source[1:])  # the library line kept after it
+
+
+def test_rmsnorm_is_found_with_its_epsilon_at_the_model_line(matches):
+    norms = [m for m in matches if m.pattern == "rmsnorm"]
+    assert {m.anchors[0].split(".")[0] for m in norms} == {"sqrt", "rsqrt"}  # x / sqrt(var + eps), its gradient
+    for m in norms:
+        assert (m.shapes.rows, m.shapes.hidden, m.shapes.eps) == (1024, 1024, 1e-5)
+        assert _function_of(m.source[0])[0] == "FlaxLlamaRMSNorm.__call__", m.source[0]
+
+
+def test_rope_reads_the_gathered_table_and_the_half_rotation(matches):
+    ropes = [m for m in matches if m.pattern == "rope"]
+    assert sorted(m.shapes.shape for m in ropes) == [(1024, 4, 64)] * 2 + [(1024, 16, 64)] * 2  # k and q
+    for m in ropes:
+        assert m.shapes.layout == "half" and "cos and sin read from a table" in m.notes
+        func, _ = _function_of(m.source[0])
+        assert func == "apply_rotary_pos_emb"
+
+
+def test_optax_cross_entropy_is_found_at_the_loss_line(matches):
+    (ce,) = [m for m in matches if m.pattern == "cross_entropy"]
+    assert (ce.shapes.rows, ce.shapes.vocab) == (1024, 32000)
+    assert ce.source[0].split(":")[0].endswith("fixtures/programs/thirdparty/flax_llama.py")  # the loss_fn line
+
+
+def test_suggest_keeps_the_mask_and_the_epsilon_in_its_snippets():
+    """The whole command, on the stored compile run: the attention snippet is causal (copying it keeps
+    the model's mask), the RMSNorm one passes the model's epsilon."""
+    import importlib.metadata as md
+
+    if tuple(int(x) for x in md.version("jax").split(".")[:2]) > (0, 10):
+        pytest.skip("the kernels compile for the suggestion on the oldest jax leg only (CI time)")
+    result = CliRunner().invoke(cli, ["suggest", "--all", "--json", "--no-static-profile", str(LLAMA)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    by = {s["pattern"]: s for s in doc["suggestions"]}
+    assert "causal=True" in by["attention"]["snippet"]
+    assert by["attention"]["shapes"]["kv_batch_heads"] == 4
+    assert "eps=1e-05" in by["rmsnorm"]["snippet"]
+    assert by["attention"]["source"][0].split(":")[0].endswith("transformers/models/llama/modeling_flax_llama.py")

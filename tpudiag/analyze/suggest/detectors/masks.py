@@ -1,0 +1,142 @@
+"""What an attention's mask is: none, causal (with its diagonal offset), a sliding window (its
+width), one that depends on the program's inputs (padding, a decode position), some other pattern
+(document or block masks), or unknown.
+
+A mask is read wherever the scores pass on their way from the QK matmul to the softmax's `exp`: a
+`select` between the scores and a large negative fill (`jnp.where(mask, s, -inf)`), or an `add` of
+a bias whose values are 0 and a large negative number (transformers' `lax.select(mask > 0, 0,
+finfo.min)`, `jnp.tril` turned into a bias, ...). The mask's own ops are evaluated with numpy
+(`analyze.hlo.evaluate`), so every spelling that builds the same matrix from iotas and constants
+reads as the same kind; the matrix's query and key axes are the scores' last two. No I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpudiag.analyze.hlo.evaluate import evaluate
+
+# A bias at or below this masks its key out (finfo(bf16).min, -1e9, -inf all are); a pure mask's
+# other values are 0.
+_MASKED_BELOW = -1e4
+
+
+@dataclass(frozen=True)
+class Mask:
+    kind: str  # none | causal | window | inputs | other | unknown
+    offset: int = 0  # causal and window: query i sees keys j <= i + offset
+    window: int = 0  # window: and keys j > i + offset - window
+    detail: str = ""  # inputs: what it reads; unknown: what could not be read
+
+    def describe(self) -> str:
+        if self.kind == "none":
+            return "no mask"
+        if self.kind == "causal":
+            return "causal mask" + (f" (diagonal offset {self.offset})" if self.offset else "")
+        if self.kind == "window":
+            return f"sliding-window mask of {self.window} keys" + (f" (offset {self.offset})" if self.offset else "")
+        if self.kind == "inputs":
+            return f"a mask computed from the program's inputs ({self.detail}: padding or a decode position)"
+        if self.kind == "other":
+            return "a mask that is neither causal nor a sliding window (a document or block mask)"
+        return f"a mask tpudiag could not read ({self.detail})"
+
+
+def classify(keep: np.ndarray) -> Mask:
+    """The kind of a [queries, keys] boolean matrix (True: the query sees the key)."""
+    if keep.all():
+        return Mask("none")
+    sq, sk = keep.shape
+    q = np.arange(sq)[:, None]
+    k = np.arange(sk)[None, :]
+    last = np.where(keep.any(axis=1), sk - 1 - np.argmax(keep[:, ::-1], axis=1), -1)  # each row's last key seen
+    offset = int(last[-1] - (sq - 1))
+    if np.array_equal(keep, k <= q + offset):
+        return Mask("causal", offset=offset)
+    width = int(keep[-1].sum())
+    if width and np.array_equal(keep, (k <= q + offset) & (k > q + offset - width)):
+        return Mask("window", offset=offset, window=width)
+    return Mask("other")
+
+
+def _depends_on(flow, value, target, depth: int = 24) -> bool:
+    frontier, seen = [value], {id(value)}
+    for _ in range(depth):
+        nxt = []
+        for i in frontier:
+            if i is target:
+                return True
+            for o in flow.g.operands(i):
+                if id(o) not in seen:
+                    seen.add(id(o))
+                    nxt.append(o)
+        frontier = nxt
+    return False
+
+
+def _keep_of(array: np.ndarray, q_axis: int, k_axis: int) -> np.ndarray | None:
+    """The [queries, keys] matrix of a mask broadcast over the scores; None where it differs between
+    the other axes (heads, batch)."""
+    moved = np.moveaxis(array, (q_axis, k_axis), (-2, -1))
+    flat = moved.reshape(-1, *moved.shape[-2:])
+    first = flat[0]
+    strides = [s for n, s in zip(moved.shape[:-2], moved.strides[:-2]) if n > 1]
+    if any(strides) and not all(np.array_equal(first, f) for f in flat[1:]):
+        return None
+    return first
+
+
+def read_mask(flow, qk, x, chain: list, q_axis: int, k_axis: int) -> Mask:
+    """The mask applied between the scores matmul `qk` and the `exp` `x`; `chain` are the ops walked
+    between them (some are the mask's own)."""
+    on_scores = {id(qk)}
+    for op in [*sorted(chain, key=lambda o: flow.order.get(id(o), 0)), x]:  # program order: scores first
+        if any(id(o) in on_scores for o in flow.g.operands(op)):
+            on_scores.add(id(op))
+    keeps, unread = [], []
+    for op in chain:
+        if id(op) not in on_scores or op.opcode not in ("select", "add"):
+            continue
+        operands = flow.g.operands(op)
+        if op.opcode == "select":
+            if len(operands) != 3 or id(operands[0]) in on_scores:
+                continue
+            scores_true = id(operands[1]) in on_scores
+            fill = evaluate(flow.g, operands[2] if scores_true else operands[1])
+            pred = evaluate(flow.g, operands[0])
+            if fill.ok and np.all(fill.value <= _MASKED_BELOW):
+                ev = pred
+                value = (lambda a, t=scores_true: a if t else ~a.astype(bool))
+            else:
+                continue  # a select that is no mask (a clamp, a where on values)
+        else:
+            bias = [o for o in operands if id(o) not in on_scores]
+            if len(bias) != 1 or _depends_on(flow, bias[0], qk):
+                continue
+            ev = evaluate(flow.g, bias[0])
+            if ev.ok and not np.all((ev.value == 0) | (ev.value <= _MASKED_BELOW)):
+                return Mask("other", detail="an additive bias with values other than 0 and -inf (ALiBi or "
+                                            "relative positions)")
+            value = (lambda a: a > _MASKED_BELOW)
+        if ev.reads:
+            return Mask("inputs", detail=f"it reads {ev.reads}")
+        if not ev.ok:
+            unread.append(ev.unsupported or "?")
+            continue
+        a = value(ev.value).astype(bool)
+        if a.ndim < 2:
+            continue
+        keep = _keep_of(a, q_axis if q_axis >= 0 else a.ndim - 2, k_axis)
+        if keep is None:
+            return Mask("inputs", detail="it differs between heads or sequences")
+        keeps.append(keep)
+    if unread:
+        return Mask("unknown", detail=", ".join(unread))
+    if not keeps:
+        return Mask("none")
+    keep = keeps[0]
+    for other in keeps[1:]:
+        keep = keep & other
+    return classify(keep)
