@@ -1,9 +1,9 @@
-"""`tpudiag suggest` on model code written by others: transformers' own `FlaxLlamaForCausalLM`
-(transformers 4.57.6, installed from PyPI by the test extra), a training step with optax's
-cross-entropy, compiled for v5e by fixtures/artifacts/regenerate.py
-(`fixtures/programs/thirdparty/flax_llama.py`). Every pattern its source contains is found, with
-its mask, head counts and epsilon, each at the line of the installed model file that writes it;
-nothing else is found."""
+"""`tpudiag suggest` on model code written by others: transformers' own `FlaxLlamaForCausalLM` and
+`FlaxGPTJForCausalLM` (transformers 4.57.6, installed from PyPI by the test extra), each a training
+step with optax's cross-entropy, compiled for v5e by fixtures/artifacts/regenerate.py (the scripts in
+`fixtures/programs/thirdparty/`). Every pattern their source contains is found, with its mask,
+head counts, epsilon and rotary layout, each at the line of the installed model file that writes
+it; nothing else is found."""
 
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ from tpudiag.cli import cli
 from tpudiag.parse.hlo import read_hlo_file
 
 LLAMA = ARTIFACTS / "corpus_flax_llama_train"
+GPTJ = ARTIFACTS / "corpus_flax_gptj_train"
 
 
-def _module():
-    (path,) = (LLAMA / "modules").glob("*-jit_train_step/optimized.hlo.txt")
+def _module(run=LLAMA):
+    (path,) = (run / "modules").glob("*-jit_train_step/optimized.hlo.txt")
     return read_hlo_file(path)
 
 
@@ -55,6 +56,11 @@ def _function_of(source: str) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def matches():
     return find_patterns(_module())
+
+
+@pytest.fixture(scope="module")
+def gptj():
+    return find_patterns(_module(GPTJ))
 
 
 def test_every_pattern_the_model_writes_is_found_and_nothing_else(matches):
@@ -99,9 +105,12 @@ def test_optax_cross_entropy_is_found_at_the_loss_line(matches):
     assert ce.source[0].split(":")[0].endswith("fixtures/programs/thirdparty/flax_llama.py")  # the loss_fn line
 
 
-def test_suggest_keeps_the_mask_and_the_epsilon_in_its_snippets():
-    """The whole command, on the stored compile run: the attention snippet is causal (copying it keeps
-    the model's mask), the RMSNorm one passes the model's epsilon."""
+def test_suggest_prices_attention_whole_and_keeps_its_mask():
+    """The whole command, on the stored compile run: attention's forward and gradient ops priced
+    against the kernel's forward and backward, once per layer; the snippet is causal (copying it
+    keeps the model's mask). The norms and RoPE are fused into the matmuls around them on TPU: XLA's
+    separate ops for them take under half what their data needs, so they are listed as handled by
+    XLA, not priced as a sliver."""
     import importlib.metadata as md
 
     if tuple(int(x) for x in md.version("jax").split(".")[:2]) > (0, 10):
@@ -110,7 +119,34 @@ def test_suggest_keeps_the_mask_and_the_epsilon_in_its_snippets():
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     by = {s["pattern"]: s for s in doc["suggestions"]}
-    assert "causal=True" in by["attention"]["snippet"]
-    assert by["attention"]["shapes"]["kv_batch_heads"] == 4
-    assert "eps=1e-05" in by["rmsnorm"]["snippet"]
-    assert by["attention"]["source"][0].split(":")[0].endswith("transformers/models/llama/modeling_flax_llama.py")
+    att = by["attention"]
+    assert "causal=True" in att["snippet"] and att["shapes"]["kv_batch_heads"] == 4
+    assert att["backward"] and att["shown"] and att["share"] > 0.15  # the gradient's fusions count
+    assert "2 instances at this source line (one per layer or tensor), each priced" in att["notes"]
+    assert att["source"][0].split(":")[0].endswith("transformers/models/llama/modeling_flax_llama.py")
+    fused = {r["pattern"] for r in doc["replaced"] if r["by"] == "fusion into its matmuls"}
+    assert fused == {"rmsnorm", "rope"} and "rmsnorm" not in by and "rope" not in by
+
+
+def test_gptj_every_pattern_is_found_and_nothing_else(gptj):
+    """GPT-J: multi-head attention (no grouping), flax's LayerNorm (ln_1 in each block and ln_f,
+    forward and gradient), interleaved RoPE on the first 32 dims of q and k, optax's cross-entropy."""
+    counts = {}
+    for m in gptj:
+        counts[m.pattern] = counts.get(m.pattern, 0) + 1
+    assert counts == {"attention": 2, "layernorm": 6, "rope": 4, "cross_entropy": 1}
+    for m in gptj:
+        func, text = _function_of(m.source[0]) if "site-packages" in m.source[0] else ("", "")
+        if m.pattern == "attention":
+            s = m.shapes
+            assert (s.batch_heads, s.kv_batch_heads, s.q_len, s.head_dim, s.mask) == (16, 16, 1024, 64, "causal")
+            assert func == "FlaxGPTJAttention.__call__" and "dot_product_attention_weights" in text
+        elif m.pattern == "layernorm":
+            assert (m.shapes.rows, m.shapes.hidden, m.shapes.eps) == (1024, 1024, 1e-5)
+            assert func in ("FlaxGPTJBlock.__call__", "FlaxGPTJModule.__call__") and "self.ln_" in text
+        elif m.pattern == "rope":
+            assert m.shapes.layout == "interleaved" and m.shapes.shape == (1, 1024, 16, 32)
+            assert func == "apply_rotary_pos_emb"
+        else:
+            assert (m.shapes.rows, m.shapes.vocab) == (1024, 50400)
+            assert m.source[0].split(":")[0].endswith("fixtures/programs/thirdparty/flax_gptj.py")

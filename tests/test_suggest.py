@@ -4,6 +4,7 @@ in interpret mode, and the bad inputs."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -205,6 +206,10 @@ def test_a_profile_run_gives_the_saving_per_step(tmp_path):
     assert full.saved_per_step_s == pytest.approx(3 * full.saved_s, rel=1e-9)
     assert topk.saved_per_step_s == pytest.approx(topk.saved_s, rel=1e-9)
     assert full.measured_share is not None and full.measured_share > 0
+    # each sampler's own parameters, read from its HLO: the full sort is pure top-p at temperature 0.8
+    assert (full.shapes["top_k"], full.shapes["top_p"], full.shapes["temperature"]) == (None, 0.9, 0.8)
+    assert "sample(logits, u, k=None, p=0.9, temperature=0.8)" in full.snippet
+    assert (topk.shapes["top_k"], topk.shapes["top_p"], topk.shapes["temperature"]) == (64, 0.9, 0.8)
 
 
 def test_a_well_shaped_mlp_gets_no_suggestion(compiled):
@@ -253,6 +258,14 @@ def test_bad_inputs_say_what_is_missing_and_the_command(tmp_path):
         suggest_run(ARTIFACT_SETS["jax-0.10"] / "compile_v5e_collective", "v6e")
     with pytest.raises(InputError, match="no such file or directory"):
         suggest_run(tmp_path / "nope")
+    # A multi-process job: `compile` runs its program as the whole job in one process (the
+    # compile_v5p_dp_train fixture is that command's run of this program), `suggest SCRIPT` would not.
+    with pytest.raises(InputError, match=r"a 2-process job has no TPU compile; suggestions need one: "
+                                         r"tpudiag compile --target v5e --out RUN fixtures/programs/dp_train.py "
+                                         r"-- --steps 4 --slow-process 1 --slow-ms 20, then tpudiag suggest RUN"):
+        suggest_run(ARTIFACT_SETS["jax-0.10"] / "dp_train_2p")
+    assert json.loads((ARTIFACT_SETS["jax-0.10"] / "compile_v5p_dp_train" / "manifest.json").read_text())[
+        "status"] == "ok"
 
 
 def test_padding_is_found_where_the_tpu_layout_pads_and_costed(compiled):
@@ -337,15 +350,17 @@ def _random_inputs(names_shapes: dict, key):
 
 # Each kernel's snippet at small shapes: the variables it names, and the reference call it must match.
 SNIPPETS = {
-    "rmsnorm": (NormShapes(rows=64, hidden=256, dtype="bf16"),
+    # the program's epsilon (transformers' Llama: 1e-5), not the kernel's default
+    "rmsnorm": (NormShapes(rows=64, hidden=256, dtype="bf16", eps=1e-5),
                 {"x": ((64, 256), "bfloat16"), "resid": ((64, 256), "bfloat16"), "weight": ((256,), "bfloat16")},
-                "normed", lambda ref, v: ref(v["x"], v["resid"], v["weight"], eps=1e-6)[0]),
+                "normed", lambda ref, v: ref(v["x"], v["resid"], v["weight"], eps=1e-5)[0]),
     "cross_entropy": (CrossEntropyShapes(rows=16, vocab=1024, dtype="f32"),
                       {"logits": ((16, 1024), "bfloat16"), "labels": ((16,), "int32_labels")},
                       "loss", lambda ref, v: ref(v["logits"], v["labels"]).mean()),
-    "sampling": (SamplingShapes(rows=8, vocab=1024, dtype="f32"),
+    # a pure top-p sampler at temperature 0.8 (sampler.py's full-sort one): no top-k added
+    "sampling": (SamplingShapes(rows=8, vocab=1024, dtype="f32", top_k=None, top_p=0.9, temperature=0.8),
                  {"logits": ((8, 1024), "float32"), "u": ((8,), "uniform")},
-                 "tokens", lambda ref, v: ref(v["logits"], v["u"], k=64, p=0.9, temperature=1.0)),
+                 "tokens", lambda ref, v: ref(v["logits"], v["u"], k=None, p=0.9, temperature=0.8)),
     "dequant_matmul": (DequantShapes(weight=(256, 256), weight_dtype="s8", out=(16, 256), dtype="bf16"),
                        {"x": ((16, 256), "bfloat16"), "w_int8": ((256, 256), "int8"),
                         "scales": ((256,), "uniform")},

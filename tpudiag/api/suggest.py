@@ -10,6 +10,8 @@ read, never written. Returns a `SuggestReport` (results/suggest.py).
 
 from __future__ import annotations
 
+import shlex
+
 import tempfile
 from pathlib import Path
 
@@ -77,9 +79,14 @@ def _compiled_run(run: runs.RunHandle, target_text: str | None) -> runs.RunHandl
         raise InputError(f"{run.path}: not a tpudiag run directory (no {rundir.MANIFEST}); give a run directory "
                          "or a script")
     if run.kind == runs.JOB:
+        # `suggest SCRIPT` runs the script as one plain process, where `jax.distributed.initialize()`
+        # finds no cluster; `compile` runs a multi-process program as the whole job in one process.
         job = run.manifest
+        argv = list(job.argv or [job.program or "SCRIPT"])
+        args = " -- " + shlex.join(argv[1:]) if len(argv) > 1 else ""
         raise InputError(f"{run.path}: a {job.num_processes}-process job has no TPU compile; suggestions need one: "
-                         f"tpudiag suggest {job.program} --target {target} (compiles it for that TPU)")
+                         f"tpudiag compile --target {target} --out RUN {shlex.quote(argv[0])}{args}, then "
+                         "tpudiag suggest RUN")
     if run.kind == runs.PROFILE and run.tpu is None:
         program = run.manifest.program or "SCRIPT"
         raise InputError(f"{run.path}: a profile run without a TPU compile; suggestions need one: "

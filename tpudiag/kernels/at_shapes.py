@@ -108,16 +108,21 @@ def _sampling(shapes, notes) -> AtShapes | str:
     b, v = shapes.rows, shapes.vocab
     if v % 128:
         return f"sample needs the vocabulary a multiple of 128 (here {v})"
+    # The program's own parameters (constants in its HLO); none found: no top-k, p = 1, temperature 1.
+    k = getattr(shapes, "top_k", None)
+    p = getattr(shapes, "top_p", None)
+    t = getattr(shapes, "temperature", None)
+    p_, t_ = (1.0 if p is None else p), (1.0 if t is None else t)
 
     def fn(logits, u):
-        return sample(logits, u, k=64, p=0.9)
+        return sample(logits, u, k=k, p=p_, temperature=t_)
 
     snippet = ("from tpudiag.kernels.sampling import sample\n"
-               f"tokens = sample(logits, u, k=64, p=0.9, temperature=1.0)  # logits [{b}, {v}] f32, "
-               f"u [{b}] uniform f32")
+               f"tokens = sample(logits, u, k={k}, p={p_:g}, temperature={t_:g})  # logits [{b}, {v}] f32, "
+               f"u [{b}] uniform f32: the same distribution as the program's, not the same draws")
     return AtShapes("sampling", (jax.ShapeDtypeStruct((b, v), jax.numpy.float32),
                                  jax.ShapeDtypeStruct((b,), jax.numpy.float32)), fn, snippet,
-                    f"B{b} V{v} f32 k=64 p=0.9")
+                    f"B{b} V{v} f32 k={k} p={p_:g} temperature={t_:g}")
 
 
 def _int8_matmul(shapes, notes) -> AtShapes | str:

@@ -51,10 +51,31 @@ class Candidate:
     covered: int = field(default=1)  # matches merged into it
     backward: bool = False  # some of its ops are the pattern's gradient (JAX's `transpose(jvp(...))` ops)
     runs: int = 1  # runs per execution of the module: the trip counts of the loops around it
+    instance_shapes: tuple = ()  # each instance's shapes, where the merged matches hold several (layers)
+
+    @property
+    def instances(self) -> int:
+        return max(1, len(self.instance_shapes))
 
     @property
     def share(self) -> float:
         return self.xla_s / self.module_s if self.module_s else 0.0
+
+
+def _instances(module, pms) -> tuple:
+    """The shapes of each instance among matches merged at one source line: two layers, or RoPE's q
+    and k, are two instances (the kernel runs twice); a gradient matched apart from its forward
+    reads the same data (its detector names it: `PatternMatch.instance`) and is the same instance."""
+    seen: dict = {}
+    for pm in pms:
+        seen.setdefault(pm.instance or pm.anchors[0], pm.shapes)
+    return tuple(seen.values())
+
+
+def _is_gradient(module, op_name: str) -> bool:
+    """JAX names a gradient's ops `transpose(jvp(...))`."""
+    instr = module.instruction(op_name)
+    return instr is not None and "transpose(" in ((instr.metadata or {}).get("op_name") or "")
 
 
 def _has_matmul(module, op_name: str) -> bool:
@@ -108,12 +129,12 @@ def candidates(report: CompileReport, modules: dict) -> tuple[list[Candidate], l
                 source += [s for s in pm.source if s not in source]
             if not ops:
                 continue
-            backward = any("transpose(" in ((hlo.instruction(o).metadata or {}).get("op_name") or "")
-                           for o in ops if hlo.instruction(o) is not None)
+            backward = any(_is_gradient(hlo, o) for o in ops)
+            instances = _instances(hlo, pms)
             cands.append(Candidate(match=pms[0], module=m.name, ops=tuple(ops), source=tuple(source),
                                    xla_s=sum(times[o] for o in ops), module_s=m.totals.estimated_s,
                                    static_ok=m.static_profile == "ok", covered=len(pms), backward=backward,
-                                   runs=max(runs[o] for o in ops)))
+                                   runs=max(runs[o] for o in ops), instance_shapes=instances))
     cands.sort(key=lambda c: (-c.xla_s, c.module, c.match.pattern))
     return cands, replaced
 
@@ -154,14 +175,25 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
     measured op self seconds} of a profile run; its CPU op names are not the TPU's) adds each
     suggestion's share of measured op time; `per_step` ({module name: its executions per traced
     step}, from a profile run) turns each saving per execution into a saving per step."""
-    rows = []
+    rows, replaced = [], list(replaced)
     measured_total = sum(measured.values()) if measured else 0.0
     for i, c in enumerate(cands):
         p = prices.get(i) or Price(None, None, why_not="not priced")
         bound = bounds.get(i)
-        # The kernel is priced for one run of the pattern; a loop body's pattern runs `runs` times.
+        if bound is not None and c.xla_s < FUSED_BELOW * bound * c.runs:
+            # XLA's separate ops for it take well under the least its data movement needs: the rest
+            # is fused into the matmuls around it (a norm's row sum in the producer's fusion, its
+            # scaling in the consumer's), so there is no pass over memory for a kernel to save.
+            replaced.append(Replaced(
+                pattern=c.match.pattern, module=c.module, by="fusion into its matmuls", ops=c.ops, source=c.source,
+                notes=(f"its own ops take {c.xla_s * 1e6:.3g} us against the {bound * 1e6:.3g} us its data needs "
+                       "at HBM bandwidth: XLA does the rest inside the neighbouring matmul fusions",)))
+            continue
+        # The kernel is priced for one run of one instance (at the first instance's shapes); a loop
+        # body's pattern runs `runs` times, and each instance at the source line (a layer) once more.
+        # The bound is already the sum over the instances' own shapes.
         if p.kernel_s is not None:
-            basis, kernel_s = "compiled", p.kernel_s * c.runs
+            basis, kernel_s = "compiled", p.kernel_s * c.runs * c.instances
         elif bound is not None:
             basis, kernel_s = "roofline_bound", bound * c.runs
         else:
@@ -174,6 +206,8 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
         if measured_total:
             mshare = round(sum(measured.get(src, 0.0) for src in c.source) / measured_total, 6)
         notes_ = list(c.match.notes) + ([f"{c.covered} matches at this source line"] if c.covered > 1 else [])
+        if c.instances > 1:
+            notes_.append(f"{c.instances} instances at this source line (one per layer or tensor), each priced")
         if c.backward:
             notes_.append("its ops include the backward pass" + ("; the kernel is priced forward and backward"
                                                                  if basis == "compiled" else ""))
@@ -203,10 +237,17 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
                          hidden=sum(1 for r in rows if not r.shown), notes=tuple(out_notes))
 
 
+# A match whose priced ops take less than this fraction of its roofline bound is fused into the
+# matmuls around it, not a candidate for a kernel.
+FUSED_BELOW = 0.5
+
+
 def roofline_bound(c: Candidate, chip) -> float | None:
-    """The least seconds `c`'s pattern needs on `chip` at its shapes (its detector's bound), forward and
-    backward where its ops include the gradient; None where the shapes do not say enough."""
-    return c.match.detector.bound(c.match.shapes, chip, c.backward)
+    """The least seconds `c`'s pattern needs on `chip` at its shapes (its detector's bound, summed over
+    its instances), forward and backward where its ops include the gradient; None where the shapes
+    do not say enough."""
+    bounds = [c.match.detector.bound(shapes, chip, c.backward) for shapes in c.instance_shapes or (c.match.shapes,)]
+    return None if any(b is None for b in bounds) else sum(bounds)
 
 
 def findings_for(report: CompileReport, modules: dict, cands: list[Candidate], hbm_bytes_per_s: float) -> list[Finding]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpudiag.analyze.hlo.vocabulary import TRANSPARENT
+from tpudiag.analyze.hlo.vocabulary import ELEMENTWISE, TPU_ASYNC_SLICE, TRANSPARENT
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s, stored_bytes
 from tpudiag.analyze.suggest.detectors.masks import read_mask
 from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, elems, etype, reducer_is
@@ -73,6 +73,46 @@ def _kv_rows(flow: Flow, qk, pv, rows: int, kv_len: int, head_dim: int) -> int:
     return kv if 0 < kv < rows and rows % kv == 0 else rows
 
 
+# Walked from the probabilities to the gradient's matmuls: dS = P * (dP - rowsum(dP * P)) and its casts.
+# The TPU compiler moves the saved probabilities through host memory and splits them in async slices.
+_GRAD_PATH = TRANSPARENT | ELEMENTWISE | TPU_ASYNC_SLICE | {"broadcast", "reduce", "slice", "concatenate"}
+
+
+def _is_gradient(op) -> bool:
+    return "transpose(" in (op.metadata.get("op_name") or "")
+
+
+def _gradient(flow: Flow, qk, pv) -> list:
+    """The gradient's ops of the attention whose scores `qk` computes: everything elementwise
+    downstream of the scores up to the next matmuls (the softmax, its row sums, saved or recomputed,
+    and dS = P * (dP - rowsum(dP * P))), the matmuls reached (dV = P^T dO, dQ = dS K, dK = dS^T Q)
+    and dP = dO V^T that feeds dS. Only ops JAX names as the gradient (`transpose(jvp(...))`)
+    count, so a forward-only program gains none."""
+    region, matmuls = [], []
+    frontier, seen = [qk], {id(qk)}
+    for _ in range(16):
+        nxt = []
+        for i in frontier:
+            for u in flow.g.users(i):
+                if id(u) in seen or u is pv:
+                    continue
+                seen.add(id(u))
+                if flow.is_matmul(u):
+                    if _is_gradient(u):
+                        matmuls.append(u)
+                elif u.opcode in _GRAD_PATH:
+                    region.append(u)
+                    nxt.append(u)
+        frontier = nxt
+    grad_region = [r for r in region if _is_gradient(r)]
+    for r in grad_region:  # dP enters dS as an operand
+        for o in flow.g.operands(r):
+            src = flow.g.source(o)
+            if src is not None and flow.is_matmul(src) and _is_gradient(src) and src not in matmuls:
+                matmuls.append(src)
+    return [*matmuls, *grad_region] if matmuls else []
+
+
 def _find(flow: Flow) -> list[PatternMatch]:
     out = []
     for x in flow.g.instructions:
@@ -117,7 +157,9 @@ def _find(flow: Flow) -> list[PatternMatch]:
         shapes = AttentionShapes(batch_heads=rows // max(1, q_len), q_len=q_len, kv_len=kv_len, head_dim=head_dim,
                                  kv_batch_heads=kv_rows, dtype=flow.stored_dtype(qk), softmax_dtype=etype(x),
                                  mask=mask.kind, mask_offset=mask.offset, mask_window=mask.window)
-        out.append(flow.match(DECODE if decode else PREFILL, [qk, x, pv], [*spath, *ppath, red], shapes, notes))
+        grad = _gradient(flow, qk, pv)
+        out.append(flow.match(DECODE if decode else PREFILL, [qk, x, pv], [*spath, *ppath, red, *grad], shapes,
+                              notes))
     return dedupe(out)
 
 

@@ -42,6 +42,10 @@ class PatternMatch:
     shapes: Shapes | None  # None only for a pattern XLA already replaced (nothing to price)
     notes: tuple[str, ...] = ()  # causal mask, f32 softmax, with residual add, ...
     replaced_by_xla: str | None = None  # XLA's own kernel already does it (no suggestion)
+    # The instruction naming the data the pattern works on (a norm's row sum, RoPE's rotated tensor,
+    # attention's scores): two matches with one `instance` are one instance (a forward and its
+    # gradient matched apart); empty: the first anchor.
+    instance: str = ""
 
     @property
     def pattern(self) -> str:

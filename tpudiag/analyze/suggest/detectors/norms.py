@@ -2,7 +2,7 @@
 
 Reads a `walk.Flow`; returns `PatternMatch`es with `NormShapes`. The finder anchors on a reciprocal square
 root (`rsqrt`, `pow(_, -0.5)`, or a `sqrt` that divides) of a row sum of `x * x` (LayerNorm: of
-`(x - mean)^2`) plus a constant epsilon; an `add` producing x is the residual add before
+`(x - mean)^2`, or `E[x^2] - E[x]^2` as flax's LayerNorm writes it) plus a constant epsilon; an `add` producing x is the residual add before
 it. It prices nothing and does no I/O.
 """
 
@@ -67,7 +67,8 @@ def _find(flow: Flow) -> list[PatternMatch]:
     for r in flow.g.instructions:
         if r.opcode not in ("rsqrt", "sqrt", "power") or not _inverse_sqrt(flow, r):
             continue
-        red, path = flow.back(r, TRANSPARENT | {"add", "multiply", "divide", "broadcast"},
+        # through the variance's own arithmetic; flax's LayerNorm writes it max(0, E[x^2] - E[x]^2)
+        red, path = flow.back(r, TRANSPARENT | {"add", "multiply", "divide", "broadcast", "subtract", "maximum"},
                               lambda o: o.opcode == "reduce" and reducer_is(flow.m, o, "add"), depth=10)
         if red is None or not red.dimensions:
             continue
@@ -77,8 +78,9 @@ def _find(flow: Flow) -> list[PatternMatch]:
         a, b = (flow.g.source(flow.g.operand(sq, k)) for k in (0, 1))
         if a is None or a is not b:
             continue
-        layer = a.opcode == "subtract"
-        x = flow.g.source(flow.g.operand(a, 0)) if layer else a
+        # LayerNorm: the square of x - mean, or E[x^2] minus the squared mean on the way to the root
+        layer = a.opcode == "subtract" or any(p.opcode == "subtract" for p in path)
+        x = flow.g.source(flow.g.operand(a, 0)) if a.opcode == "subtract" else a
         red_dims = dims(red) and dims(flow.g.operand(red, 0))
         hidden = 1
         for d in red.dimensions:
@@ -94,7 +96,7 @@ def _find(flow: Flow) -> list[PatternMatch]:
             covered.append(x)
         shapes = NormShapes(rows=rows, hidden=hidden, dtype=etype(x) if x is not None else etype(sq),
                             eps=_epsilon(flow, path))
-        out.append(flow.match(LAYERNORM if layer else RMSNORM, [r], covered, shapes, notes))
+        out.append(flow.match(LAYERNORM if layer else RMSNORM, [r], covered, shapes, notes, instance=red))
     return dedupe(out)
 
 

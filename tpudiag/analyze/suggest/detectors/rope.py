@@ -19,7 +19,8 @@ from tpudiag.analyze.hlo.vocabulary import TRANSPARENT
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s, stored_bytes
 from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, etype
 
-_TABLE_PATH = TRANSPARENT | {"broadcast", "slice", "gather", "dynamic-slice", "concatenate"}
+# From a multiply to its position table; `select`: a gather's out-of-bounds fill (`jnp.take(..., mode="fill")`).
+_TABLE_PATH = TRANSPARENT | {"broadcast", "slice", "gather", "dynamic-slice", "concatenate", "select"}
 _TABLE_ROOTS = ("cosine", "sine", "constant", "parameter")
 # rotate(x): x's halves or pairs moved and negated (XLA writes a concatenate as pads and a maximum)
 _ROTATE_PATH = TRANSPARENT | {"slice", "pad", "maximum", "negate", "concatenate", "select"}
@@ -58,7 +59,7 @@ def _split(flow: Flow, m):
     return None
 
 
-def _ancestors(flow: Flow, o, depth: int = 8) -> tuple[dict, list]:
+def _ancestors(flow: Flow, o, depth: int = 16) -> tuple[dict, list]:
     """The ops `o` is computed from through `_ROTATE_PATH` (id -> op), and the slices among them."""
     seen, frontier, slices = {id(o): o}, [o], []
     for _ in range(depth):
@@ -111,7 +112,8 @@ class Rope(Detector):
                            is not None or t.opcode in ("cosine", "sine") for t in (t1, t2))
             shapes = RopeShapes(shape=tuple(dims(c)), dtype=etype(x), layout=_layout(sl1 + sl2, (dims(c) or [0])[-1]))
             note = "cos and sin computed in place" if in_place else "cos and sin read from a table"
-            out.append(flow.match(self, [muls[0]], [muls[1], c], shapes, [note, f"{shapes.layout} rotation"]))
+            out.append(flow.match(self, [muls[0]], [muls[1], c], shapes, [note, f"{shapes.layout} rotation"],
+                                  instance=x))
         return dedupe(out)
 
     def bound(self, shapes: RopeShapes, chip, backward: bool = False) -> float | None:

@@ -142,7 +142,7 @@ class Flow:
         return r
 
     def match(self, detector, anchors: list[Instruction], covered: list[Instruction], shapes, notes=(),
-              replaced=None):
+              replaced=None, instance: Instruction | None = None):
         """The `PatternMatch` of `detector` anchored on `anchors`, its ops the top-level instructions that
         execute `anchors` and `covered`, in program order."""
         tops = {}
@@ -163,7 +163,8 @@ class Flow:
         lines += [s for s in sorted(lib, key=lambda s: (-lib[s], s)) if s not in own]
         return PatternMatch(detector=detector, module=self.m.name, ops=tuple(t.name for t in ops),
                             anchors=tuple(a.name for a in anchors), source=tuple(lines),
-                            shapes=shapes, notes=tuple(notes), replaced_by_xla=replaced)
+                            shapes=shapes, notes=tuple(notes), replaced_by_xla=replaced,
+                            instance=instance.name if instance is not None else anchors[0].name)
 
 
 def dedupe(matches: list) -> list:
