@@ -150,3 +150,59 @@ def test_gptj_every_pattern_is_found_and_nothing_else(gptj):
         else:
             assert (m.shapes.rows, m.shapes.vocab) == (1024, 50400)
             assert m.source[0].split(":")[0].endswith("fixtures/programs/thirdparty/flax_gptj.py")
+
+
+_LLAMA_ATTENTION_REF = '''
+import jax.numpy as jnp
+from flax.linen.attention import dot_product_attention_weights
+from jax import lax
+from transformers.models.llama.modeling_flax_llama import make_causal_mask
+
+
+def llama_attention(q, k, v):
+    """FlaxLlamaAttention.__call__'s own steps: GQA by jnp.repeat, the causal mask as an additive bias
+    built by lax.select, flax's attention weights in f32, the PV einsum. q, k, v [B, S, H, D]."""
+    groups = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+    mask = make_causal_mask(jnp.ones((1, q.shape[1]), dtype="bool"), dtype="bool")
+    bias = lax.select(mask > 0, jnp.full(mask.shape, 0.0).astype(q.dtype),
+                      jnp.full(mask.shape, jnp.finfo(q.dtype).min).astype(q.dtype))
+    w = dot_product_attention_weights(q, k, bias=bias, dtype=jnp.float32)
+    return jnp.einsum("...hqk,...khd->...qhd", w.astype(q.dtype), v)
+'''
+
+
+def _snippet_module(snippet: str) -> str:
+    """The suggestion's snippet as a function of the model's [B, S, H, D] q, k, v (the snippet's
+    layout is [B, H, S, D]), its kernel call run in interpret mode."""
+    tree = ast.parse(snippet)
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "flash_attention")
+    call.keywords.append(ast.keyword(arg="interpret", value=ast.Constant(True)))
+    body = "\n".join("    " + line for line in ast.unparse(tree).splitlines())
+    return ("import jax.numpy as jnp\n\n\ndef snippet(q, k, v):\n"
+            "    q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))\n"
+            f"{body}\n    return jnp.swapaxes(out, 1, 2)\n")
+
+
+@pytest.mark.parametrize("drop_mask", [False, True])
+def test_the_attention_snippet_computes_what_the_model_computes(matches, tmp_path, drop_mask):
+    """`tpudiag validate` of the suggested snippet (the bundled kernel in interpret mode) against the
+    model's own attention code at the corpus program's shapes: it passes; the same snippet with the
+    mask dropped (what the snippet said before masks were read) fails."""
+    from tpudiag.analyze.suggest.detectors.attention import PREFILL
+    from tpudiag.kernels.at_shapes import setup_for
+
+    att = next(m for m in matches if m.pattern == "attention")
+    snippet = setup_for(PREFILL, att.shapes, att.notes).snippet
+    assert "causal=True" in snippet
+    if drop_mask:
+        snippet = snippet.replace("causal=True", "causal=False")
+    (tmp_path / "ref.py").write_text(_LLAMA_ATTENTION_REF)
+    (tmp_path / "cand.py").write_text(_snippet_module(snippet))
+    s = att.shapes
+    q, kv = f"bf16[1,{s.q_len},{s.batch_heads},{s.head_dim}]", f"bf16[1,{s.kv_len},{s.kv_batch_heads},{s.head_dim}]"
+    result = CliRunner().invoke(cli, ["validate", "--json", "--seed", "1", "--no-shrink", f"{tmp_path}/ref.py:llama_attention",
+                                      f"{tmp_path}/cand.py:snippet", "--inputs", f"q={q} k={kv} v={kv}"])
+    doc = json.loads(result.output)
+    assert result.exit_code == (1 if drop_mask else 0), result.output
+    assert doc["ok"] is (not drop_mask) and doc["failed"] == (1 if drop_mask else 0)

@@ -58,6 +58,8 @@ def _dtype(instr: Instruction):
 def _literal(instr: Instruction) -> np.ndarray:
     text = (instr.literal or "").strip()
     s = instr.parsed_shape
+    if "..." in text:  # the dump elides large literals: `constant({...})`
+        raise _Stop(Evaluated(None, unsupported=f"{instr.name} (a constant whose literal the dump elides)"))
     dt = _dtype(instr)
     if dt is None:
         raise _Stop(Evaluated(None, unsupported=f"{instr.name} (a {s.element_type if s.is_array else '?'} constant)"))

@@ -3,8 +3,8 @@ width), one that depends on the program's inputs (padding, a decode position), s
 (document or block masks), or unknown.
 
 A mask is read wherever the scores pass on their way from the QK matmul to the softmax's `exp`: a
-`select` between the scores and a large negative fill (`jnp.where(mask, s, -inf)`), or an `add` of
-a bias whose values are 0 and a large negative number (transformers' `lax.select(mask > 0, 0,
+`select` between the scores and a large negative fill (`jnp.where(mask, s, -inf)`), or an `add` (or
+`subtract`) of a bias whose values are 0 and a large negative number (transformers' `lax.select(mask > 0, 0,
 finfo.min)`, `jnp.tril` turned into a bias, ...). The mask's own ops are evaluated with numpy
 (`analyze.hlo.evaluate`), so every spelling that builds the same matrix from iotas and constants
 reads as the same kind; the matrix's query and key axes are the scores' last two. No I/O.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpudiag.analyze.hlo.evaluate import evaluate
+from tpudiag.analyze.hlo.evaluate import Evaluated, evaluate
 
 # A bias at or below this masks its key out (finfo(bf16).min, -1e9, -inf all are); a pure mask's
 # other values are 0.
@@ -97,7 +97,7 @@ def read_mask(flow, qk, x, chain: list, q_axis: int, k_axis: int) -> Mask:
             on_scores.add(id(op))
     keeps, unread = [], []
     for op in chain:
-        if id(op) not in on_scores or op.opcode not in ("select", "add"):
+        if id(op) not in on_scores or op.opcode not in ("select", "add", "subtract"):
             continue
         operands = flow.g.operands(op)
         if op.opcode == "select":
@@ -116,6 +116,10 @@ def read_mask(flow, qk, x, chain: list, q_axis: int, k_axis: int) -> Mask:
             if len(bias) != 1 or _depends_on(flow, bias[0], qk):
                 continue
             ev = evaluate(flow.g, bias[0])
+            if ev.ok and op.opcode == "subtract":
+                if bias[0] is not operands[1]:
+                    continue  # bias - scores is no mask
+                ev = Evaluated(-ev.value)
             if ev.ok and not np.all((ev.value == 0) | (ev.value <= _MASKED_BELOW)):
                 return Mask("other", detail="an additive bias with values other than 0 and -inf (ALiBi or "
                                             "relative positions)")

@@ -77,11 +77,18 @@ def _ancestors(flow: Flow, o, depth: int = 16) -> tuple[dict, list]:
     return seen, slices
 
 
-def _layout(slices, last: int) -> str:
+def _layout(flow: Flow, slices) -> str:
+    """`interleaved` where x's pairs are taken by stride-2 slices, `half` where each slice takes half
+    of the dimension it slices, else `unknown`."""
     strides = {s.slice[-1][2] for s in slices if s.slice}
     if 2 in strides:
         return "interleaved"
-    if slices and all(s.slice and (s.slice[-1][1] - s.slice[-1][0]) * 2 == last for s in slices):
+
+    def halves(s) -> bool:
+        whole = dims(flow.g.operand(s, 0) or s)
+        return bool(s.slice and whole) and (s.slice[-1][1] - s.slice[-1][0]) * 2 == whole[-1]
+
+    if slices and all(halves(s) for s in slices):
         return "half"
     return "unknown"
 
@@ -110,7 +117,7 @@ class Rope(Detector):
             x = shared[0]
             in_place = any(flow.back(t, _TABLE_PATH, lambda o: o.opcode in ("cosine", "sine"), depth=8)[0]
                            is not None or t.opcode in ("cosine", "sine") for t in (t1, t2))
-            shapes = RopeShapes(shape=tuple(dims(c)), dtype=etype(x), layout=_layout(sl1 + sl2, (dims(c) or [0])[-1]))
+            shapes = RopeShapes(shape=tuple(dims(c)), dtype=etype(x), layout=_layout(flow, sl1 + sl2))
             note = "cos and sin computed in place" if in_place else "cos and sin read from a table"
             out.append(flow.match(self, [muls[0]], [muls[1], c], shapes, [note, f"{shapes.layout} rotation"],
                                   instance=x))

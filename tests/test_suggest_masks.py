@@ -1,0 +1,79 @@
+"""Attention masks, read from the optimized HLO XLA:CPU compiles for small attentions written here in
+the ways model code writes them: the mask's own ops are evaluated, so each spelling gives its kind
+(none, causal, a window with its width, one from the inputs, other), and the snippet is causal only
+where the program is."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tpudiag.analyze.suggest.detectors import find_patterns
+from tpudiag.analyze.suggest.detectors.masks import classify
+from tpudiag.parse.hlo import parse_hlo_text
+
+B, H, S, D = 1, 4, 128, 64
+NEG = jnp.finfo(jnp.float32).min
+
+
+def _attend(scores_fn):
+    def f(q, k, v, lengths):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(D)
+        return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores_fn(s, lengths), axis=-1), v)
+    return f
+
+
+_q, _k = np.arange(S)[:, None], np.arange(S)[None, :]
+PROGRAMS = {
+    "none": _attend(lambda s, n: s),
+    "causal_tril": _attend(lambda s, n: jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, -jnp.inf)),
+    "causal_bias": _attend(lambda s, n: s + jax.lax.select(jnp.arange(S)[None, :] <= jnp.arange(S)[:, None],
+                                                             jnp.zeros((S, S)), jnp.full((S, S), NEG))),
+    "window_32": _attend(lambda s, n: jnp.where((jnp.arange(S)[None, :] <= jnp.arange(S)[:, None])
+                                                & (jnp.arange(S)[None, :] > jnp.arange(S)[:, None] - 32), s, -1e9)),
+    # built with numpy at trace time: a constant the dump prints as `{...}`, so it cannot be read
+    "numpy_window": _attend(lambda s, n: jnp.where((_k <= _q) & (_k > _q - 32), s, -1e9)),
+    "padding": _attend(lambda s, n: jnp.where(jnp.arange(S)[None, None, None, :] < n[:, None, None, None], s, -1e9)),
+    "alibi": _attend(lambda s, n: s - 0.5 * jnp.abs(jnp.arange(S)[None, :] - jnp.arange(S)[:, None])),
+}
+KINDS = {"none": ("none", 0), "causal_tril": ("causal", 0), "causal_bias": ("causal", 0), "window_32": ("window", 32),
+         "numpy_window": ("unknown", 0), "padding": ("inputs", 0), "alibi": ("other", 0)}
+
+
+def _matches(name):
+    x = jax.ShapeDtypeStruct((B, H, S, D), jnp.float32)
+    text = jax.jit(PROGRAMS[name]).lower(x, x, x, jax.ShapeDtypeStruct((B,), jnp.int32)).compile().as_text()
+    return [m for m in find_patterns(parse_hlo_text(text)) if m.pattern == "attention"]
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_each_mask_spelling_reads_as_its_kind(name):
+    (att,) = _matches(name)
+    kind, window = KINDS[name]
+    assert (att.shapes.mask, att.shapes.mask_window) == (kind, window), att.notes
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_the_snippet_keeps_the_mask_or_prices_nothing(name):
+    from tpudiag.analyze.suggest.detectors.attention import PREFILL
+    from tpudiag.kernels.at_shapes import setup_for
+
+    (att,) = _matches(name)
+    setup = setup_for(PREFILL, att.shapes, att.notes)
+    kind = KINDS[name][0]
+    if kind in ("none", "causal"):
+        assert f"causal={kind == 'causal'}" in setup.snippet
+    else:  # a mask flash_attention cannot express: a reason, never a snippet that drops it
+        assert isinstance(setup, str) and "would drop or change" in setup
+
+
+def test_classify_reads_offsets_and_windows():
+    q, k = np.arange(8)[:, None], np.arange(16)[None, :]
+    assert classify(np.ones((8, 16), bool)).kind == "none"
+    m = classify(k <= q + 8)  # decode-style: 8 queries at the end of 16 keys
+    assert (m.kind, m.offset) == ("causal", 8)
+    m = classify((k <= q + 8) & (k > q + 8 - 4))
+    assert (m.kind, m.window, m.offset) == ("window", 4, 8)
+    assert classify(np.eye(8, 16, dtype=bool) | (k == 0)).kind == "other"
