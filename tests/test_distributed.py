@@ -376,5 +376,7 @@ def test_commands_that_read_one_process_say_which_to_give(command, tmp_path, cap
         main([command, *args])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "2-process job" in err and "Traceback" not in err
-    assert ("processes/p0" in err) if command != "suggest" else ("dp_train.py --target v5e" in err)
+    # suggest: `compile` runs a multi-process program as one process (`suggest SCRIPT` would not)
+    assert ("processes/p0" in err) if command != "suggest" else (
+        "tpudiag compile --target v5e --out RUN fixtures/programs/dp_train.py -- " in err and "tpudiag suggest RUN" in err)
     assert not (tmp_path / "x.json").exists()
