@@ -189,9 +189,13 @@ def test_the_attention_snippet_computes_what_the_model_computes(matches, tmp_pat
     """`tpudiag validate` of the suggested snippet (the bundled kernel in interpret mode) against the
     model's own attention code at the corpus program's shapes: it passes; the same snippet with the
     mask dropped (what the snippet said before masks were read) fails."""
+    import importlib.metadata as md
+
     from tpudiag.analyze.suggest.detectors.attention import PREFILL
     from tpudiag.kernels.at_shapes import setup_for
 
+    if tuple(int(x) for x in md.version("jax").split(".")[:2]) > (0, 10):
+        pytest.skip("the kernel runs in interpret mode at the corpus shapes on the oldest jax leg only (CI time)")
     att = next(m for m in matches if m.pattern == "attention")
     snippet = setup_for(PREFILL, att.shapes, att.notes).snippet
     assert "causal=True" in snippet
