@@ -1,7 +1,7 @@
 """`tpudiag suggest` on model code written by others: transformers' own `FlaxLlamaForCausalLM` and
 `FlaxGPTJForCausalLM` (transformers 4.57.6, installed from PyPI by the test extra), each a training
-step with optax's cross-entropy, compiled for v5e by fixtures/artifacts/regenerate.py (the scripts in
-`fixtures/programs/thirdparty/`). Every pattern their source contains is found, with its mask,
+step with optax's cross-entropy, and its Flax logits warpers (a top-p sampler), compiled for v5e by
+fixtures/artifacts/regenerate.py (the scripts in `fixtures/programs/thirdparty/`). Every pattern their source contains is found, with its mask,
 head counts, epsilon and rotary layout, each at the line of the installed model file that writes
 it; nothing else is found."""
 
@@ -24,8 +24,8 @@ LLAMA = ARTIFACTS / "corpus_flax_llama_train"
 GPTJ = ARTIFACTS / "corpus_flax_gptj_train"
 
 
-def _module(run=LLAMA):
-    (path,) = (run / "modules").glob("*-jit_train_step/optimized.hlo.txt")
+def _module(run=LLAMA, name="jit_train_step"):
+    (path,) = (run / "modules").glob(f"*-{name}/optimized.hlo.txt")
     return read_hlo_file(path)
 
 
@@ -210,3 +210,17 @@ def test_the_attention_snippet_computes_what_the_model_computes(matches, tmp_pat
     doc = json.loads(result.output)
     assert result.exit_code == (1 if drop_mask else 0), result.output
     assert doc["ok"] is (not drop_mask) and doc["failed"] == (1 if drop_mask else 0)
+
+
+def test_transformers_flax_sampler_is_found_at_its_own_parameters():
+    """transformers' FlaxTemperatureLogitsWarper(0.8) and FlaxTopPLogitsWarper(0.9): one sampler, its
+    top-p read off the cumulative sum's comparison, its temperature off the scaled logits, no top-k
+    (the warper's `lax.top_k` over the whole vocabulary is a sort, not a cut)."""
+    (m,) = find_patterns(_module(ARTIFACTS / "corpus_flax_sampler", "jit_sample"))
+    s = m.shapes
+    assert (m.pattern, s.rows, s.vocab, s.top_k, s.top_p, s.temperature) == ("sampling", 8, 32000, None, 0.9, 0.8)
+    assert _function_of(m.source[0])[0] == "FlaxTopPLogitsWarper.__call__"
+    from tpudiag.analyze.suggest.detectors import BY_NAME
+    from tpudiag.kernels.at_shapes import setup_for
+
+    assert "sample(logits, u, k=None, p=0.9, temperature=0.8)" in setup_for(BY_NAME["sampling"], s).snippet
