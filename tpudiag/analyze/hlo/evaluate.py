@@ -154,3 +154,14 @@ def evaluate(flow, instr: Instruction, max_elems: int = MAX_ELEMS) -> Evaluated:
         return stop.result
     except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:  # a shape this reading gets wrong
         return Evaluated(None, unsupported=f"{instr.name} ({type(e).__name__})")
+
+
+def scalar(flow, instr: Instruction | None, max_elems: int = MAX_ELEMS) -> float | None:
+    """The value of `instr` where it is one constant repeated (a broadcast scalar: an epsilon, a top-p,
+    a temperature), as the program wrote it (float32's shortest spelling: 1e-05, not 9.99e-06)."""
+    if instr is None:
+        return None
+    e = evaluate(flow, instr, max_elems)
+    if not e.ok or e.value.size == 0 or not np.all(e.value == e.value.flat[0]):
+        return None
+    return float(str(np.float32(e.value.flat[0])))

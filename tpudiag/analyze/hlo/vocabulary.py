@@ -106,3 +106,8 @@ TRANSPARENT = frozenset({"bitcast", "copy", "reshape", "transpose", "convert", "
 
 CONTROL = frozenset({"while", "conditional", "call"}) | ASYNC
 HOST = frozenset({"infeed", "outfeed"})
+
+
+def is_gradient(instr) -> bool:
+    """JAX names the ops of a gradient `transpose(jvp(...))` in their `op_name` metadata."""
+    return instr is not None and "transpose(" in ((instr.metadata or {}).get("op_name") or "")

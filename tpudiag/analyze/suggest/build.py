@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tpudiag.results.compile import CompileReport
-from tpudiag.analyze.hlo.vocabulary import MATMUL
+from tpudiag.analyze.hlo.vocabulary import MATMUL, is_gradient
 from tpudiag.analyze.suggest.detectors import find_patterns
 from tpudiag.analyze.suggest.detectors.base import PatternMatch
 from tpudiag.results.suggest import SCHEMA, Finding, Replaced, Suggestion, SuggestReport
@@ -70,12 +70,6 @@ def _instances(module, pms) -> tuple:
     for pm in pms:
         seen.setdefault(pm.instance or pm.anchors[0], pm.shapes)
     return tuple(seen.values())
-
-
-def _is_gradient(module, op_name: str) -> bool:
-    """JAX names a gradient's ops `transpose(jvp(...))`."""
-    instr = module.instruction(op_name)
-    return instr is not None and "transpose(" in ((instr.metadata or {}).get("op_name") or "")
 
 
 def _has_matmul(module, op_name: str) -> bool:
@@ -129,7 +123,7 @@ def candidates(report: CompileReport, modules: dict) -> tuple[list[Candidate], l
                 source += [s for s in pm.source if s not in source]
             if not ops:
                 continue
-            backward = any(_is_gradient(hlo, o) for o in ops)
+            backward = any(is_gradient(hlo.instruction(o)) for o in ops)
             instances = _instances(hlo, pms)
             cands.append(Candidate(match=pms[0], module=m.name, ops=tuple(ops), source=tuple(source),
                                    xla_s=sum(times[o] for o in ops), module_s=m.totals.estimated_s,

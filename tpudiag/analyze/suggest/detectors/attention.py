@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpudiag.analyze.hlo.vocabulary import ELEMENTWISE, TPU_ASYNC_SLICE, TRANSPARENT
+from tpudiag.analyze.hlo.vocabulary import ELEMENTWISE, TPU_ASYNC_SLICE, TRANSPARENT, is_gradient
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s, stored_bytes
 from tpudiag.analyze.suggest.detectors.masks import read_mask
 from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, elems, etype, reducer_is
@@ -78,10 +78,6 @@ def _kv_rows(flow: Flow, qk, pv, rows: int, kv_len: int, head_dim: int) -> int:
 _GRAD_PATH = TRANSPARENT | ELEMENTWISE | TPU_ASYNC_SLICE | {"broadcast", "reduce", "slice", "concatenate"}
 
 
-def _is_gradient(op) -> bool:
-    return "transpose(" in (op.metadata.get("op_name") or "")
-
-
 def _gradient(flow: Flow, qk, pv) -> list:
     """The gradient's ops of the attention whose scores `qk` computes: everything elementwise
     downstream of the scores up to the next matmuls (the softmax, its row sums, saved or recomputed,
@@ -98,17 +94,17 @@ def _gradient(flow: Flow, qk, pv) -> list:
                     continue
                 seen.add(id(u))
                 if flow.is_matmul(u):
-                    if _is_gradient(u):
+                    if is_gradient(u):
                         matmuls.append(u)
                 elif u.opcode in _GRAD_PATH:
                     region.append(u)
                     nxt.append(u)
         frontier = nxt
-    grad_region = [r for r in region if _is_gradient(r)]
+    grad_region = [r for r in region if is_gradient(r)]
     for r in grad_region:  # dP enters dS as an operand
         for o in flow.g.operands(r):
             src = flow.g.source(o)
-            if src is not None and flow.is_matmul(src) and _is_gradient(src) and src not in matmuls:
+            if src is not None and flow.is_matmul(src) and is_gradient(src) and src not in matmuls:
                 matmuls.append(src)
     return [*matmuls, *grad_region] if matmuls else []
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpudiag.analyze.hlo.cost import op_cost
-from tpudiag.analyze.hlo.vocabulary import TRANSPARENT
+from tpudiag.analyze.hlo.vocabulary import TRANSPARENT, is_gradient
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s
 from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, etype
 
@@ -64,7 +64,7 @@ class Moe(Detector):
                         if len(dims(d)) >= 3 and experts in dims(d)]
             # The forward's matmuls carry the work a routed kernel does; a training step's gradient
             # matmuls (JAX's `transpose(jvp(...))`) are its ops too, priced by the backward factor.
-            forward = [d for d in dispatch if "transpose(" not in (d.metadata.get("op_name") or "")]
+            forward = [d for d in dispatch if not is_gradient(d)]
             if experts > MOE_MAX_EXPERTS or not forward:
                 continue
             k = _top_k(flow, c, iota, experts)

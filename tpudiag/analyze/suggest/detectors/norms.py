@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 
-from tpudiag.analyze.hlo.evaluate import evaluate
+from tpudiag.analyze.hlo.evaluate import scalar
 from tpudiag.analyze.hlo.vocabulary import TRANSPARENT
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s, stored_bytes
 from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, elems, etype, reducer_is
@@ -32,8 +31,7 @@ def _inverse_sqrt(flow: Flow, r) -> bool:
     if r.opcode == "rsqrt":
         return True
     if r.opcode == "power":
-        e = evaluate(flow.g, flow.g.operand(r, 1))
-        return e.ok and e.value.size > 0 and bool(np.all(e.value == -0.5))
+        return scalar(flow.g, flow.g.operand(r, 1)) == -0.5
     if r.opcode != "sqrt":
         return False
     frontier, seen = [r], {id(r)}
@@ -56,9 +54,9 @@ def _epsilon(flow: Flow, path) -> float | None:
         if op.opcode != "add":
             continue
         for o in flow.g.operands(op):
-            e = evaluate(flow.g, o)
-            if e.ok and e.value.size and np.all(e.value == e.value.flat[0]) and 0 < float(e.value.flat[0]) < 1e-2:
-                return float(str(np.float32(e.value.flat[0])))  # as the program wrote it: 1e-05
+            v = scalar(flow.g, o)
+            if v is not None and 0 < v < 1e-2:
+                return v
     return None
 
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 
-from tpudiag.analyze.hlo.evaluate import evaluate
+from tpudiag.analyze.hlo.evaluate import scalar
 from tpudiag.analyze.hlo.vocabulary import ELEMENTWISE, TRANSPARENT
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s
 from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, elems, etype
@@ -40,16 +39,6 @@ class SamplingShapes(Shapes):
     top_k: int | None = None  # None: no top-k (or not a constant)
     top_p: float | None = None  # None: no top-p (or not a constant)
     temperature: float | None = None  # None: 1.0, or not a constant
-
-
-def _scalar(flow: Flow, o) -> float | None:
-    """The value of `o` where it is one constant repeated (a broadcast scalar)."""
-    if o is None:
-        return None
-    e = evaluate(flow.g, o, max_elems=1 << 22)
-    if not e.ok or e.value.size == 0 or not np.all(e.value == e.value.flat[0]):
-        return None
-    return float(str(np.float32(e.value.flat[0])))
 
 
 def _downstream(flow: Flow, s, depth: int = 14) -> list:
@@ -81,7 +70,7 @@ def _top_p(flow: Flow, after: list) -> tuple[float | None, list]:
                    for o in ops):
             continue
         for o in ops:
-            v = _scalar(flow, o)
+            v = scalar(flow.g, o, 1 << 22)
             if v is not None and 0.0 < v < 1.0:
                 return v, cums
     return None, cums
@@ -109,7 +98,7 @@ def _temperature(flow: Flow, s) -> float | None:
                 continue
             seen.add(id(i))
             if i.opcode in ("divide", "multiply"):
-                v = _scalar(flow, flow.g.operand(i, 1))
+                v = scalar(flow.g, flow.g.operand(i, 1), 1 << 22)
                 if v is not None and v > 0 and abs(v - 1.0) > 1e-6:
                     return round(v if i.opcode == "divide" else 1.0 / v, 6)
             if i.opcode in _BEFORE_SORT:
