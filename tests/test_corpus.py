@@ -224,3 +224,46 @@ def test_transformers_flax_sampler_is_found_at_its_own_parameters():
     from tpudiag.kernels.at_shapes import setup_for
 
     assert "sample(logits, u, k=None, p=0.9, temperature=0.8)" in setup_for(BY_NAME["sampling"], s).snippet
+
+
+_OPTAX_CE_REF = '''
+import jax.numpy as jnp
+import optax
+
+
+def optax_loss(logits, labels):
+    """flax_llama.py's loss_fn after the LM head: optax's integer-label cross-entropy in f32, the mean."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean()
+'''
+
+
+def _snippet_function(snippet: str, kernel: str, args: str, result: str) -> str:
+    """The suggestion's snippet as a function of `args` returning `result`, its kernel call run in
+    interpret mode: the snippet's own lines, unchanged otherwise."""
+    tree = ast.parse(snippet)
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == kernel)
+    call.keywords.append(ast.keyword(arg="interpret", value=ast.Constant(True)))
+    body = "\n".join("    " + line for line in ast.unparse(tree).splitlines())
+    return f"def snippet({args}):\n{body}\n    return {result}\n"
+
+
+def test_the_cross_entropy_snippet_computes_what_optax_computes(tmp_path):
+    """`tpudiag validate` of the cross-entropy snippet (the bundled kernel in interpret mode) against
+    optax's loss as flax_llama.py calls it, at the corpus program's rows and vocabulary."""
+    import importlib.metadata as md
+
+    from tpudiag.analyze.suggest.detectors import BY_NAME
+    from tpudiag.kernels.at_shapes import setup_for
+
+    if tuple(int(x) for x in md.version("jax").split(".")[:2]) > (0, 10):
+        pytest.skip("the kernel runs in interpret mode at the corpus shapes on the oldest jax leg only (CI time)")
+    (ce,) = [m for m in find_patterns(_module()) if m.pattern == "cross_entropy"]
+    snippet = setup_for(BY_NAME["cross_entropy"], ce.shapes, ce.notes).snippet
+    (tmp_path / "ref.py").write_text(_OPTAX_CE_REF)
+    (tmp_path / "cand.py").write_text(_snippet_function(snippet, "cross_entropy", "logits, labels", "loss"))
+    n, v = ce.shapes.rows, ce.shapes.vocab
+    result = CliRunner().invoke(cli, ["validate", "--json", "--seed", "1", "--no-shrink", f"{tmp_path}/ref.py:optax_loss",
+                                      f"{tmp_path}/cand.py:snippet", "--inputs",
+                                      f"logits=bf16[{n},{v}] labels=s32[{n}]{{0..{v - 1}}}"])
+    doc = json.loads(result.output)
+    assert result.exit_code == 0 and doc["ok"] is True, result.output

@@ -37,9 +37,15 @@ PROGRAMS = {
     "numpy_window": _attend(lambda s, n: jnp.where((_k <= _q) & (_k > _q - 32), s, -1e9)),
     "padding": _attend(lambda s, n: jnp.where(jnp.arange(S)[None, None, None, :] < n[:, None, None, None], s, -1e9)),
     "alibi": _attend(lambda s, n: s - 0.5 * jnp.abs(jnp.arange(S)[None, :] - jnp.arange(S)[:, None])),
+    # packed sequences, as MaxText masks them: causal and within one segment (ids from the inputs)
+    "segments_causal": _attend(lambda s, n: jnp.where(
+        (jnp.arange(S)[None, :] <= jnp.arange(S)[:, None])
+        & ((jnp.arange(S)[None, :] >= n[:, None])[:, None, :, None] == (jnp.arange(S)[None, :] >= n[:, None])[:, None, None, :]),
+        s, -1e9)),
 }
 KINDS = {"none": ("none", 0), "causal_tril": ("causal", 0), "causal_bias": ("causal", 0), "window_32": ("window", 32),
-         "numpy_window": ("unknown", 0), "padding": ("inputs", 0), "alibi": ("other", 0)}
+         "numpy_window": ("unknown", 0), "padding": ("inputs", 0), "alibi": ("other", 0),
+         "segments_causal": ("inputs", 0)}
 
 
 def _matches(name):
@@ -53,6 +59,13 @@ def test_each_mask_spelling_reads_as_its_kind(name):
     (att,) = _matches(name)
     kind, window = KINDS[name]
     assert (att.shapes.mask, att.shapes.mask_window) == (kind, window), att.notes
+
+
+def test_a_mask_from_the_inputs_says_what_it_is_where_they_mask_nothing():
+    (seg,) = _matches("segments_causal")
+    assert any("causal mask where the inputs mask nothing" in n for n in seg.notes), seg.notes
+    (pad,) = _matches("padding")  # keys < 1 only: neither causal nor a window
+    assert not any("where the inputs mask nothing" in n for n in pad.notes), pad.notes
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))

@@ -83,8 +83,10 @@ def _physical_reshape_ok(instr: Instruction, operand: Instruction) -> bool:
     return row_major(instr) and row_major(operand)
 
 
-def evaluate(flow, instr: Instruction, max_elems: int = MAX_ELEMS) -> Evaluated:
-    """The value of `instr` (a `Dataflow` names its operands: `flow.operand(i, k)`), or why none."""
+def evaluate(flow, instr: Instruction, max_elems: int = MAX_ELEMS, parameters: int | None = None) -> Evaluated:
+    """The value of `instr` (a `Dataflow` names its operands: `flow.operand(i, k)`), or why none.
+    `parameters`: the value every element of the program's inputs takes (1: an all-ones attention
+    mask, one packed segment); None: a value that reads an input has none (`Evaluated.reads`)."""
     memo: dict[int, np.ndarray] = {}
 
     def ev(i: Instruction | None) -> np.ndarray:
@@ -102,9 +104,11 @@ def evaluate(flow, instr: Instruction, max_elems: int = MAX_ELEMS) -> Evaluated:
         def ops(k: int, i=i) -> np.ndarray:
             return ev(flow.operand(i, k))
 
-        if op == "parameter":
+        if op == "parameter" and parameters is None:
             raise _Stop(Evaluated(None, reads=i.name))
-        if op == "constant":
+        if op == "parameter":
+            out = np.full(s.dims, parameters, dtype=_dtype(i) or np.float32)
+        elif op == "constant":
             out = _literal(i)
         elif op == "iota":
             dim = int(i.attributes.get("iota_dimension", "0"))
@@ -120,6 +124,11 @@ def evaluate(flow, instr: Instruction, max_elems: int = MAX_ELEMS) -> Evaluated:
             for k, d in enumerate(sorted(keep)):
                 shape[d] = a.shape[k]
             out = np.broadcast_to(a.reshape(shape), s.dims)
+        elif op == "copy-done":  # an async copy (to or from host memory): copy-done(copy-start(x)) is x
+            start = flow.operand(i, 0)
+            if start is None or start.opcode != "copy-start":
+                raise _Stop(Evaluated(None, unsupported=f"{i.name} (a copy-done of no copy-start)"))
+            out = ev(flow.operand(start, 0))
         elif op in _SAME_ELEMENTS or op == "bitcast" and _physical_reshape_ok(i, flow.operand(i, 0)):
             out = ops(0).reshape(s.dims)
         elif op == "transpose":

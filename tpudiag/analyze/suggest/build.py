@@ -3,9 +3,8 @@
 In two steps, so that the caller can compile the kernels in between (this module does no I/O):
 
 1. `candidates(report, modules)`: the pattern matches of each compiled module (the detectors of
-   analyze/suggest/detectors/),
-   grouped by (module, pattern, source line) so a pattern's forward and backward ops count
-   together, each with the estimated TPU time of exactly the ops it covers (`xla_s`, from the
+   analyze/suggest/detectors/), grouped by (module, pattern, source line), groups that share a
+   source line merged, so a pattern's forward, its recomputation and its backward ops count together, each with the estimated TPU time of exactly the ops it covers (`xla_s`, from the
    compile report's op rows) and its share of the module's estimated time. A matmul fusion that
    only absorbed a norm's last multiply stays out of a norm's ops: the matmul is not what the
    kernel replaces.
@@ -91,6 +90,21 @@ def _has_matmul(module, op_name: str) -> bool:
     return False
 
 
+def _merge_overlapping(groups: dict) -> list[list[PatternMatch]]:
+    """Groups of one pattern that share a source line are one: a forward and its recomputation in
+    the backward (remat) reach the same line from different first lines."""
+    merged: list[tuple[str, set, list]] = []
+    for (pattern, _), pms in groups.items():
+        lines = {s for pm in pms for s in pm.source}
+        hits = [g for g in merged if g[0] == pattern and g[1] & lines]
+        for g in hits:
+            merged.remove(g)
+            lines |= g[1]
+            pms = g[2] + pms
+        merged.append((pattern, lines, pms))
+    return [pms for _, _, pms in merged]
+
+
 def candidates(report: CompileReport, modules: dict) -> tuple[list[Candidate], list[Replaced]]:
     """Grouped matches of every compiled module with their XLA time; and XLA's own replacements.
     `modules`: {the module's `artifacts` directory: its optimized HloModule} (a function compiled at
@@ -115,7 +129,7 @@ def candidates(report: CompileReport, modules: dict) -> tuple[list[Candidate], l
                                                              source=same.source + pm.source)
                 continue
             groups.setdefault((pm.pattern, pm.source[:1]), []).append(pm)
-        for pms in groups.values():
+        for pms in _merge_overlapping(groups):
             ops, source = [], []
             for pm in pms:
                 ops += [o for o in pm.ops if o not in ops and o in times

@@ -51,25 +51,25 @@ def _online_softmax(flow: Flow, x) -> PatternMatch:
 
 
 def _kv_rows(flow: Flow, qk, pv, rows: int, kv_len: int, head_dim: int) -> int:
-    """K/V rows (batch x kv heads) before any repeat: grouped-query heads written as `jnp.repeat`,
-    `broadcast` or `tile` of K and V read fewer elements than the matmul's operand holds."""
-    least = None
+    """K/V rows (batch x kv heads) before any repeat. Grouped-query heads written as `jnp.repeat`,
+    `broadcast` or `tile` of K and V read fewer elements than the matmul's operand holds; written as
+    a group dimension of Q (MaxText's `btkgd,bskd->bkgts`), K and V are smaller operands. The
+    fewest elements any operand reads, in whole [kv_len, head_dim] rows, is K's or V's."""
+    row = max(1, kv_len * head_dim)
+    counts = []
     for mm in (qk, pv):
         for operand in flow.g.operands(mm):
             n = elems(dims(operand))
-            if operand.opcode not in TRANSPARENT | {"broadcast"}:
-                continue  # computed here (Q's scale, a projection): not a repeat of K or V
-            walked = [operand, *flow.back(operand, TRANSPARENT | {"broadcast"}, lambda _o: False, depth=8)[1]]
-            for o in walked:
-                src = flow.g.operand(o, 0) if o.opcode == "broadcast" else None
-                # a repeat of the heads: the whole tensor (rank >= 2), a whole number of times
-                if src is not None and len(dims(src)) >= 2 and n % max(1, elems(dims(src))) == 0:
-                    n = min(n, elems(dims(src)))
-            if n < elems(dims(operand)):
-                least = n if least is None else min(least, n)
-    if least is None:
-        return rows
-    kv = least // max(1, kv_len * head_dim)
+            if operand.opcode in TRANSPARENT | {"broadcast"}:
+                walked = [operand, *flow.back(operand, TRANSPARENT | {"broadcast"}, lambda _o: False, depth=8)[1]]
+                for o in walked:
+                    src = flow.g.operand(o, 0) if o.opcode == "broadcast" else None
+                    # a repeat of the heads: the whole tensor (rank >= 2), a whole number of times
+                    if src is not None and len(dims(src)) >= 2 and n % max(1, elems(dims(src))) == 0:
+                        n = min(n, elems(dims(src)))
+            if n and n % row == 0:
+                counts.append(n // row)
+    kv = min(counts, default=rows)
     return kv if 0 < kv < rows and rows % kv == 0 else rows
 
 
@@ -154,8 +154,9 @@ def _find(flow: Flow) -> list[PatternMatch]:
                                  kv_batch_heads=kv_rows, dtype=flow.stored_dtype(qk), softmax_dtype=etype(x),
                                  mask=mask.kind, mask_offset=mask.offset, mask_window=mask.window)
         grad = _gradient(flow, qk, pv)
+        # one instance per layer: its forward and a recomputation in the backward read the same projections
         out.append(flow.match(DECODE if decode else PREFILL, [qk, x, pv], [*spath, *ppath, red, *grad], shapes,
-                              notes))
+                              notes, instance=flow.weights(qk)))
     return dedupe(out)
 
 

@@ -1,8 +1,9 @@
 """Softmax cross-entropy over a large vocabulary.
 
 Reads a `walk.Flow`; returns `PatternMatch`es with `CrossEntropyShapes`: a `log` of a row sum of
-exponentials (or of its absolute value, as `jax.nn.logsumexp` writes it) over at least `VOCAB_MIN` classes (a log-softmax or logsumexp), with the labels picked
-by a gather or a one-hot compare. It prices nothing and does no I/O.
+exponentials (or of its absolute value, as `jax.nn.logsumexp` writes it) over at least `VOCAB_MIN`
+classes (a log-softmax or logsumexp), with the labels picked by a gather or a one-hot compare. A row
+sum logged twice (MaxText's z-loss reads the logsumexp again) is one match. It prices nothing and does no I/O.
 """
 
 from __future__ import annotations
@@ -24,20 +25,37 @@ class CrossEntropyShapes(Shapes):
     dtype: str
 
 
+def _label_pick(flow: Flow, logits, vocab: int):
+    """How the labels are picked from the log-probabilities of `logits`: a gather from them
+    (`take_along_axis`), or a one-hot over the vocabulary (a compare) multiplied into them. Not any
+    gather over a vocabulary-sized table: the embedding lookup is one too."""
+    for cand in flow.g.instructions:
+        if cand.opcode == "gather" and vocab in dims(flow.g.operand(cand, 0) or cand) \
+                and flow.depends_on(flow.g.operand(cand, 0), logits, depth=12):
+            return cand
+        if cand.opcode == "compare" and vocab in dims(cand):
+            for m in flow.reachable(cand, lambda u: u.opcode == "multiply", depth=4):
+                if any(o is not cand and flow.depends_on(o, logits, depth=12) for o in flow.g.operands(m)):
+                    return cand
+    return None
+
+
 class CrossEntropy(Detector):
     name = "cross_entropy"
     kernel = "cross_entropy"
 
     def find(self, flow: Flow) -> list[PatternMatch]:
         out = []
+        logs: dict[int, list] = {}  # row sum -> the logs of it: one cross-entropy however often it is logged
         for lg in flow.g.instructions:
             if lg.opcode != "log":
                 continue
             # `log(abs(sum))`: jax's logsumexp (and optax's losses through it) takes the sign apart
             red, _ = flow.back(lg, TRANSPARENT | {"add", "broadcast", "abs"},
                                lambda o: o.opcode == "reduce" and reducer_is(flow.m, o, "add"), depth=4)
-            if red is None or not red.dimensions:
-                continue
+            if red is not None and red.dimensions:
+                logs.setdefault(id(red), [red]).append(lg)
+        for red, lg, *more in logs.values():
             ex = flow.g.source(flow.g.operand(red, 0))
             if ex is None or ex.opcode != "exponential":
                 continue
@@ -46,20 +64,13 @@ class CrossEntropy(Detector):
             if vocab < VOCAB_MIN:
                 continue
             logits = flow.back(ex, SCORES_PATH, lambda o: o.opcode in MATMUL, depth=8)[0]
-            pick = None
-            for cand in flow.g.instructions:
-                if cand.opcode == "gather" and vocab in dims(flow.g.operand(cand, 0) or cand):
-                    pick = cand
-                    break
-                if cand.opcode == "compare" and vocab in dims(cand):
-                    pick = cand
-                    break
+            pick = _label_pick(flow, logits if logits is not None else ex, vocab)
             notes = [f"vocabulary {vocab}"]
             if logits is not None:
                 notes.append("logits from a matmul in the same module (an LM head)")
             notes.append("labels picked by " + (pick.opcode if pick is not None else "no gather or one-hot found"))
             shapes = CrossEntropyShapes(rows=max(1, elems(ex_dims) // vocab), vocab=vocab, dtype=etype(ex))
-            out.append(flow.match(self, [lg, red, ex], [p for p in (pick,) if p is not None], shapes, notes))
+            out.append(flow.match(self, [lg, red, ex], [*more, *(p for p in (pick,) if p is not None)], shapes, notes))
         return dedupe(out)
 
     def bound(self, shapes: CrossEntropyShapes, chip, backward: bool = False) -> float | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpudiag.analyze.hlo.evaluate import Evaluated, evaluate
+from tpudiag.analyze.hlo.evaluate import evaluate
 
 # A bias at or below this masks its key out (finfo(bf16).min, -1e9, -inf all are); a pure mask's
 # other values are 0.
@@ -29,6 +29,7 @@ class Mask:
     offset: int = 0  # causal and window: query i sees keys j <= i + offset
     window: int = 0  # window: and keys j > i + offset - window
     detail: str = ""  # inputs: what it reads; unknown: what could not be read
+    beneath: str = ""  # inputs: the mask with every input at 1 (causal, a window), where it is one
 
     def describe(self) -> str:
         if self.kind == "none":
@@ -38,7 +39,8 @@ class Mask:
         if self.kind == "window":
             return f"sliding-window mask of {self.window} keys" + (f" (offset {self.offset})" if self.offset else "")
         if self.kind == "inputs":
-            return f"a mask computed from the program's inputs ({self.detail}: padding or a decode position)"
+            return (f"a mask computed from the program's inputs ({self.detail}: padding, packed-sequence segments "
+                    "or a decode position)" + (f"; {self.beneath} where the inputs mask nothing" if self.beneath else ""))
         if self.kind == "other":
             return "a mask that is neither causal nor a sliding window (a document or block mask)"
         return f"a mask tpudiag could not read ({self.detail})"
@@ -61,21 +63,6 @@ def classify(keep: np.ndarray) -> Mask:
     return Mask("other")
 
 
-def _depends_on(flow, value, target, depth: int = 24) -> bool:
-    frontier, seen = [value], {id(value)}
-    for _ in range(depth):
-        nxt = []
-        for i in frontier:
-            if i is target:
-                return True
-            for o in flow.g.operands(i):
-                if id(o) not in seen:
-                    seen.add(id(o))
-                    nxt.append(o)
-        frontier = nxt
-    return False
-
-
 def _keep_of(array: np.ndarray, q_axis: int, k_axis: int) -> np.ndarray | None:
     """The [queries, keys] matrix of a mask broadcast over the scores; None where it differs between
     the other axes (heads, batch)."""
@@ -86,6 +73,23 @@ def _keep_of(array: np.ndarray, q_axis: int, k_axis: int) -> np.ndarray | None:
     if any(strides) and not all(np.array_equal(first, f) for f in flat[1:]):
         return None
     return first
+
+
+def _beneath(flow, target, value, q_axis: int, k_axis: int) -> str:
+    """The mask `value(target)` where the program's inputs mask nothing, when it is causal or a window
+    there: every input at 1 (an all-ones padding mask, one segment) or at 0 (segment ids compared
+    with a length). MaxText's causal-within-segments mask reads as causal."""
+    for fill in (1, 0):
+        ev = evaluate(flow.g, target, parameters=fill)
+        if not ev.ok or ev.value.ndim < 2:
+            return ""
+        keep = _keep_of(value(ev.value).astype(bool), q_axis if q_axis >= 0 else ev.value.ndim - 2, k_axis)
+        if keep is None or not keep.any(axis=1).all():  # a query that sees no key: the inputs mask it
+            continue
+        kind = classify(keep)
+        if kind.kind in ("causal", "window"):
+            return kind.describe()
+    return ""
 
 
 def read_mask(flow, qk, x, chain: list, q_axis: int, k_axis: int) -> Mask:
@@ -105,27 +109,27 @@ def read_mask(flow, qk, x, chain: list, q_axis: int, k_axis: int) -> Mask:
                 continue
             scores_true = id(operands[1]) in on_scores
             fill = evaluate(flow.g, operands[2] if scores_true else operands[1])
-            pred = evaluate(flow.g, operands[0])
+            target = operands[0]
             if fill.ok and np.all(fill.value <= _MASKED_BELOW):
-                ev = pred
+                ev = evaluate(flow.g, target)
                 value = (lambda a, t=scores_true: a if t else ~a.astype(bool))
             else:
                 continue  # a select that is no mask (a clamp, a where on values)
         else:
             bias = [o for o in operands if id(o) not in on_scores]
-            if len(bias) != 1 or _depends_on(flow, bias[0], qk):
+            if len(bias) != 1 or flow.depends_on(bias[0], qk):
                 continue
-            ev = evaluate(flow.g, bias[0])
-            if ev.ok and op.opcode == "subtract":
-                if bias[0] is not operands[1]:
-                    continue  # bias - scores is no mask
-                ev = Evaluated(-ev.value)
-            if ev.ok and not np.all((ev.value == 0) | (ev.value <= _MASKED_BELOW)):
+            target = bias[0]
+            if op.opcode == "subtract" and target is not operands[1]:
+                continue  # bias - scores is no mask
+            sign = -1 if op.opcode == "subtract" else 1
+            ev = evaluate(flow.g, target)
+            if ev.ok and not np.all((ev.value == 0) | (sign * ev.value <= _MASKED_BELOW)):
                 return Mask("other", detail="an additive bias with values other than 0 and -inf (ALiBi or "
                                             "relative positions)")
-            value = (lambda a: a > _MASKED_BELOW)
+            value = (lambda a, sign=sign: sign * a > _MASKED_BELOW)
         if ev.reads:
-            return Mask("inputs", detail=f"it reads {ev.reads}")
+            return Mask("inputs", detail=f"it reads {ev.reads}", beneath=_beneath(flow, target, value, q_axis, k_axis))
         if not ev.ok:
             unread.append(ev.unsupported or "?")
             continue

@@ -1,9 +1,11 @@
 """Mixture-of-experts dispatch.
 
 Reads a `walk.Flow`; returns `PatternMatch`es: `ragged-dot` (XLA's own grouped matmul; already
-replaced where libtpu lowered it to its custom call) with `RaggedDotShapes`, or matmuls fed by a
-one-hot (a compare against an iota) over at most `MOE_MAX_EXPERTS` experts, with an expert dimension
-of their own, with `DenseDispatchShapes`. It prices nothing and does no I/O.
+replaced where libtpu lowered it to its custom call) with `RaggedDotShapes`, or a dense dispatch
+over at most `MOE_MAX_EXPERTS` experts with `DenseDispatchShapes`: every expert's matmul computes
+every token, and the routing masks either the inputs (a one-hot, a compare against an iota; the
+matmuls downstream of it) or the outputs (the router's top-k weights scattered into zeros, one slot
+per expert, then a combine matmul; the matmuls that compute its operands). It prices nothing and does no I/O.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpudiag.analyze.hlo.cost import op_cost
+from tpudiag.analyze.hlo.evaluate import scalar
 from tpudiag.analyze.hlo.vocabulary import TRANSPARENT, is_gradient
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s
-from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, etype
+from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, elems, etype
 
 MOE_MAX_EXPERTS = 256  # a one-hot over more "experts" is a one-hot of labels or tokens, not a router
 
@@ -49,37 +52,43 @@ class Moe(Detector):
                                              + d.name):
                 out.append(flow.match(self, [d], [], RaggedDotShapes(dtype=etype(d)), ["ragged_dot"],
                                       replaced="ragged-dot" if d.opcode == "custom-call" else None))
-        for c in flow.g.instructions:
-            if c.opcode != "compare" or c.attributes.get("direction") != "EQ":
+        for r in flow.g.instructions:
+            routing = _one_hot(flow, r) or _scattered(flow, r)
+            if routing is None:
                 continue
-            iota = flow.back(c, TRANSPARENT | {"broadcast"}, lambda t: t.opcode == "iota", depth=3)[0]
-            if iota is None:
-                continue
-            cd = dims(c)
-            experts = cd[iota.attributes and int(iota.attributes.get("iota_dimension", "0"))] \
-                if cd and dims(iota) == cd else max(cd, default=1)
+            experts, k, how = routing
             # Experts are few and get a dimension of their own in the dispatched activations: a one-hot of
-            # labels (a loss over classes) has neither.
-            dispatch = [d for d in flow.reachable(c, flow.is_matmul, depth=16)
-                        if len(dims(d)) >= 3 and experts in dims(d)]
+            # labels (a loss over classes) has neither. A one-hot masks the experts' inputs (its matmuls are
+            # downstream); scattered router weights mask their outputs in a combine matmul, whose operands
+            # the experts' matmuls compute (upstream, not the router's own: it computed the weights).
+            # (a combine is the first matmul after the weights: further down is the next layer's)
+            dispatch = [d for d in flow.reachable(r, flow.is_matmul, depth=16 if how == "one-hot" else 6)
+                        if experts in dims(d) or any(experts in dims(o) for o in flow.g.operands(d))]
+            if how == "scatter":
+                dispatch += [d for d in _experts_upstream(flow, dispatch, experts, flow.ancestors(r))
+                             if d not in dispatch]
+                dispatch += [d for d in _gradients_at(flow, dispatch, experts) if d not in dispatch]
             # The forward's matmuls carry the work a routed kernel does; a training step's gradient
             # matmuls (JAX's `transpose(jvp(...))`) are its ops too, priced by the backward factor.
-            forward = [d for d in dispatch if not is_gradient(d)]
-            if experts > MOE_MAX_EXPERTS or not forward:
+            forward = [d for d in dispatch if not is_gradient(d) and len(dims(d)) >= 3]
+            if not forward:
                 continue
-            k = _top_k(flow, c, iota, experts)
+            tokens = max((elems(dims(d)) // max(1, experts * dims(d)[-1]) for d in forward if experts in dims(d)),
+                         default=1)
             shapes = DenseDispatchShapes(
-                tokens=max((x for x in cd if x not in (experts, k)), default=1), experts=experts,
-                matmuls=len(forward), dtype=etype(forward[0]),
+                tokens=tokens, experts=experts, matmuls=len(forward), dtype=etype(forward[0]),
                 dense_flops=sum(op_cost(flow.m, d).flops for d in forward),
                 weight_bytes=sum(max((o.parsed_shape.bytes for o in flow.g.operands(d) if o.parsed_shape.is_array),
                                      default=0) for d in forward), top_k=k)
             routed = "read from the router" if k > 1 else "no top-k found: the least any routing computes"
-            notes = [(f"dispatch by a dense one-hot over {experts} experts: every token goes through every expert's "
+            spelled = ("a dense one-hot" if how == "one-hot" else
+                       "router weights scattered into every expert's slot (zero for the unrouted)")
+            notes = [(f"dispatch by {spelled} over {experts} experts: every token goes through every expert's "
                       f"matmul, masked ({experts / k:.3g}x the FLOPs of top-{k} routing)"),
                      (f"the bound routes each token to its {k} expert{'s' if k > 1 else ''} (top-{k}, {routed}) "
                       "and reads each expert's weights once")]
-            out.append(flow.match(self, [c, *forward], [d for d in dispatch if d not in forward], shapes, notes))
+            out.append(flow.match(self, [r, *forward], [d for d in dispatch if d not in forward], shapes, notes,
+                                  instance=",".join(sorted(flow.weights(d) for d in forward))))
         return dedupe(out)
 
     def bound(self, shapes: Shapes, chip, backward: bool = False) -> float | None:
@@ -89,6 +98,69 @@ class Moe(Detector):
         # are read at least once. `dense_flops` is the forward's: the backward factor adds the gradient.
         flops = shapes.dense_flops * max(1, shapes.top_k) / max(1, shapes.experts)
         return roofline_s(float(shapes.weight_bytes), flops, chip, backward)
+
+
+def _one_hot(flow: Flow, c):
+    """(experts, k, "one-hot") of a compare of the router's expert indices against an iota, else None."""
+    if c.opcode != "compare" or c.attributes.get("direction") != "EQ":
+        return None
+    iota = flow.back(c, TRANSPARENT | {"broadcast"}, lambda t: t.opcode == "iota", depth=3)[0]
+    if iota is None:
+        return None
+    cd = dims(c)
+    experts = cd[iota.attributes and int(iota.attributes.get("iota_dimension", "0"))] \
+        if cd and dims(iota) == cd else max(cd, default=1)
+    if experts > MOE_MAX_EXPERTS:
+        return None
+    return experts, _top_k(flow, c, iota, experts), "one-hot"
+
+
+def _scattered(flow: Flow, s):
+    """(experts, k, "scatter") of the router's top-k weights scattered into zeros, one slot per expert
+    (MaxText's `update_weights.at[...].set(top_k_weights)`): `[tokens, k]` updates into
+    `tokens x experts` elements, else None."""
+    if s.opcode != "scatter":
+        return None
+    ops = flow.g.operands(s)
+    if len(ops) != 3 or scalar(flow.g, ops[0]) != 0.0:
+        return None
+    upd = dims(ops[2])
+    if len(upd) < 2 or not 1 < upd[-1] <= 16:
+        return None
+    k, tokens = upd[-1], elems(upd) // upd[-1]
+    n = elems(dims(s))
+    if not tokens or n % tokens or not k < n // tokens <= MOE_MAX_EXPERTS:
+        return None
+    return n // tokens, k, "scatter"
+
+
+def _experts_upstream(flow: Flow, combine: list, experts: int, exclude: set, depth: int = 24) -> list:
+    """The matmuls with an expert dimension that compute the combine matmuls' operands, through the
+    activation between the up and down projections; none of `exclude` (the router's)."""
+    out, frontier, seen = [], list(combine), {id(c) for c in combine} | exclude
+    for _ in range(depth):
+        nxt = []
+        for i in frontier:
+            for o in flow.g.operands(i):
+                if id(o) in seen:
+                    continue
+                seen.add(id(o))
+                if flow.is_matmul(o):
+                    if experts not in dims(o):
+                        continue
+                    out.append(o)
+                nxt.append(o)
+        frontier = nxt
+    return out
+
+
+def _gradients_at(flow: Flow, forward: list, experts: int) -> list:
+    """The gradient matmuls with an expert dimension that JAX emitted at the forward matmuls' source
+    lines (the transposes of those einsums): the training step's share of the dispatch."""
+    lines = {flow.m.call_site(d)[0] for d in forward} - {None}
+    return [d for d in flow.g.instructions if flow.is_matmul(d) and is_gradient(d)
+            and (experts in dims(d) or any(experts in dims(o) for o in flow.g.operands(d)))
+            and flow.m.call_site(d)[0] in lines]
 
 
 def _top_k(flow: Flow, compare, iota, experts: int) -> int:

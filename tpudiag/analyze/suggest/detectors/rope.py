@@ -19,8 +19,9 @@ from tpudiag.analyze.hlo.vocabulary import TRANSPARENT
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s, stored_bytes
 from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, etype
 
-# From a multiply to its position table; `select`: a gather's out-of-bounds fill (`jnp.take(..., mode="fill")`).
-_TABLE_PATH = TRANSPARENT | {"broadcast", "slice", "gather", "dynamic-slice", "concatenate", "select"}
+# From a multiply to its position table; `select`: a gather's out-of-bounds fill (`jnp.take(..., mode="fill")`);
+# `pad` and `maximum`: XLA's rewrite of a concatenate (`concatenate([sin, sin])`).
+_TABLE_PATH = TRANSPARENT | {"broadcast", "slice", "gather", "dynamic-slice", "concatenate", "pad", "maximum", "select"}
 _TABLE_ROOTS = ("cosine", "sine", "constant", "parameter")
 # rotate(x): x's halves or pairs moved and negated (XLA writes a concatenate as pads and a maximum)
 _ROTATE_PATH = TRANSPARENT | {"slice", "pad", "maximum", "negate", "concatenate", "select"}
@@ -119,8 +120,9 @@ class Rope(Detector):
                            is not None or t.opcode in ("cosine", "sine") for t in (t1, t2))
             shapes = RopeShapes(shape=tuple(dims(c)), dtype=etype(x), layout=_layout(flow, sl1 + sl2))
             note = "cos and sin computed in place" if in_place else "cos and sin read from a table"
+            # one instance per rotated tensor: its projection's weight, in the forward and in a recomputation
             out.append(flow.match(self, [muls[0]], [muls[1], c], shapes, [note, f"{shapes.layout} rotation"],
-                                  instance=x))
+                                  instance=flow.weights(x, depth=4) or x))
         return dedupe(out)
 
     def bound(self, shapes: RopeShapes, chip, backward: bool = False) -> float | None:

@@ -15,9 +15,15 @@ from __future__ import annotations
 from typing import Callable
 
 from tpudiag.analyze.hlo.dataflow import Dataflow
-from tpudiag.analyze.hlo.vocabulary import MATMUL, TRANSPARENT
+from tpudiag.analyze.hlo.vocabulary import ASYNC, MATMUL, TPU_ASYNC_SLICE, TRANSPARENT
 from tpudiag.analyze.suggest.detectors.base import PatternMatch
 from tpudiag.parse.hlo import HloModule, Instruction
+
+
+# From a matmul to the weight it reads: casts, copies, and how the TPU compiler moves and gathers a
+# weight (async slices reassembled by a custom call, an all-gather of a sharded weight); no arithmetic.
+_WEIGHT_PATH = TRANSPARENT | TPU_ASYNC_SLICE | ASYNC | {"custom-call", "slice", "concatenate", "all-gather", "all-gather-start",
+                                               "all-gather-done", "dynamic-slice"}
 
 
 def dims(instr: Instruction) -> tuple[int, ...]:
@@ -115,6 +121,22 @@ class Flow:
             frontier = nxt
         return out
 
+    def ancestors(self, instr: Instruction, depth: int = 24) -> set[int]:
+        """The ids of every op `instr` is computed from within `depth` steps, its own included."""
+        seen, frontier = {id(instr)}, [instr]
+        for _ in range(depth):
+            nxt = []
+            for i in frontier:
+                for o in self.g.operands(i):
+                    if id(o) not in seen:
+                        seen.add(id(o))
+                        nxt.append(o)
+            frontier = nxt
+        return seen
+
+    def depends_on(self, instr: Instruction, target: Instruction, depth: int = 24) -> bool:
+        return id(target) in self.ancestors(instr, depth)
+
     def stored_dtype(self, instr: Instruction) -> str:
         """The narrowest float type among the arrays `instr` reads, before the converts and slices in
         between: a bf16 KV cache upcast to f32 for the matmul is still read as bf16."""
@@ -141,8 +163,33 @@ class Flow:
                             lambda u: u.opcode == "reduce" and reducer_is(self.m, u, opcode), depth=4)
         return r
 
+    def weights(self, instr: Instruction, depth: int = 10) -> str:
+        """The program's weights that the nearest matmuls at or upstream of `instr` read (their
+        parameters, through casts and copies), joined: a layer's attention reads its own Q/K/V projections, in the
+        forward and in its recomputation in the backward alike. Empty where none is found."""
+        found, frontier, seen = set(), [instr], set()
+        for _ in range(depth):
+            nxt = []
+            for i in frontier:
+                if id(i) in seen:
+                    continue
+                seen.add(id(i))
+                if self.is_matmul(i):
+                    mine = set()
+                    for o in self.g.operands(i):
+                        root, _ = self.back(o, _WEIGHT_PATH, lambda t: t.opcode == "parameter", depth=8)
+                        root = o if o.opcode == "parameter" else root
+                        if root is not None and len(dims(root)) >= 2:
+                            mine.add(root.name)
+                    if mine:  # a projection: its weight names the instance; else (Q.K^T) look further up
+                        found |= mine
+                        continue
+                nxt.extend(self.g.operands(i))
+            frontier = nxt
+        return ",".join(sorted(found))
+
     def match(self, detector, anchors: list[Instruction], covered: list[Instruction], shapes, notes=(),
-              replaced=None, instance: Instruction | None = None):
+              replaced=None, instance: Instruction | str | None = None):
         """The `PatternMatch` of `detector` anchored on `anchors`, its ops the top-level instructions that
         execute `anchors` and `covered`, in program order."""
         tops = {}
@@ -164,7 +211,8 @@ class Flow:
         return PatternMatch(detector=detector, module=self.m.name, ops=tuple(t.name for t in ops),
                             anchors=tuple(a.name for a in anchors), source=tuple(lines),
                             shapes=shapes, notes=tuple(notes), replaced_by_xla=replaced,
-                            instance=instance.name if instance is not None else anchors[0].name)
+                            instance=instance if isinstance(instance, str) and instance else
+                            instance.name if isinstance(instance, Instruction) else anchors[0].name)
 
 
 def dedupe(matches: list) -> list:
