@@ -267,3 +267,53 @@ def test_the_cross_entropy_snippet_computes_what_optax_computes(tmp_path):
                                       f"logits=bf16[{n},{v}] labels=s32[{n}]{{0..{v - 1}}}"])
     doc = json.loads(result.output)
     assert result.exit_code == 0 and doc["ok"] is True, result.output
+
+
+_WARPERS_REF = '''
+import jax
+import jax.numpy as jnp
+from transformers.generation.flax_logits_process import FlaxTemperatureLogitsWarper, FlaxTopPLogitsWarper
+
+
+def warped_draw(logits, u):
+    """flax_sampler.py's distribution, transformers' own warpers: temperature 0.8, then top-p 0.9.
+    The draw is the inverse CDF of that distribution in vocabulary order at the uniform u (the
+    snippet's documented draw), so the two sides can be compared token for token."""
+    scores = FlaxTemperatureLogitsWarper(0.8)(None, logits, 0)
+    scores = FlaxTopPLogitsWarper(0.9)(None, scores, 0)
+    cdf = jnp.cumsum(jax.nn.softmax(scores, axis=-1), axis=-1)
+    return jnp.sum(cdf <= u[:, None] * cdf[:, -1:], axis=-1).astype(jnp.int32)
+'''
+
+_DRAW_INPUTS = '''
+import numpy as np
+
+
+def make(seed, regime):
+    rng = np.random.default_rng(seed)
+    return {"logits": (3 * rng.standard_normal((ROWS, VOCAB))).astype(np.float32),
+            "u": rng.uniform(0.0, 1.0, ROWS).astype(np.float32)}
+'''
+
+
+def test_the_sampling_snippet_draws_what_the_warpers_define(tmp_path):
+    """`tpudiag validate` of the sampling snippet (the bundled kernel in interpret mode) against
+    transformers' FlaxTemperatureLogitsWarper(0.8) and FlaxTopPLogitsWarper(0.9) at the corpus
+    program's rows and vocabulary, drawn by the same uniform: the same token in every row."""
+    import importlib.metadata as md
+
+    from tpudiag.analyze.suggest.detectors import BY_NAME
+    from tpudiag.kernels.at_shapes import setup_for
+
+    if tuple(int(x) for x in md.version("jax").split(".")[:2]) > (0, 10):
+        pytest.skip("the kernel runs in interpret mode at the corpus shapes on the oldest jax leg only (CI time)")
+    (m,) = find_patterns(_module(ARTIFACTS / "corpus_flax_sampler", "jit_sample"))
+    snippet = setup_for(BY_NAME["sampling"], m.shapes).snippet
+    (tmp_path / "ref.py").write_text(_WARPERS_REF)
+    (tmp_path / "cand.py").write_text(_snippet_function(snippet, "sample", "logits, u", "tokens"))
+    (tmp_path / "gen.py").write_text(_DRAW_INPUTS.replace("ROWS", str(m.shapes.rows))
+                                     .replace("VOCAB", str(m.shapes.vocab)))
+    result = CliRunner().invoke(cli, ["validate", "--json", "--seed", "1", "--no-shrink", f"{tmp_path}/ref.py:warped_draw",
+                                      f"{tmp_path}/cand.py:snippet", "--inputs", f"{tmp_path}/gen.py:make"])
+    doc = json.loads(result.output)
+    assert result.exit_code == 0 and doc["ok"] is True, result.output
