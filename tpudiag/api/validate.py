@@ -34,12 +34,27 @@ def parse_static(items) -> dict:
     return out
 
 
+def parse_bind(items) -> tuple[tuple[str, str], ...]:
+    """`x=inp w=weight` (one string or several) -> (("x", "inp"), ("w", "weight"))."""
+    out = []
+    for item in (items if isinstance(items, (list, tuple)) else [items]):
+        for part in str(item).split():
+            name, _, param = part.partition("=")
+            if not name.isidentifier() or not param.isidentifier():
+                raise InputError(f"--bind: {part!r} is not INPUT=PARAM (an input's name, the candidate's parameter)")
+            out.append((name, param))
+    return tuple(out)
+
+
 def validate(reference, candidate, inputs=None, *, static=None, grad: bool = False, regimes: str = "normal",
              seed: int | None = None, allow_nondeterminism: bool = False, shrink: bool = True,
-             k: float | None = None, floor_eps: float | None = None, progress=None, junit_path=None):
+             k: float | None = None, floor_eps: float | None = None, bind=None, eager: bool = False,
+             progress=None, junit_path=None):
     """Validate `candidate` against `reference` (each `FILE.py:FUNC`, `module:FUNC` or a callable).
     `inputs`: a spec (`"q=bf16[2,8,128,64] ..."`), a generator (`"gen.py:make_inputs"` or a callable
-    `(seed, regime) -> args`). Returns a `ValidateResult`."""
+    `(seed, regime) -> args`). Inputs go to both sides by name; `bind` ({input: candidate's
+    parameter} or "x=inp w=weight") renames them for the candidate. A JAX candidate runs jitted
+    unless `eager`. Returns a `ValidateResult`."""
     import dataclasses
 
     from tpudiag.analyze.numerics import DEFAULT_NUMERICS
@@ -65,7 +80,9 @@ def validate(reference, candidate, inputs=None, *, static=None, grad: bool = Fal
         if (k is not None and k < 0) or (floor_eps is not None and floor_eps < 0):
             raise InputError("--k and --floor-eps are non-negative")
         config = dataclasses.replace(config, **{n: v for n, v in (("k", k), ("floor_eps", floor_eps)) if v is not None})
-    ref, cand = side(reference, "reference"), side(candidate, "candidate")
+    ref, cand = side(reference, "reference"), side(candidate, "candidate", jit=not eager)
+    if bind:
+        cand = dataclasses.replace(cand, rename=tuple(bind.items()) if isinstance(bind, dict) else parse_bind(bind))
     result = validate_pair(ref, cand, specs=specs, generator=generator, regimes=inp.regimes_for(specs, regimes),
                            static=parse_static(static) if isinstance(static, (str, list, tuple)) else static,
                            grad=grad, determinism=not allow_nondeterminism, seed=seed, shrink_failures=shrink,

@@ -31,7 +31,8 @@ from tpudiag.results.numerics import Check
 from tpudiag.results.validate import SCHEMA, Measure, Shrunk, ValidateCase, ValidateResult
 from tpudiag.errors import InputError, one_line
 from tpudiag.parity import inputs as inp
-from tpudiag.parity.sides import Side, call, clear_compiled, float64_call, grads, is_float
+from tpudiag.parity.sides import (Side, by_name, call, clear_compiled, float64_call, grads, is_float, param_names,
+                                  torch_call)
 
 _SHRINK_STEPS = 8  # halvings at most: 1024 -> 4
 
@@ -105,20 +106,54 @@ class Pair:
     config: NumericsConfig = DEFAULT_NUMERICS
 
 
+class SideRaised(Exception):
+    """One side raised on one case's inputs: that case's ERROR, naming the side; the reference
+    raising in every case is a bad argument instead (`validate_pair`)."""
+
+    def __init__(self, side: str, message: str):
+        super().__init__(message)
+        self.side = side
+
+
+def _raised(side: Side, what: str, named, e: Exception) -> SideRaised:
+    return SideRaised(what, f"{what} {side.label} raised on {_describe(named)}: {one_line(e, 300)}")
+
+
+def _same_bits(ref: list, truth: list) -> bool:
+    """The float64 run returned the working-precision run's values exactly (no output computed in
+    float64 at all)."""
+    floats = [(r, t) for r, t in zip(ref, truth) if is_float(r) and r.size]
+    return bool(floats) and all(np.array_equal(np.asarray(r, np.float64), np.asarray(t, np.float64))
+                                for r, t in floats)
+
+
 def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tuple[list[Check], list[Measure]]:
-    """Every check of one case (raises what a side raises). `named`: the inputs, (name, array)."""
+    """Every check of one case (a side that raises: `SideRaised`). `named`: the inputs, (name, array)."""
     note = None
-    try:  # the reference first: it is the oracle, and inputs it cannot take are a bad argument
+    try:  # the reference first: it is the oracle
         ref = call(pair.ref, named, pair.static)
         if pair.ref.kind == "jax":
             truth, note = float64_call(pair.ref, named, pair.static)
+        elif pair.ref.kind == "torch":
+            truth, note = torch_call(pair.ref, named, pair.static, f64=True)
         else:
             truth = call(pair.ref, named, pair.static, f64=True)
     except InputError:
         raise
     except Exception as e:
-        raise InputError(f"{pair.ref.label} raised on these inputs ({_describe(named)}): {one_line(e, 300)}") from e
-    o = Outputs(call(pair.cand, named, pair.static), ref, truth)
+        raise _raised(pair.ref, "the reference", named, e) from e
+    try:
+        cand = call(pair.cand, named, pair.static)
+    except InputError:
+        raise
+    except Exception as e:
+        raise _raised(pair.cand, "the candidate", named, e) from e
+    o = Outputs(cand, ref, truth)
+    if pair.ref.kind != "numpy" and _same_bits(ref, truth):
+        note = ((note + "; ") if note else "") + (
+            "the float64 run came out bit-identical to the working-precision run: the reference computes in its "
+            "own precision whatever it is given, so its own error reads as zero and the tolerance rests on the "
+            "floor alone")
     _structure(o, pair.cand.label, pair.ref.label)
     checks, measures = compare_outputs(o, "", config=pair.config)
     if note:
@@ -128,8 +163,19 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
         rng = np.random.default_rng(seed + 7919)
         cts = [rng.standard_normal(c.shape) if is_float(c) else None for c in o.cand]
         wrt = tuple(floats)
-        g = Outputs(grads(pair.cand, named, pair.static, cts, wrt), grads(pair.ref, named, pair.static, cts, wrt),
-                    grads(pair.ref, named, pair.static, cts, wrt, f64=True))
+        try:
+            gr = grads(pair.ref, named, pair.static, cts, wrt), grads(pair.ref, named, pair.static, cts, wrt, f64=True)
+        except InputError:
+            raise
+        except Exception as e:
+            raise _raised(pair.ref, "the reference's gradient:", named, e) from e
+        try:
+            gc = grads(pair.cand, named, pair.static, cts, wrt)
+        except InputError:
+            raise
+        except Exception as e:
+            raise _raised(pair.cand, "the candidate's gradient:", named, e) from e
+        g = Outputs(gc, *gr)
         for j, k in enumerate(floats):
             one = Outputs([g.cand[j]], [g.ref[j]], [g.truth[j]])
             ch, me = compare_outputs(one, f"grad[{named[k][0]}]", config=pair.config)
@@ -160,7 +206,9 @@ def _run(pair: Pair, named, seed: int) -> tuple[list[Check], list[Measure], str 
         return checks, measures, None
     except InputError:
         raise  # the two sides do not fit together: a bad argument, not a failed case
-    except Exception as e:  # a side that raises is a failed case, with its cause
+    except SideRaised as e:  # a side that raises is a failed case, named with its cause
+        return [], [], str(e)
+    except Exception as e:
         return [], [], one_line(e, 400)
 
 
@@ -205,14 +253,25 @@ def shrink(pair: Pair, specs, regime: str, seed: int) -> Shrunk | None:
                   detail=first.detail if first else None)
 
 
-def _check_names(side: Side, names: tuple[str, ...]) -> None:
-    """Inputs named by a spec or a generator's dict go in by name where the function names them all,
-    else by position, which needs as many as its required parameters and no more than all of them:
-    else a one-line InputError."""
-    if side.params and not all(n in side.params for n in names) \
-            and not side.required <= len(names) <= len(side.params):
-        raise InputError(f"{side.label} takes ({', '.join(side.params)}); the inputs are "
-                         f"({', '.join(names)})")
+def _check_names(ref: Side, cand: Side, names: tuple[str, ...]) -> None:
+    """Inputs named by a spec or a generator's dict go in by name, to both sides: each side whose
+    parameters can be read must name every input (through `--bind` for the candidate) and get all
+    its required ones; else a one-line InputError listing both functions' parameters. Never a
+    silent binding by position."""
+    for side in (ref, cand):
+        if not side.params:
+            continue  # a builtin or C function: its parameters cannot be read; in order
+        missing = [n for n in names if n not in side.params and n not in dict(side.rename)]
+        if not by_name(side, names) or missing:
+            hint = (f"; bind them with --bind {missing[0]}=PARAM" if side is cand and missing else "")
+            raise InputError(f"the inputs ({', '.join(names)}) do not match {side.label}'s parameters: the "
+                             f"reference takes ({', '.join(ref.params) or '?'}), the candidate takes "
+                             f"({', '.join(cand.params) or '?'}){hint}")
+        bound = set(param_names(side, names))
+        unbound = [p for p in side.params[:side.required] if p not in bound]
+        if unbound:
+            raise InputError(f"{side.label} needs ({', '.join(unbound)}), which no input names; the inputs are "
+                             f"({', '.join(names)})")
 
 
 def _from_generator(made, cand: Side) -> list[tuple[str, np.ndarray]]:
@@ -235,10 +294,17 @@ def validate_pair(ref: Side, cand: Side, *, specs=None, generator: Callable | No
     pair = Pair(ref, cand, static, grad, determinism, config)
     if grad and ref.kind == "numpy":
         raise InputError(f"{ref.label}: a NumPy reference has no gradient; --grad needs a JAX or PyTorch reference")
+    for n, p in cand.rename:
+        if specs is not None and n not in {a.name for a in specs}:
+            raise InputError(f"--bind {n}={p}: no input is named {n!r} (the inputs are "
+                             f"{', '.join(a.name for a in specs)})")
+    for n, p in cand.rename:
+        if cand.params and p not in cand.params:
+            raise InputError(f"--bind {n}={p}: {cand.label} has no parameter {p!r} (it takes "
+                             f"{', '.join(cand.params)})")
     if specs is not None:
-        for side in (ref, cand):
-            _check_names(side, tuple(a.name for a in specs))
-    cases, skipped = [], []
+        _check_names(ref, cand, tuple(a.name for a in specs))
+    cases, skipped, notes, raised_by_ref = [], [], [], []
     for n, regime in enumerate(regimes):
         case_seed = (seed * 1000003 + n) % 2**31
         t0 = time.perf_counter()
@@ -249,13 +315,19 @@ def validate_pair(ref: Side, cand: Side, *, specs=None, generator: Callable | No
                 skipped.append(regime)
                 continue
             named = _from_generator(made, cand)
-            for side in (ref, cand):
-                if isinstance(made, dict):
-                    _check_names(side, tuple(k for k, _ in named))
+            if isinstance(made, dict):
+                _check_names(ref, cand, tuple(k for k, _ in named))
         else:
+            if regime == "odd_lengths" and not inp.shrink_map(specs, odd=True):
+                skipped.append(regime)
+                notes.append("odd_lengths skipped: no length dimension to shorten (a size above 8, a multiple of "
+                             "8, that is no argument's last dimension)")
+                continue
             case_specs = inp.resized(specs, inp.shrink_map(specs, odd=True)) if regime == "odd_lengths" else specs
             named = _named(specs, regime, case_seed)
         checks, measures, error = _run(pair, named, case_seed)
+        if error is not None:
+            raised_by_ref.append(error.startswith("the reference"))
         case = ValidateCase(regime=regime, inputs=_describe(named), seed=case_seed, checks=tuple(checks),
                             measures=tuple(measures), error=error, seconds=round(time.perf_counter() - t0, 3))
         if not case.ok and shrink_failures and case_specs is not None:
@@ -265,10 +337,14 @@ def validate_pair(ref: Side, cand: Side, *, specs=None, generator: Callable | No
         cases.append(case)
         if progress:
             progress(case)
+    if cases and len(raised_by_ref) == len(cases) and all(raised_by_ref):
+        # the reference takes none of these inputs: the spec does not fit it, no case was judged
+        raise InputError(cases[0].error + (f" (and in every other regime: {', '.join(c.regime for c in cases[1:])})"
+                                           if len(cases) > 1 else ""))
     passed = sum(c.ok for c in cases)
     return ValidateResult(
         schema=SCHEMA, reference=ref.label, candidate=cand.label, kinds={"reference": ref.kind, "candidate": cand.kind},
         seed=seed, inputs=inputs_text, static={k: repr(v) for k, v in static.items()}, regimes=tuple(regimes),
         skipped=tuple(skipped), grad=grad, determinism=determinism,
         rule={"k": config.k, "floor_eps": config.floor_eps}, cases=tuple(cases),
-        ok=bool(cases) and passed == len(cases), passed=passed, failed=len(cases) - passed)
+        ok=bool(cases) and passed == len(cases), passed=passed, failed=len(cases) - passed, notes=tuple(notes))

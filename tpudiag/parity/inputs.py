@@ -57,6 +57,11 @@ _TINY = {"bfloat16": 2.0 ** -126, "float16": 2.0 ** -14, "float32": 2.0 ** -126,
 _ARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([A-Za-z0-9]+)\[([0-9, ]*)\](?:\{(-?\d+)\.\.(-?\d+)\})?$")
 
 
+# The most the drawn inputs may take (in float64, before rounding): each side, the float64 run and
+# the shrinking hold copies, so a spec near the machine's memory is refused before allocation.
+MAX_INPUT_BYTES = 4 * 2**30
+
+
 @dataclass(frozen=True)
 class ArgSpec:
     name: str
@@ -97,6 +102,12 @@ def parse_spec(text: str) -> tuple[ArgSpec, ...]:
         out.append(ArgSpec(name, dtype, shape, None if lo is None else int(lo), None if hi is None else int(hi)))
     if not out:
         raise InputError("--inputs: no arguments given (NAME=DTYPE[D0,...] ...)")
+    need = sum(8 * int(np.prod(a.shape)) for a in out)  # each value is drawn in float64 first
+    if need > MAX_INPUT_BYTES:
+        big = max(out, key=lambda a: int(np.prod(a.shape)))
+        raise InputError(f"--inputs: the inputs take {need / 2**30:.3g} GiB to draw ({big.text()} alone is "
+                         f"{int(np.prod(big.shape)):,} elements), over the {MAX_INPUT_BYTES / 2**30:.3g} GiB "
+                         "validate allows; give smaller shapes (a failure shows at small sizes too)")
     return tuple(out)
 
 
@@ -119,11 +130,13 @@ def regimes_for(specs: tuple[ArgSpec, ...] | None, asked: str) -> tuple[str, ...
 def shrink_map(specs: tuple[ArgSpec, ...], odd: bool = False) -> dict[int, int]:
     """A map of dimension sizes applied alike to every dimension of every argument (so q's and k's
     sequence, or a batch and its lengths vector, stay equal): `odd`: each size above 8 that is a
-    multiple of 8 and some argument's non-last dimension -> 3 less (a size only ever last, a feature
-    or head dimension, is kept); else each size above 1 -> half of it."""
+    multiple of 8 and some argument's non-last dimension -> 3 less, unless it is also some argument's
+    last dimension (a feature or head dimension, a weight's: `x=[2,64,4,64]` keeps its 64s, both, as
+    one size is one map entry); else each size above 1 -> half of it."""
     if odd:
         inner = {d for s in specs for d in s.shape[:-1]}
-        return {d: d - 3 for d in inner if d > 8 and d % 8 == 0}
+        features = {s.shape[-1] for s in specs if s.shape}  # a head or hidden size, a weight's
+        return {d: d - 3 for d in inner - features if d > 8 and d % 8 == 0}
     return {d: max(1, d // 2) for s in specs for d in s.shape if d > 1}
 
 

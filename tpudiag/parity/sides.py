@@ -6,8 +6,13 @@ calling it as the kind of function it is.
   `interpret` (a Pallas wrapper) gets `interpret=True`: Pallas TPU kernels run on the CPU that way.
 - NumPy (its module imports numpy, not jax or torch): a reference written in float64, called with
   float64 inputs as given; it has no gradient.
-- PyTorch (its module imports torch): tensors through NumPy, float64 by `.double()`, gradients by
-  `torch.autograd`. tpudiag does not depend on torch; this kind needs it installed.
+- PyTorch (its module imports torch): tensors through NumPy; in float64 with the inputs `.double()`
+  and every float32/bfloat16/float16 the function asks for (`.to`, `.float()`, `dtype=`) made
+  float64 (parity/torch64.py); gradients by `torch.autograd`. tpudiag does not depend on torch;
+  this kind needs it installed.
+
+Every run gets its own copies of the inputs. The candidate, when it is JAX, runs under `jax.jit`
+(as its user runs it; `--eager` for the other); the reference runs as written.
 
 Outputs come back as a flat list of NumPy arrays (a pytree's leaves, a tuple's items).
 """
@@ -35,6 +40,8 @@ class Side:
     params: tuple[str, ...]  # the positional parameter names, in order
     takes_interpret: bool
     required: int = 0  # how many of them have no default
+    jit: bool = False  # a JAX side run under jax.jit (the candidate: as its user runs it)
+    rename: tuple[tuple[str, str], ...] = ()  # (input name, this side's parameter): `--bind`
 
 
 def load_module(text: str, what: str):
@@ -78,14 +85,36 @@ def load_function(text: str, what: str) -> Callable:
 
 
 def _kind(fn: Callable) -> str:
+    """What the function is written in: the modules its own module, its globals and its closure
+    (a lambda that captured `torch`) hold."""
     target = inspect.unwrap(getattr(fn, "__wrapped__", fn))
-    mod = sys.modules.get(getattr(target, "__module__", "") or "")
-    names = {getattr(v, "__name__", "").split(".")[0] for v in vars(mod).values()} if mod else set()
+    code, env = getattr(target, "__code__", None), getattr(target, "__globals__", {})
+    # what the function itself uses first (a lambda in a test file that captured torch), then its module
+    used = [env[n] for n in (code.co_names if code else ()) if n in env]
+    used += [c.cell_contents for c in (getattr(target, "__closure__", None) or ()) if _filled(c)]
+    names = _frameworks(used)
+    if not names & {"jax", "torch"}:
+        mod = sys.modules.get(getattr(target, "__module__", "") or "")
+        names = _frameworks(list(vars(mod).values()) if mod else [])
     if "jax" in names or hasattr(fn, "lower"):  # jax.jit objects have .lower
         return "jax"
     if "torch" in names:
         return "torch"
     return "numpy"
+
+
+def _frameworks(values) -> set[str]:
+    return ({getattr(v, "__name__", "").split(".")[0] for v in values if inspect.ismodule(v)}
+            | {(getattr(v, "__module__", None) or "").split(".")[0] for v in values
+               if callable(v) and not inspect.ismodule(v)})
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:  # an empty cell
+        return False
 
 
 def _params(fn: Callable) -> tuple[tuple[str, ...], bool, int]:
@@ -98,15 +127,17 @@ def _params(fn: Callable) -> tuple[tuple[str, ...], bool, int]:
     return tuple(p.name for p in pos), "interpret" in sig.parameters, sum(p.default is p.empty for p in pos)
 
 
-def side(fn_or_text, what: str) -> Side:
-    """A side from `FILE.py:FUNC`, `package.module:FUNC`, or a Python callable."""
+def side(fn_or_text, what: str, *, jit: bool = False) -> Side:
+    """A side from `FILE.py:FUNC`, `package.module:FUNC`, or a Python callable; `jit`: a JAX side runs
+    jitted (an already jitted function is not jitted again)."""
     if callable(fn_or_text):
         fn = fn_or_text
         label = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', getattr(fn, '__name__', 'fn'))}"
     else:
         fn, label = load_function(str(fn_or_text), what), str(fn_or_text)
     params, interp, required = _params(fn)
-    return Side(label, fn, _kind(fn), params, interp, required)
+    kind = _kind(fn)
+    return Side(label, fn, kind, params, interp, required, jit=jit and kind == "jax" and not hasattr(fn, "lower"))
 
 
 def _flat(out: Any) -> list:
@@ -134,15 +165,22 @@ def is_float(a: np.ndarray) -> bool:
     return a.dtype.kind == "f" or str(a.dtype) == "bfloat16"
 
 
+def param_names(s: Side, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The parameter each named input binds to on this side: its own name, or the one `--bind` gave."""
+    rename = dict(s.rename)
+    return tuple(rename.get(n, n) for n in names)
+
+
 def by_name(s: Side, names: tuple[str, ...]) -> bool:
-    """Whether the inputs go in by keyword (the function names every one of them) or in order."""
-    return bool(s.params) and all(n in s.params for n in names)
+    """Whether the inputs go in by keyword (the function names every one of them) or in order (a
+    function whose parameters cannot be read, or inputs a generator returned as a tuple)."""
+    return bool(s.params) and all(n in s.params for n in param_names(s, names))
 
 
 def _invoke(s: Side, named: list[tuple[str, Any]], kw: dict):
     names = tuple(n for n, _ in named)
     if by_name(s, names):
-        return s.fn(**{n: a for n, a in named}, **kw)
+        return s.fn(**dict(zip(param_names(s, names), (a for _, a in named))), **kw)
     return s.fn(*[a for _, a in named], **kw)
 
 
@@ -160,21 +198,41 @@ def _jax(a: np.ndarray, f64: bool):
 
 
 def call(s: Side, named: list[tuple[str, np.ndarray]], static: dict, *, f64: bool = False) -> list[np.ndarray]:
-    """One run of the side: at the inputs' dtypes, or in float64 (`f64`; a NumPy side always)."""
+    """One run of the side: at the inputs' dtypes, or in float64 (`f64`; a NumPy side always). Each
+    run gets its own copies of the inputs: a side that writes into them (`logits.div_(t)`) changes
+    nothing the other sees. A JAX side with `jit` runs jitted, as its user runs it."""
     kw = _kw(s, static)
     if s.kind == "numpy":
-        return leaves(_invoke(s, [(n, a.astype(np.float64) if is_float(a) else a) for n, a in named], kw))
+        return leaves(_invoke(s, [(n, a.astype(np.float64) if is_float(a) else a.copy()) for n, a in named], kw))
     if s.kind == "torch":
-        import torch
-
-        with torch.no_grad():
-            return leaves(_invoke(s, [(n, _to_torch(a, f64)) for n, a in named], kw))
+        return torch_call(s, named, static, f64=f64)[0]
     import jax
 
     if f64:
         return float64_call(s, named, static)[0]
-    out = _invoke(s, [(n, _jax(a, False)) for n, a in named], kw)
+    args = [(n, _jax(a, False)) for n, a in named]
+    if s.jit:
+        out = _jitted(_key(s, named, static, "run"), lambda: _positional(s, named, kw))(*[a for _, a in args])
+    else:
+        out = _invoke(s, args, kw)
     return [np.asarray(x) for x in leaves(jax.block_until_ready(out))]
+
+
+def torch_call(s: Side, named: list[tuple[str, np.ndarray]], static: dict, *,
+               f64: bool = False) -> tuple[list[np.ndarray], str | None]:
+    """A PyTorch side's run; in float64 (`f64`) with every float32, bfloat16 and float16 the function
+    asks for made float64 too (parity/torch64.py), and a note where that left something lower."""
+    import torch
+
+    kw = _kw(s, static)
+    with torch.no_grad():
+        if not f64:
+            return leaves(_invoke(s, [(n, _to_torch(a, False)) for n, a in named], kw)), None
+        from tpudiag.parity.torch64 import Float64Mode
+
+        with Float64Mode() as mode:
+            out = _flat(_invoke(s, [(n, _to_torch(a, True)) for n, a in named], kw))
+        return leaves(out), mode.note(out)
 
 
 def _positional(s: Side, named, kw):
@@ -241,16 +299,24 @@ def grads(s: Side, named: list[tuple[str, np.ndarray]], static: dict, cotangents
     if s.kind == "numpy":
         raise InputError(f"{s.label}: a NumPy function has no gradient; --grad needs a JAX or PyTorch reference")
     if s.kind == "torch":
+        import contextlib
+
         import torch
 
-        ts = [(n, _to_torch(a, f64)) for n, a in named]
-        for i in wrt:
-            ts[i][1].requires_grad_(True)
-        outs = _flat(_invoke(s, ts, kw))
+        leaf = {i: _to_torch(named[i][1], f64).requires_grad_(True) for i in wrt}
+        # the function gets a copy of each leaf: one that writes into its input (`x.div_(t)`) works
+        ts = [(n, leaf[i].clone() if i in leaf else _to_torch(a, f64)) for i, (n, a) in enumerate(named)]
+        if f64:
+            from tpudiag.parity.torch64 import Float64Mode
+            mode = Float64Mode()
+        else:
+            mode = contextlib.nullcontext()
+        with mode:
+            outs = _flat(_invoke(s, ts, kw))
         loss = sum((o.double() * torch.from_numpy(np.asarray(c, np.float64))).sum()
                    for o, c in zip(outs, cotangents) if c is not None)
         loss.backward()
-        return [ts[i][1].grad.double().numpy() for i in wrt]
+        return [leaf[i].grad.double().numpy() for i in wrt]
     import jax
     import jax.numpy as jnp
 

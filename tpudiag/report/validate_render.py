@@ -72,7 +72,9 @@ def render_validate_terminal(result, console: Console) -> None:
             console.print(plain(f"  smallest failing case: [{s.regime}] {s.inputs}: {s.check}: {s.detail}",
                                 style="red", newlines=True))
     if result.skipped:
-        console.print(plain(f"regimes the generator does not make: {', '.join(result.skipped)}", style="dim"))
+        console.print(plain(f"regimes skipped: {', '.join(result.skipped)}", style="dim"))
+    for note in result.notes:
+        console.print(plain(note, style="dim"))
     console.print(Text(_verdict(result), style="green" if result.ok else "bold red"))
 
 

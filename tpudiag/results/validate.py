@@ -63,7 +63,7 @@ class ValidateResult(Model):
     inputs: str  # the spec, or the generator as given
     static: dict[str, str]  # static keyword arguments, as given
     regimes: tuple[str, ...]
-    skipped: tuple[str, ...]  # regimes the generator does not make
+    skipped: tuple[str, ...]  # regimes the generator does not make, or these shapes cannot (notes say why)
     grad: bool
     determinism: bool
     rule: dict[str, float]  # k and floor_eps of the parity rule
@@ -71,6 +71,7 @@ class ValidateResult(Model):
     ok: bool
     passed: int
     failed: int
+    notes: tuple[str, ...] = ()  # why a regime was skipped, what the run could not do
 
     @property
     def failures(self) -> list[ValidateCase]:
