@@ -40,7 +40,9 @@ PLANTED = {
     "scaled_scores_bad_vjp": ("refs.py:scaled_scores", "q=f32[64,32] k=f32[48,32]", {"grad": True}, {"normal"},
                               "grad[q] candidate vs float64"),
     "softmax_nondeterministic": ("refs.py:softmax", SOFTMAX, {}, {"normal"}, "determinism"),
-    "top_k_ties_last": ("refs.py:top_k", "x=f32[8,100]", {}, {"ties"}, "[1] candidate vs reference"),
+    # the reference documents lower-index-first ties: held to it with strict_ties (else a tie, excluded)
+    "top_k_ties_last": ("refs.py:top_k", "x=f32[8,100]", {"strict_ties": True}, {"ties"},
+                        "[1] candidate vs reference"),
     "masked_softmax_nan_rows": ("refs.py:masked_softmax", "x=f32[16,64] mask=bool[16,64] lengths=s32[16]{1..64}", {},
                                 {"masked_rows", "bounds"}, "candidate vs float64"),
 }
@@ -184,7 +186,8 @@ def test_ulps_and_the_rule_against_numpys_own_arithmetic():
 
 def test_json_round_trips_and_junit_has_a_testcase_per_regime(tmp_path):
     junit = tmp_path / "parity.xml"
-    res = _v("refs.py:top_k", "ports.py:top_k_ties_last", "x=f32[8,100]", regimes="normal,ties", junit_path=junit)
+    res = _v("refs.py:top_k", "ports.py:top_k_ties_last", "x=f32[8,100]", regimes="normal,ties", junit_path=junit,
+             strict_ties=True)
     doc = json.loads(json.dumps(res.to_dict()))
     assert doc["schema"] == "tpudiag.validate/1" and ValidateResult.from_dict(doc).to_dict() == doc
     root = ET.fromstring(junit.read_text())
@@ -259,3 +262,15 @@ def test_a_torch_function_where_torch_is_installed():
     torch = pytest.importorskip("torch")  # tpudiag does not depend on torch; CI's legs do not install it
     res = tpudiag.validate(f"{P}/refs.py:softmax", lambda x: torch.softmax(x.float(), -1), SOFTMAX, seed=1)
     assert res.ok and res.kinds["candidate"] == "torch"
+
+
+def test_a_bf16_accumulation_bug_fails_where_a_correct_blocked_sum_passes():
+    """The normwise floor of a bf16 output is 4 eps (3%): a sum whose 32 block totals are
+    accumulated in bf16 keeps the largest row right and loses the others. The mean ULP rule for
+    16-bit outputs (k x the reference's + 1) catches it; the float32-accumulating port passes."""
+    good = _v("refs.py:row_sum", "ports.py:row_sum_blocked", "x=bf16[8,4096]", regimes="all", seed=2, shrink=False)
+    assert good.ok, good.summary()
+    bad = _v("refs.py:row_sum", "ports.py:row_sum_bf16_running", "x=bf16[8,4096]", regimes="all", seed=2,
+             shrink=False)
+    assert {"normal", "large_logits"} <= {c.regime for c in bad.failures}
+    assert "mean ULP error" in next(c for c in bad.failures if c.regime == "normal").why

@@ -49,12 +49,14 @@ def parse_bind(items) -> tuple[tuple[str, str], ...]:
 def validate(reference, candidate, inputs=None, *, static=None, grad: bool = False, regimes: str = "normal",
              seed: int | None = None, allow_nondeterminism: bool = False, shrink: bool = True,
              k: float | None = None, floor_eps: float | None = None, bind=None, eager: bool = False,
-             progress=None, junit_path=None):
+             unordered: int | None = None, strict_ties: bool = False, progress=None, junit_path=None):
     """Validate `candidate` against `reference` (each `FILE.py:FUNC`, `module:FUNC` or a callable).
     `inputs`: a spec (`"q=bf16[2,8,128,64] ..."`), a generator (`"gen.py:make_inputs"` or a callable
     `(seed, regime) -> args`). Inputs go to both sides by name; `bind` ({input: candidate's
     parameter} or "x=inp w=weight") renames them for the candidate. A JAX candidate runs jitted
-    unless `eager`. Returns a `ValidateResult`."""
+    unless `eager`. `unordered`: integer outputs are compared as sets along that dimension (top-k
+    indices in an unspecified order); `strict_ties`: discrete outputs break ties as the reference
+    does (else ties are excluded and counted). Returns a `ValidateResult`."""
     import dataclasses
 
     from tpudiag.analyze.numerics import DEFAULT_NUMERICS
@@ -86,7 +88,8 @@ def validate(reference, candidate, inputs=None, *, static=None, grad: bool = Fal
     result = validate_pair(ref, cand, specs=specs, generator=generator, regimes=inp.regimes_for(specs, regimes),
                            static=parse_static(static) if isinstance(static, (str, list, tuple)) else static,
                            grad=grad, determinism=not allow_nondeterminism, seed=seed, shrink_failures=shrink,
-                           config=config, inputs_text=text, progress=progress)
+                           config=config, inputs_text=text, unordered=unordered,
+                           strict_ties=strict_ties, progress=progress)
     if junit_path is not None:
         from tpudiag.capture import rundir
         from tpudiag.report.registry import render

@@ -33,6 +33,11 @@ from tpudiag.errors import GateFailed
 @click.option("--bind", "bind", multiple=True, metavar="INPUT=PARAM",
               help="Pass the input INPUT to the candidate's parameter PARAM (inputs are bound by name to both "
                    "sides), e.g. --bind x=inp --bind w=weight.")
+@click.option("--unordered", type=int, default=None, metavar="DIM",
+              help="Compare integer outputs as sets along DIM (indices a top-k returns in no set order).")
+@click.option("--strict-ties", is_flag=True,
+              help="Integer and boolean outputs must break ties as the reference does (default: ties are excluded, "
+                   "and counted).")
 @click.option("--eager", is_flag=True,
               help="Run a JAX candidate op by op, not under jax.jit (the default checks it as it runs jitted).")
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
@@ -40,8 +45,8 @@ from tpudiag.errors import GateFailed
 @output_options("tpudiag.validate/1")
 @click.argument("reference", metavar="REF")
 @click.argument("candidate", metavar="CAND")
-def validate(inputs, static, grad, regimes, seed, allow_nondeterminism, no_shrink, k, floor_eps, bind, eager,
-             junit_path, as_json, as_md, no_color, width, reference, candidate):
+def validate(inputs, static, grad, regimes, seed, allow_nondeterminism, no_shrink, k, floor_eps, bind, unordered,
+             strict_ties, eager, junit_path, as_json, as_md, no_color, width, reference, candidate):
     """Check CAND against REF: values, gradients and determinism, in several input regimes, against
     a float64 computation.
 
@@ -65,7 +70,8 @@ def validate(inputs, static, grad, regimes, seed, allow_nondeterminism, no_shrin
 
     result = run_validate(reference, candidate, inputs, static=list(static), grad=grad, regimes=regimes, seed=seed,
                           allow_nondeterminism=allow_nondeterminism, shrink=not no_shrink, k=k, floor_eps=floor_eps,
-                          bind=list(bind), eager=eager, progress=progress, junit_path=junit_path)
+                          bind=list(bind), eager=eager, unordered=unordered, strict_ties=strict_ties, progress=progress,
+                          junit_path=junit_path)
     emit(result, fmt, no_color=no_color, width=width)
     if not result.ok:
         raise GateFailed(f"validate: {result.failed} of {len(result.cases)} case(s) failed (seed {result.seed})")

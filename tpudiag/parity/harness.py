@@ -25,8 +25,8 @@ from typing import Callable
 
 import numpy as np
 
-from tpudiag.analyze.numerics import (DEFAULT_NUMERICS, NumericsConfig, ParityRule, error_stats, exact_check,
-                                      normwise_error, parity_check, tolerance_check)
+from tpudiag.analyze.numerics import (DEFAULT_NUMERICS, NumericsConfig, ParityRule, decision_check, error_stats,
+                                      exact_check, normwise_error, parity_check, tolerance_check)
 from tpudiag.results.numerics import Check
 from tpudiag.results.validate import SCHEMA, Measure, Shrunk, ValidateCase, ValidateResult
 from tpudiag.errors import InputError, one_line
@@ -62,7 +62,8 @@ def _structure(o: Outputs, cand_label: str, ref_label: str) -> None:
 
 def compare_outputs(o: Outputs, prefix: str, *, atol_rtol=None,
                     config: NumericsConfig = DEFAULT_NUMERICS, exact: bool = False,
-                    names: tuple[str, str] = ("candidate", "reference")) -> tuple[list[Check], list[Measure]]:
+                    names: tuple[str, str] = ("candidate", "reference"),
+                    ambiguous: list | None = None) -> tuple[list[Check], list[Measure]]:
     """The checks and measures of one set of outputs: the parity rule of each output's dtype
     (validate), or with `atol_rtol` (kernels verify) an elementwise tolerance,
     checked for candidate vs reference, candidate vs float64 and reference vs float64."""
@@ -79,13 +80,17 @@ def compare_outputs(o: Outputs, prefix: str, *, atol_rtol=None,
             checks.append(tolerance_check(f"{tag}{rn} vs float64", r, t, atol, rtol, dt, exact))
             continue
         if exact or c.dtype.kind in "biu":
-            checks.append(exact_check(f"{tag}{cn} vs {rn}", c, r))
+            if ambiguous is None or exact:  # no tie analysis (--strict-ties, kernels verify): as the reference
+                checks.append(exact_check(f"{tag}{cn} vs {rn}", c, r))
+            else:
+                checks.append(decision_check(f"{tag}{cn} vs float64", c, r, t, ambiguous[n], config.k))
             continue
         rl = ParityRule.for_dtype(dt, config)
         ref_err = normwise_error(r, t)
-        checks.append(parity_check(f"{tag}{cn} vs float64", c, t, ref_err, dt, rl, config))
-        measures.append(Measure(f"{tag}{cn} vs {rn}", error_stats(c, r, dt, rl.floor, config)))
         rs = error_stats(r, t, dt, rl.floor, config)
+        checks.append(parity_check(f"{tag}{cn} vs float64", c, t, ref_err, dt, rl, config,
+                                   ref=None if rs.nonfinite_mismatch else r))
+        measures.append(Measure(f"{tag}{cn} vs {rn}", error_stats(c, r, dt, rl.floor, config)))
         measures.append(Measure(f"{tag}{rn} vs float64", rs,
                                 f"the reference turns NaN/Inf at {rs.nonfinite_mismatch} element(s)"
                                 if rs.nonfinite_mismatch else None))
@@ -104,6 +109,133 @@ class Pair:
     grad: bool
     determinism: bool
     config: NumericsConfig = DEFAULT_NUMERICS
+    unordered: int | None = None  # outputs compared as sets along this dimension
+    strict_ties: bool = False  # discrete outputs must break ties as the reference does
+
+
+# Ties: the reference's float64 run again on inputs moved by this many eps of each input's dtype
+# (relative, random: the precision the reference works in), this many times, and with the classes
+# in this many other orders; a discrete output that changes is a tie there, either answer right.
+_TIE_EPS, _TIE_RUNS, _TIE_ORDERS = 2, 6, 3
+
+
+def _discrete(a: np.ndarray) -> bool:
+    return a.dtype.kind in "biu"
+
+
+def _sorted_along(outs: list, dim: int | None) -> list:
+    """`--unordered DIM`: every output sorted along DIM, each compared as a set (top-k indices in no
+    set order, and the weights that come with them: tied experts carry equal weights)."""
+    if dim is None:
+        return outs
+    return [np.sort(a, axis=dim) if a.ndim > dim >= -a.ndim else a for a in outs]
+
+
+def _permuted_truth(pair: Pair, named, truth: list, rng) -> list:
+    """The float64 run with the classes (the last axis of the floating inputs, where they share one)
+    in another order, mapped back: a boolean output along that axis is moved back, an integer one
+    (indices into it) renamed. Where that changes a decision, the reference broke a tie by position,
+    which perturbing the values cannot show (probabilities that underflow to the same 0)."""
+    lasts = {a.shape[-1] for _, a in named if is_float(a) and a.ndim}
+    if len(lasts) != 1:
+        return []
+    n = lasts.pop()
+    perm = rng.permutation(n)
+    moved = [(name, a[..., perm] if a.ndim and a.shape[-1] == n else a) for name, a in named]
+    again = _truth(pair, moved)[0]
+    out = []
+    for a, t in zip(again, truth):
+        a = np.asarray(a)
+        if not _discrete(t) or a.shape != np.shape(t):
+            out.append(None)
+        elif a.dtype.kind == "b" and a.shape[-1] == n:
+            back = np.empty_like(a)
+            back[..., perm] = a
+            out.append(back)
+        elif a.dtype.kind in "iu" and a.size and a.min() >= 0 and a.max() < n:
+            out.append(_sorted_along([perm[a]], pair.unordered)[0])
+        else:
+            out.append(None)
+    return out
+
+
+def _ambiguous(pair: Pair, named, ref: list, truth: list, seed: int) -> list | None:
+    """Per output, where the reference's own discrete decision is a tie (None for a float output):
+    its float64 run changes when the floating inputs move by a few eps of their dtype, or when their
+    classes come in another order."""
+    if not any(_discrete(t) for t in truth):
+        return None
+    out = [np.zeros(np.shape(t), bool) if _discrete(t) else None for t in truth]
+    floats = [k for k, (_, a) in enumerate(named) if is_float(a)]
+    if not floats:
+        return out
+    rng = np.random.default_rng(seed + 104729)
+    for _ in range(_TIE_RUNS):
+        moved = [(n, np.asarray(a, np.float64) * (1 + _TIE_EPS * _eps(a) * rng.standard_normal(a.shape))
+                  if k in floats else a) for k, (n, a) in enumerate(named)]
+        again = _sorted_along(_truth(pair, moved)[0], pair.unordered)
+        for j, (a, t) in enumerate(zip(again, truth)):
+            if out[j] is not None and np.shape(a) == np.shape(t):
+                out[j] |= np.asarray(a) != np.asarray(t)
+    for _ in range(_TIE_ORDERS):
+        for j, a in enumerate(_permuted_truth(pair, named, truth, rng)):
+            if out[j] is not None and a is not None:
+                out[j] |= a != np.asarray(truth[j])
+    for j, a in enumerate(_equal_value_ties(named, truth)):
+        if out[j] is not None and a is not None:
+            out[j] |= a
+    if pair.unordered is not None:  # a set: a tie anywhere in it moves every element after it
+        out = [a if a is None or not a.ndim > pair.unordered >= -a.ndim else
+               np.broadcast_to(np.any(a, axis=pair.unordered, keepdims=True), a.shape).copy() for a in out]
+    return out
+
+
+def _equal_value_ties(named, truth: list) -> list:
+    """Ties in the inputs themselves, per row of the one floating input: a keep-mask of its shape
+    that keeps some copies of a value and drops others, or top-k indices that took a value another
+    (unselected) element also holds. A large tied group cut near its edge rarely moves under
+    perturbation; this finds it directly."""
+    xs = [np.asarray(a, np.float64) for _, a in named if is_float(a) and a.ndim]
+    if len(xs) != 1:
+        return []
+    x = xs[0].reshape(-1, xs[0].shape[-1])
+    out = []
+    for t in truth:
+        t = np.asarray(t)
+        if t.dtype.kind == "b" and t.shape == xs[0].shape:
+            d = t.reshape(x.shape)
+            amb = np.zeros_like(d)
+            for r in range(x.shape[0]):
+                mixed = np.intersect1d(x[r][d[r]], x[r][~d[r]])
+                if mixed.size:
+                    amb[r] = np.isin(x[r], mixed)
+            out.append(amb.reshape(t.shape))
+        elif t.dtype.kind in "iu" and t.ndim == xs[0].ndim and t.shape[:-1] == xs[0].shape[:-1] and t.size \
+                and t.min() >= 0 and t.max() < x.shape[1]:
+            idx = t.reshape(x.shape[0], -1)
+            amb = np.zeros(idx.shape, bool)
+            for r in range(x.shape[0]):
+                rest = np.delete(x[r], idx[r])
+                amb[r] = np.isin(x[r][idx[r]], rest)
+            out.append(amb.reshape(t.shape))
+        else:
+            out.append(None)
+    return out
+
+
+def _eps(a: np.ndarray) -> float:
+    import ml_dtypes
+
+    return float(ml_dtypes.finfo(a.dtype).eps) if is_float(a) else 0.0
+
+
+def _truth(pair: Pair, named) -> tuple[list, str | None]:
+    """The reference's float64 run, and what it says about itself."""
+    if pair.ref.kind == "jax":
+        return float64_call(pair.ref, named, pair.static)
+    if pair.ref.kind == "torch":
+        return torch_call(pair.ref, named, pair.static, f64=True)
+    return call(pair.ref, named, pair.static, f64=True), None
 
 
 class SideRaised(Exception):
@@ -132,18 +264,19 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
     note = None
     try:  # the reference first: it is the oracle
         ref = call(pair.ref, named, pair.static)
-        if pair.ref.kind == "jax":
-            truth, note = float64_call(pair.ref, named, pair.static)
-        elif pair.ref.kind == "torch":
-            truth, note = torch_call(pair.ref, named, pair.static, f64=True)
-        else:
-            truth = call(pair.ref, named, pair.static, f64=True)
+        if pair.unordered is not None and not any(a.ndim > pair.unordered >= -a.ndim for a in ref):
+            raise InputError(f"--unordered {pair.unordered}: no output has that dimension (they have "
+                             f"{', '.join(str(a.ndim) for a in ref)})")
+        ref = _sorted_along(ref, pair.unordered)
+        truth, note = _truth(pair, named)
+        truth = _sorted_along(truth, pair.unordered)
+        ambiguous = None if pair.strict_ties else _ambiguous(pair, named, ref, truth, seed)
     except InputError:
         raise
     except Exception as e:
         raise _raised(pair.ref, "the reference", named, e) from e
     try:
-        cand = call(pair.cand, named, pair.static)
+        cand = _sorted_along(call(pair.cand, named, pair.static), pair.unordered)
     except InputError:
         raise
     except Exception as e:
@@ -155,7 +288,7 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
             "own precision whatever it is given, so its own error reads as zero and the tolerance rests on the "
             "floor alone")
     _structure(o, pair.cand.label, pair.ref.label)
-    checks, measures = compare_outputs(o, "", config=pair.config)
+    checks, measures = compare_outputs(o, "", config=pair.config, ambiguous=ambiguous)
     if note:
         measures.append(Measure("float64 run", None, note))
     if pair.grad:
@@ -182,7 +315,7 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
             checks += ch
             measures += me
     if pair.determinism:
-        again = call(pair.cand, named, pair.static)
+        again = _sorted_along(call(pair.cand, named, pair.static), pair.unordered)
         same = all(_bits_equal(a, b) for a, b in zip(o.cand, again))
         detail = None
         if not same:
@@ -286,12 +419,13 @@ def _from_generator(made, cand: Side) -> list[tuple[str, np.ndarray]]:
 def validate_pair(ref: Side, cand: Side, *, specs=None, generator: Callable | None = None, regimes=("normal",),
                   static: dict | None = None, grad: bool = False, determinism: bool = True, seed: int | None = None,
                   shrink_failures: bool = True, config: NumericsConfig = DEFAULT_NUMERICS, inputs_text: str = "",
+                  unordered: int | None = None, strict_ties: bool = False,
                   progress: Callable[[ValidateCase], None] | None = None) -> ValidateResult:
     """Every regime of the pair; `specs` (a parsed spec) or `generator(seed, regime)` gives the inputs."""
     seed = secrets.randbelow(2**31) if seed is None else seed
     static = dict(static or {})
     clear_compiled()
-    pair = Pair(ref, cand, static, grad, determinism, config)
+    pair = Pair(ref, cand, static, grad, determinism, config, unordered, strict_ties)
     if grad and ref.kind == "numpy":
         raise InputError(f"{ref.label}: a NumPy reference has no gradient; --grad needs a JAX or PyTorch reference")
     for n, p in cand.rename:

@@ -65,6 +65,10 @@ def render_validate_terminal(result, console: Console) -> None:
                                 f"({worst[0]})", style="dim"))
     for note in dict.fromkeys(m.detail for c in result.cases for m in c.measures if m.detail):
         console.print(plain(f"note: {note}", style="yellow", newlines=True))
+    for case in result.cases:  # ties excluded from an exact check that passed: shown, with their count
+        for c in case.checks:
+            if c.ok and c.detail:
+                console.print(plain(f"[{case.regime}] {c.what}: {c.detail}", style="yellow", newlines=True))
     for case in result.failures:
         console.print(plain(f"FAIL [{case.regime}] {case.inputs}: {case.why}", style="red", newlines=True))
         if case.shrunk is not None:
