@@ -274,3 +274,11 @@ def test_a_bf16_accumulation_bug_fails_where_a_correct_blocked_sum_passes():
              shrink=False)
     assert {"normal", "large_logits"} <= {c.regime for c in bad.failures}
     assert "mean ULP error" in next(c for c in bad.failures if c.regime == "normal").why
+
+
+def test_a_numpy_reference_that_casts_to_float32_is_run_in_float64():
+    """Its float64 run keeps `.astype(np.float32)` in float64 (parity/sides.Float64Array), so its own
+    error against float64 is measured above zero, not read as zero."""
+    res = _v("numpy_refs.py:softmax_in_float32", "ports.py:softmax", "x=f32[8,512]", regimes="normal,offset")
+    own = [m.stats.normwise for c in res.cases for m in c.measures if m.what == "reference vs float64"]
+    assert res.ok and own and min(own) > 0

@@ -4,8 +4,9 @@ calling it as the kind of function it is.
 - JAX (its module imports jax): called with JAX arrays of the inputs' dtypes; in float64 under
   `jax.enable_x64()` with floating inputs upcast; gradients by `jax.vjp`. A function that takes
   `interpret` (a Pallas wrapper) gets `interpret=True`: Pallas TPU kernels run on the CPU that way.
-- NumPy (its module imports numpy, not jax or torch): a reference written in float64, called with
-  float64 inputs as given; it has no gradient.
+- NumPy (its module imports numpy, not jax or torch): a reference, called with float64 inputs; in
+  its float64 run they are `Float64Array`s, whose `.astype(np.float32)` stays float64; it has no
+  gradient.
 - PyTorch (its module imports torch): tensors through NumPy; in float64 with the inputs `.double()`
   and every float32/bfloat16/float16 the function asks for (`.to`, `.float()`, `dtype=`) made
   float64 (parity/torch64.py); gradients by `torch.autograd`. tpudiag does not depend on torch;
@@ -203,7 +204,9 @@ def call(s: Side, named: list[tuple[str, np.ndarray]], static: dict, *, f64: boo
     nothing the other sees. A JAX side with `jit` runs jitted, as its user runs it."""
     kw = _kw(s, static)
     if s.kind == "numpy":
-        return leaves(_invoke(s, [(n, a.astype(np.float64) if is_float(a) else a.copy()) for n, a in named], kw))
+        wrap = (lambda a: a.astype(np.float64).view(Float64Array)) if f64 else (lambda a: a.astype(np.float64))
+        out = _invoke(s, [(n, wrap(a) if is_float(a) else a.copy()) for n, a in named], kw)
+        return [np.asarray(x).view(np.ndarray) for x in leaves(out)]
     if s.kind == "torch":
         return torch_call(s, named, static, f64=f64)[0]
     import jax
@@ -216,6 +219,22 @@ def call(s: Side, named: list[tuple[str, np.ndarray]], static: dict, *, f64: boo
     else:
         out = _invoke(s, args, kw)
     return [np.asarray(x) for x in leaves(jax.block_until_ready(out))]
+
+
+_LOW_NP = (np.float32, np.float16)
+
+
+class Float64Array(np.ndarray):
+    """A NumPy reference's inputs in its float64 run: `.astype(np.float32)` (or float16, or
+    bfloat16) on them and on every array computed from them stays float64, so a reference that
+    casts explicitly is measured against a true float64 run. Arrays it makes from nothing
+    (`np.zeros(..., dtype=np.float32)`) are not seen."""
+
+    def astype(self, dtype, *args, **kwargs):
+        d = np.dtype(dtype)
+        if d in _LOW_NP or d.name == "bfloat16":
+            d = np.dtype(np.float64)
+        return super().astype(d, *args, **kwargs)
 
 
 def torch_call(s: Side, named: list[tuple[str, np.ndarray]], static: dict, *,
