@@ -125,30 +125,18 @@ def _shape_problem(got: np.ndarray, want: np.ndarray) -> str | None:
     return None
 
 
-def exact_check(what: str, got, want, ambiguous=None) -> Check:
-    """Integer, index and boolean outputs: equal element for element, except at the `ambiguous`
-    positions (a boolean mask: where the reference's own decision is a tie), which are counted."""
+def exact_check(what: str, got, want) -> Check:
+    """Integer, index and boolean outputs: equal element for element."""
     g, w = np.asarray(got), np.asarray(want)
     problem = _shape_problem(g, w)
     if problem:
         return Check(what, False, "exact", None, None, None, problem)
-    differ = g != w
-    excluded = ""
-    if ambiguous is not None and np.shape(ambiguous) == g.shape and np.any(ambiguous):
-        n_amb = int(np.sum(ambiguous))
-        n_diff = int(np.sum(differ & ambiguous))
-        excluded = (f"{n_amb} of {g.size} position(s) ambiguous (the reference's own decision is a tie there: it "
-                    f"changes under a few eps of its inputs), excluded; {n_diff} of them differ")
-        differ = differ & ~np.asarray(ambiguous, bool)
-        rule = "exact outside ties"
-    else:
-        rule = "exact"
-    bad = np.argwhere(differ)
+    bad = np.argwhere(g != w)
     if not bad.size:
-        return Check(what, True, rule, 0.0, 0.0, None, excluded or None)
+        return Check(what, True, "exact", 0.0, 0.0, None)
     i = tuple(int(j) for j in bad[0])
-    return Check(what, False, rule, None, None, None,
-                 f"{len(bad)} of {g.size} differ; first at {i}: {g[i]} vs {w[i]}" + (f" ({excluded})" if excluded else ""))
+    return Check(what, False, "exact", None, None, None,
+                 f"{len(bad)} of {g.size} differ; first at {i}: {g[i]} vs {w[i]}")
 
 
 def decision_check(what: str, cand, ref, truth, ambiguous, k: float) -> Check:

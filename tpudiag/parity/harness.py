@@ -31,7 +31,7 @@ from tpudiag.results.numerics import Check
 from tpudiag.results.validate import SCHEMA, Measure, Shrunk, ValidateCase, ValidateResult
 from tpudiag.errors import InputError, one_line
 from tpudiag.parity import inputs as inp
-from tpudiag.parity.sides import (Side, by_name, call, clear_compiled, float64_call, grads, is_float, param_names,
+from tpudiag.parity.sides import (Side, call, clear_compiled, float64_call, grads, is_float, param_names,
                                   torch_call)
 
 _SHRINK_STEPS = 8  # halvings at most: 1024 -> 4
@@ -159,7 +159,7 @@ def _permuted_truth(pair: Pair, named, truth: list, rng) -> list:
     return out
 
 
-def _ambiguous(pair: Pair, named, ref: list, truth: list, seed: int) -> list | None:
+def _ambiguous(pair: Pair, named, truth: list, seed: int) -> list | None:
     """Per output, where the reference's own discrete decision is a tie (None for a float output):
     its float64 run changes when the floating inputs move by a few eps of their dtype, or when their
     classes come in another order."""
@@ -242,13 +242,13 @@ class SideRaised(Exception):
     """One side raised on one case's inputs: that case's ERROR, naming the side; the reference
     raising in every case is a bad argument instead (`validate_pair`)."""
 
-    def __init__(self, side: str, message: str):
+    def __init__(self, message: str, by_reference: bool):
         super().__init__(message)
-        self.side = side
+        self.by_reference = by_reference
 
 
-def _raised(side: Side, what: str, named, e: Exception) -> SideRaised:
-    return SideRaised(what, f"{what} {side.label} raised on {_describe(named)}: {one_line(e, 300)}")
+def _raised(side: Side, what: str, named, e: Exception, pair: Pair) -> SideRaised:
+    return SideRaised(f"{what} {side.label} raised on {_describe(named)}: {one_line(e, 300)}", side is pair.ref)
 
 
 def _same_bits(ref: list, truth: list) -> bool:
@@ -270,17 +270,17 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
         ref = _sorted_along(ref, pair.unordered)
         truth, note = _truth(pair, named)
         truth = _sorted_along(truth, pair.unordered)
-        ambiguous = None if pair.strict_ties else _ambiguous(pair, named, ref, truth, seed)
+        ambiguous = None if pair.strict_ties else _ambiguous(pair, named, truth, seed)
     except InputError:
         raise
     except Exception as e:
-        raise _raised(pair.ref, "the reference", named, e) from e
+        raise _raised(pair.ref, "the reference", named, e, pair) from e
     try:
         cand = _sorted_along(call(pair.cand, named, pair.static), pair.unordered)
     except InputError:
         raise
     except Exception as e:
-        raise _raised(pair.cand, "the candidate", named, e) from e
+        raise _raised(pair.cand, "the candidate", named, e, pair) from e
     o = Outputs(cand, ref, truth)
     if pair.ref.kind != "numpy" and _same_bits(ref, truth):
         note = ((note + "; ") if note else "") + (
@@ -301,13 +301,13 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
         except InputError:
             raise
         except Exception as e:
-            raise _raised(pair.ref, "the reference's gradient:", named, e) from e
+            raise _raised(pair.ref, "the reference's gradient:", named, e, pair) from e
         try:
             gc = grads(pair.cand, named, pair.static, cts, wrt)
         except InputError:
             raise
         except Exception as e:
-            raise _raised(pair.cand, "the candidate's gradient:", named, e) from e
+            raise _raised(pair.cand, "the candidate's gradient:", named, e, pair) from e
         g = Outputs(gc, *gr)
         for j, k in enumerate(floats):
             one = Outputs([g.cand[j]], [g.ref[j]], [g.truth[j]])
@@ -333,16 +333,17 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
     return checks, measures
 
 
-def _run(pair: Pair, named, seed: int) -> tuple[list[Check], list[Measure], str | None]:
+def _run(pair: Pair, named, seed: int) -> tuple[list[Check], list[Measure], str | None, bool]:
+    """(checks, measures, the error that ended the case, whether the reference raised it)."""
     try:
         checks, measures = check_case(pair, named, seed)
-        return checks, measures, None
+        return checks, measures, None, False
     except InputError:
         raise  # the two sides do not fit together: a bad argument, not a failed case
     except SideRaised as e:  # a side that raises is a failed case, named with its cause
-        return [], [], str(e)
+        return [], [], str(e), e.by_reference
     except Exception as e:
-        return [], [], one_line(e, 400)
+        return [], [], one_line(e, 400), False
 
 
 def _describe(named) -> str:
@@ -351,7 +352,7 @@ def _describe(named) -> str:
 
 def _fails(pair: Pair, named, seed) -> tuple[bool, list[Check], str | None]:
     try:
-        checks, _, error = _run(pair, named, seed)
+        checks, _, error, _ = _run(pair, named, seed)
     except InputError as e:  # a smaller size the reference does not take
         return True, [], str(e)
     return error is not None or not checks or not all(c.ok for c in checks), checks, error
@@ -394,14 +395,14 @@ def _check_names(ref: Side, cand: Side, names: tuple[str, ...]) -> None:
     for side in (ref, cand):
         if not side.params:
             continue  # a builtin or C function: its parameters cannot be read; in order
-        missing = [n for n in names if n not in side.params and n not in dict(side.rename)]
-        if not by_name(side, names) or missing:
-            hint = (f"; bind them with --bind {missing[0]}=PARAM" if side is cand and missing else "")
+        params = param_names(side, names)
+        missing = [n for n, p in zip(names, params) if p not in side.params]
+        if missing:
+            hint = f"; bind them with --bind {missing[0]}=PARAM" if side is cand else ""
             raise InputError(f"the inputs ({', '.join(names)}) do not match {side.label}'s parameters: the "
                              f"reference takes ({', '.join(ref.params) or '?'}), the candidate takes "
                              f"({', '.join(cand.params) or '?'}){hint}")
-        bound = set(param_names(side, names))
-        unbound = [p for p in side.params[:side.required] if p not in bound]
+        unbound = [p for p in side.params[:side.required] if p not in params]
         if unbound:
             raise InputError(f"{side.label} needs ({', '.join(unbound)}), which no input names; the inputs are "
                              f"({', '.join(names)})")
@@ -432,7 +433,6 @@ def validate_pair(ref: Side, cand: Side, *, specs=None, generator: Callable | No
         if specs is not None and n not in {a.name for a in specs}:
             raise InputError(f"--bind {n}={p}: no input is named {n!r} (the inputs are "
                              f"{', '.join(a.name for a in specs)})")
-    for n, p in cand.rename:
         if cand.params and p not in cand.params:
             raise InputError(f"--bind {n}={p}: {cand.label} has no parameter {p!r} (it takes "
                              f"{', '.join(cand.params)})")
@@ -459,9 +459,9 @@ def validate_pair(ref: Side, cand: Side, *, specs=None, generator: Callable | No
                 continue
             case_specs = inp.resized(specs, inp.shrink_map(specs, odd=True)) if regime == "odd_lengths" else specs
             named = _named(specs, regime, case_seed)
-        checks, measures, error = _run(pair, named, case_seed)
+        checks, measures, error, by_reference = _run(pair, named, case_seed)
         if error is not None:
-            raised_by_ref.append(error.startswith("the reference"))
+            raised_by_ref.append(by_reference)
         case = ValidateCase(regime=regime, inputs=_describe(named), seed=case_seed, checks=tuple(checks),
                             measures=tuple(measures), error=error, seconds=round(time.perf_counter() - t0, 3))
         if not case.ok and shrink_failures and case_specs is not None:

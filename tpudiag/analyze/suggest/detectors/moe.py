@@ -5,7 +5,8 @@ replaced where libtpu lowered it to its custom call) with `RaggedDotShapes`, or 
 over at most `MOE_MAX_EXPERTS` experts with `DenseDispatchShapes`: every expert's matmul computes
 every token, and the routing masks either the inputs (a one-hot, a compare against an iota; the
 matmuls downstream of it) or the outputs (the router's top-k weights scattered into zeros, one slot
-per expert, then a combine matmul; the matmuls that compute its operands). It prices nothing and does no I/O.
+per expert, then a combine matmul; the matmuls that compute its operands). It prices nothing and
+does no I/O.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class Moe(Detector):
             # the experts' matmuls compute (upstream, not the router's own: it computed the weights).
             # (a combine is the first matmul after the weights: further down is the next layer's)
             dispatch = [d for d in flow.reachable(r, flow.is_matmul, depth=16 if how == "one-hot" else 6)
-                        if experts in dims(d) or any(experts in dims(o) for o in flow.g.operands(d))]
+                        if _touches(flow, d, experts)]
             if how == "scatter":
                 dispatch += [d for d in _experts_upstream(flow, dispatch, experts, flow.ancestors(r))
                              if d not in dispatch]
@@ -154,13 +155,17 @@ def _experts_upstream(flow: Flow, combine: list, experts: int, exclude: set, dep
     return out
 
 
+def _touches(flow: Flow, d, experts: int) -> bool:
+    """A matmul with an expert dimension in its result or an operand (a combine contracts it away)."""
+    return experts in dims(d) or any(experts in dims(o) for o in flow.g.operands(d))
+
+
 def _gradients_at(flow: Flow, forward: list, experts: int) -> list:
     """The gradient matmuls with an expert dimension that JAX emitted at the forward matmuls' source
     lines (the transposes of those einsums): the training step's share of the dispatch."""
     lines = {flow.m.call_site(d)[0] for d in forward} - {None}
     return [d for d in flow.g.instructions if flow.is_matmul(d) and is_gradient(d)
-            and (experts in dims(d) or any(experts in dims(o) for o in flow.g.operands(d)))
-            and flow.m.call_site(d)[0] in lines]
+            and _touches(flow, d, experts) and flow.m.call_site(d)[0] in lines]
 
 
 def _top_k(flow: Flow, compare, iota, experts: int) -> int:
