@@ -38,6 +38,15 @@ With `--cache`, it measures the compile cache and the static-profile budget inst
   beside it on the same machine (goal: its main module, jit_train_step, keeps its static profile).
 
     python bench/compile_scaling.py --cache [--keep DIR]
+
+With `--script [SCRIPT ARGS...]`, it measures what a script's compile costs against its largest
+module alone, in one run: the script compiled before (`--each-module --timeout 60`: each module in
+its own worker with the static profile, at the earlier budget), after (the defaults: setup modules
+together without the static profile, the 120 s budget, loops fast-forwarded where libtpu can), and
+its largest module's input.mlir alone; the ratios (goal: after <= 1.3x alone) and each module's
+static-profile outcome and wall seconds before and after.
+
+    python bench/compile_scaling.py [--jobs 2] --script [fixtures/programs/qwen_block.py --forward]
 """
 
 from __future__ import annotations
@@ -237,6 +246,42 @@ def cache_and_budget(root: Path, layers: int = 16) -> None:
           f"{step['static_profile']}  {'MET' if kept else 'MISSED'}")
 
 
+def _per_module(run_dir: Path) -> list[dict]:
+    """Each module's number, name, setup flag, static-profile outcome and limit, and wall seconds
+    (spec.json to module.json: its worker, or its share of the setup group's)."""
+    rows = []
+    for d in sorted(p for p in (run_dir / "modules").iterdir() if (p / "module.json").is_file()):
+        meta = json.loads((d / "module.json").read_text())
+        rows.append({"dir": d.name, "setup": bool(meta.get("setup")), "static": meta["static_profile"],
+                     "limit": meta.get("static_limit_s"),
+                     "wall": (d / "module.json").stat().st_mtime - (d / "spec.json").stat().st_mtime})
+    return rows
+
+
+def script_scaling(root: Path, program: list[str], jobs: int) -> None:
+    """A script compiled three ways, one after another: before (`--each-module --timeout 60`: every
+    module in its own worker with the static profile, at the earlier 60 s budget), after (the
+    defaults), and its largest module alone (its input.mlir given to `tpudiag compile`). Goal: the
+    script after costs at most 1.3x its largest module alone."""
+    base = [*TPUDIAG, "compile", "--target", "v5e", "--no-cache", "--json", "--jobs", str(jobs)]
+    before, after, alone = root / "before", root / "after", root / "alone"
+    t_before = run([*base, "--each-module", "--timeout", "60", "--out", str(before), *program])
+    t_after = run([*base, "--out", str(after), *program])
+    largest = max((after / "modules").iterdir(), key=lambda d: (d / "input.mlir").stat().st_size)
+    t_alone = run([*base, "--out", str(alone), str(largest / "input.mlir")])
+    print(f"\n{datetime.now():%Y-%m-%d %H:%M}; `tpudiag compile --target v5e --no-cache --jobs {jobs}` of "
+          f"{' '.join(Path(program[0]).name if i == 0 else a for i, a in enumerate(program))}; wall seconds\n")
+    print(f"{'run':<44} {'total':>7} {'/ alone':>8}")
+    for label, t in (("before: --each-module --timeout 60", t_before), ("after: the defaults", t_after),
+                     (f"largest module alone ({largest.name})", t_alone)):
+        print(f"{label:<44} {t:>7.1f} {t / t_alone:>7.2f}x")
+    print(f"goal: after <= 1.3x alone: {'met' if t_after <= 1.3 * t_alone else 'NOT met'} ({t_after / t_alone:.2f}x)")
+    print(f"\n{'module':<28} {'before: static profile':<48} {'wall':>6} | {'after':<40} {'wall':>6}")
+    for b, a in zip(_per_module(before), _per_module(after)):
+        after_label = "setup group (no static profile)" if a["setup"] else a["static"][:40]
+        print(f"{b['dir'][:28]:<28} {b['static'][:48]:<48} {b['wall']:>6.1f} | {after_label:<40} {a['wall']:>6.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 4, 8, 16], help="decoder sizes")
@@ -250,11 +295,24 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="write the runs here and keep them (default: a temp dir, removed)")
     parser.add_argument("--cache", action="store_true",
                         help="measure the compile cache (cold, warm) and the static-profile budget instead")
+    parser.add_argument("--script", nargs=argparse.REMAINDER,
+                        help="measure a script compiled before/after/largest-module-alone instead (the rest of "
+                             "the line: the script and its arguments; default fixtures/programs/qwen_block.py "
+                             "--forward)")
     args = parser.parse_args()
 
     root = args.keep or Path(tempfile.mkdtemp(prefix="tpudiag-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
+    if args.script is not None:
+        try:
+            script_scaling(root, args.script or [str(REPO / "fixtures" / "programs" / "qwen_block.py"), "--forward"],
+                           args.jobs)
+        finally:
+            if not args.keep:
+                shutil.rmtree(root, ignore_errors=True)
+        print(f"\nbenchmark wall: {time.perf_counter() - t_start:.0f} s")
+        return
     if args.cache:
         try:
             cache_and_budget(root)

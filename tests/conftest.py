@@ -106,3 +106,18 @@ def profile_sized_mlp(run: Path, *args: str) -> dict:
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
+
+
+def run_main(args, capsys):
+    """`tpudiag ARGS` in this process: (exit code, stdout, stderr)."""
+    from tpudiag.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+def file_tree(path: Path) -> list[str]:
+    """Every path under `path`, relative and sorted: what a command left behind."""
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))

@@ -174,3 +174,73 @@ def test_report_of_a_run_whose_trace_was_deleted_says_so(tmp_path, remove):
     text = CliRunner().invoke(cli, ["report", "--no-color", "--width", "400", str(run)]).output
     header = text.split("╰")[0]
     assert "status ok (the trace is missing: " in " ".join(header.split())
+
+
+def _module_events(tmp_path):
+    """What the compile pipeline emits (capture/tpu_compile.py): a module started and finished, one
+    copied from the compile cache (no start), one that failed."""
+    from tpudiag.capture.tpu_compile import ModuleCompile, ModuleStarted
+
+    done = dict(dir=tmp_path, error=None, static_profile="ok", result={})
+    return [ModuleStarted(name="jit_train_step", static_limit_s=60.0, cpu_s=lambda: 1.0),
+            ModuleCompile(name="jit_train_step", status="ok", **done),
+            ModuleCompile(name="jit_stage", status="ok", cached="v5e-1234", **done),
+            ModuleStarted(name="jit_step", static_limit_s=None, cpu_s=lambda: 0.0),
+            ModuleCompile(name="jit_step", status="failed", **{**done, "error": "INVALID_ARGUMENT: bad\nsecond line",
+                                                               "static_profile": "off"})]
+
+
+def test_compile_progress_is_a_plain_line_per_module_when_stderr_is_not_a_terminal(tmp_path, capsys):
+    """Piped or in CI: nothing while a script may still be printing (`None`), then each module's
+    name, status and seconds on stderr as it finishes; stdout stays the report's."""
+    import re
+
+    from tpudiag.cli.common import progress
+
+    on_module, stop = progress()
+    on_module(None)
+    assert capsys.readouterr() == ("", "")
+    for ev in _module_events(tmp_path):
+        on_module(ev)
+    stop()
+    out, err = capsys.readouterr()
+    assert out == ""
+    first, cached, failed = err.splitlines()
+    assert re.fullmatch(r"tpudiag: module jit_train_step: ok, \d+\.\d s", first), first
+    assert cached == "tpudiag: module jit_stage: ok, from the compile cache"
+    assert re.fullmatch(r"tpudiag: module jit_step: failed, \d+\.\d s: INVALID_ARGUMENT: bad\\nsecond line", failed)
+
+
+def test_compile_progress_times_the_setup_group_its_modules_compiled_in(tmp_path, capsys):
+    """Setup modules compile together in one worker (`tpu_compile.compile_setup_group`): one start
+    for the group, then each module's end; each line has the group's seconds."""
+    import re
+
+    from tpudiag.capture.tpu_compile import ModuleCompile, ModuleStarted
+    from tpudiag.cli.common import progress
+
+    on_module, stop = progress()
+    on_module(ModuleStarted(name="2 setup module(s)", static_limit_s=None, cpu_s=lambda: 0.0))
+    for name in ("jit_stage", "jit__threefry_seed"):
+        on_module(ModuleCompile(name=name, dir=tmp_path, status="ok", error=None, static_profile="off", result={},
+                                setup=True))
+    stop()
+    lines = capsys.readouterr().err.splitlines()
+    assert [re.sub(r"\d+\.\d s", "T", ln) for ln in lines] == [
+        "tpudiag: module jit_stage: ok, T (with the setup group)",
+        "tpudiag: module jit__threefry_seed: ok, T (with the setup group)"]
+
+
+def test_compile_progress_on_a_terminal_waits_for_the_first_module(tmp_path, capsys, monkeypatch):
+    """The transient line starts with the first module, never while the script prints (it ran
+    into the program's output: `… 0 module(s) donemlp_bf16: loss=0.41115`)."""
+    from tpudiag.cli.common import progress
+
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich takes stderr for a terminal
+    on_module, stop = progress()
+    on_module(None)
+    assert capsys.readouterr() == ("", ""), "nothing on the terminal while the script runs"
+    on_module(_module_events(tmp_path)[0])
+    stop()
+    out, err = capsys.readouterr()
+    assert out == "" and "compiling for TPU: 0 module(s) done; jit_train_step: static profile" in err

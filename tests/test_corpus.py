@@ -117,7 +117,7 @@ def test_suggest_prices_attention_whole_and_keeps_its_mask():
         pytest.skip("the kernels compile for the suggestion on the oldest jax leg only (CI time)")
     result = CliRunner().invoke(cli, ["suggest", "--all", "--json", "--no-static-profile", str(LLAMA)])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)  # stderr has the progress lines
     by = {s["pattern"]: s for s in doc["suggestions"]}
     att = by["attention"]
     assert "causal=True" in att["snippet"] and att["shapes"]["kv_batch_heads"] == 4

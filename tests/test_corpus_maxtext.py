@@ -123,7 +123,7 @@ def test_suggest_prices_the_moe_whole(tmp_path):
         pytest.skip("MaxText's run is suggested on the jax leg it was compiled with (CI time)")
     result = CliRunner().invoke(cli, ["suggest", "--all", "--json", "--no-static-profile", str(MIXTRAL)])
     assert result.exit_code == 0, result.output
-    by = {s["pattern"]: s for s in json.loads(result.output)["suggestions"]}
+    by = {s["pattern"]: s for s in json.loads(result.stdout)["suggestions"]}  # stderr: progress
     moe = by["moe"]
     assert moe["backward"] and moe["shown"] and moe["expected_speedup"] > 3 and moe["share"] > 0.1
     assert "2 instances at this source line (one per layer or tensor), each priced" in moe["notes"]

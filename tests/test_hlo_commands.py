@@ -87,3 +87,27 @@ def test_hlo_diff_as_a_real_subprocess():
     p = subprocess.run([sys.executable, "-m", "tpudiag", "hlo-diff", "--md", str(BEFORE), str(AFTER)], cwd=ROOT,
                        capture_output=True, text=True, env=dict(os.environ), timeout=120)
     assert p.returncode == 0 and p.stdout.startswith("#")
+
+
+def test_modules_are_picked_by_number_name_or_function(capsys):
+    """`--module INDEX` names a compile run's module by its directory number, `--function` by its
+    jitted function, on fusions, hlo-diff and suggest alike; a pick of nothing lists the modules."""
+    run = str(ARTIFACTS / "compile_v5e_collective")
+    by = {}
+    for opts in (["--module", "8"], ["--function", "step"], ["--module", "jit_step"]):
+        code, out, _ = run_main(["fusions", "--json", *opts, run], capsys)
+        assert code == 0
+        by[tuple(opts)] = [m["module"]["name"] for m in json.loads(out)["modules"]]
+    assert set(map(tuple, by.values())) == {("jit_step",)}
+    code, out, _ = run_main(["fusions", "--json", "--module", "0", "--module", "4", run], capsys)
+    assert code == 0 and [m["module"]["name"] for m in json.loads(out)["modules"]] == ["jit_stage", "jit__normal"]
+    code, _, err = run_main(["hlo-diff", run, run], capsys)
+    assert code == 2 and "pick one with --module NAME|INDEX or --function NAME" in err
+    assert "00 jit_stage, 01 jit__threefry_seed" in err and "08 jit_step" in err
+    code, _, err = run_main(["hlo-diff", "--function", "stepp", run, run], capsys)
+    assert code == 2 and "no module for function 'stepp'" in err and len(err.strip().splitlines()) == 1
+    code, out, _ = run_main(["hlo-diff", "--json", "--module", "8", run, run], capsys)
+    assert code == 0 and json.loads(out)["summary"]["changed"] == 0
+    code, out, _ = run_main(["suggest", "--json", "--no-static-profile", "--module", "8", run], capsys)
+    assert code == 0, out
+    assert {s["module"] for s in json.loads(out)["suggestions"]} <= {"jit_step"}

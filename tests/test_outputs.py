@@ -14,24 +14,12 @@ import sys
 
 import pytest
 
-from tests.conftest import ARTIFACTS, PROGRAMS, ROOT
+from tests.conftest import ARTIFACTS, PROGRAMS, ROOT, file_tree, run_main
 from tpudiag import api
-from tpudiag.cli import main
 from tpudiag.errors import InputError
 from tpudiag.outputs import check_output_file, check_run_dir
 
 MLP = str(PROGRAMS / "mlp.py")
-
-
-def run_main(args, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
-
-
-def _tree(path) -> list[str]:
-    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
 
 # ------------------------------------------------------------------ the check itself
@@ -48,7 +36,7 @@ def test_a_file_in_a_missing_directory_is_refused_and_nothing_is_created(tmp_pat
     with pytest.raises(InputError) as e:
         check_output_file(tmp_path / "missing" / "x.html")
     assert str(e.value) == f"{tmp_path / 'missing' / 'x.html'}: the directory {tmp_path / 'missing'} does not exist"
-    assert _tree(tmp_path) == []
+    assert file_tree(tmp_path) == []
 
 
 def test_a_directory_is_not_a_file_name(tmp_path):
@@ -60,7 +48,7 @@ def test_a_writable_file_path_passes_and_is_not_created(tmp_path, monkeypatch):
     assert check_output_file(tmp_path / "p.html") == tmp_path / "p.html"
     monkeypatch.chdir(tmp_path)
     assert str(check_output_file("p.html")) == "p.html"  # a bare name: the current directory
-    assert _tree(tmp_path) == []
+    assert file_tree(tmp_path) == []
 
 
 def test_run_directory_rules(tmp_path):
@@ -78,7 +66,7 @@ def test_run_directory_rules(tmp_path):
     assert check_run_dir(tmp_path / "a" / "b" / "run") == tmp_path / "a" / "b" / "run"
     (tmp_path / "empty").mkdir()
     check_run_dir(tmp_path / "empty")
-    assert _tree(tmp_path) == ["afile", "empty", "full", "full/manifest.json"], "the check created nothing"
+    assert file_tree(tmp_path) == ["afile", "empty", "full", "full/manifest.json"], "the check created nothing"
 
 
 def _read_only_dir(tmp_path):
@@ -131,7 +119,7 @@ def test_profile_html_in_a_missing_directory_fails_before_the_program_runs(tmp_p
     assert p.returncode == 2
     assert p.stderr == f"tpudiag: error: {bad}: the directory {bad.parent} does not exist\n"
     assert "mlp: steps=" not in p.stdout + p.stderr, "the program never ran"
-    assert _tree(tmp_path) == [], "no run directory (tpudiag-runs/...) was created"
+    assert file_tree(tmp_path) == [], "no run directory (tpudiag-runs/...) was created"
 
 
 @pytest.mark.parametrize("option", ["--out", "--html"])
@@ -144,7 +132,7 @@ def test_profile_unwritable_output_is_one_line_and_no_run(tmp_path, capsys, opti
     rc, out, err = run_main(args, capsys)
     assert rc == 2 and out == ""
     assert err == f"tpudiag: error: {bad}: {tmp_path / 'afile'} is not a directory\n"
-    assert _tree(tmp_path) == ["afile"]
+    assert file_tree(tmp_path) == ["afile"]
 
 
 def test_compile_unwritable_out_fails_before_the_script_runs(tmp_path, capsys):
@@ -152,7 +140,7 @@ def test_compile_unwritable_out_fails_before_the_script_runs(tmp_path, capsys):
                              "--html", str(tmp_path / "missing" / "c.html"), MLP], capsys)
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert f"{tmp_path / 'missing' / 'c.html'}: the directory {tmp_path / 'missing'} does not exist" in err
-    assert _tree(tmp_path) == []
+    assert file_tree(tmp_path) == []
 
 
 def test_kernels_verify_junit_fails_before_any_case_runs(tmp_path, capsys):
@@ -170,14 +158,14 @@ def test_kernels_bench_unwritable_out(tmp_path, capsys):
     assert rc == 2 and out == "" and "is not a directory" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("command", [
-    ["report", "--html", "{bad}", "{mlp}"],
-    ["export", "--perfetto", "{bad}", "{mlp}"],
-    ["hlo-diff", "--html", "{bad}", "{mlp}", "{mlp}"],
+@pytest.mark.parametrize("command,name", [
+    (["report", "--html", "{bad}", "{mlp}"], "out.html"),
+    (["export", "--perfetto", "{bad}", "{mlp}"], "out.json"),
+    (["hlo-diff", "--html", "{bad}", "{mlp}", "{mlp}"], "out.html"),
 ])
-def test_read_commands_refuse_an_unwritable_file(tmp_path, capsys, command):
+def test_read_commands_refuse_an_unwritable_file(tmp_path, capsys, command, name):
     (tmp_path / "afile").write_text("x")
-    bad = tmp_path / "afile" / "out.html"
+    bad = tmp_path / "afile" / name
     args = [a.format(bad=bad, mlp=ARTIFACTS / "mlp") for a in command]
     rc, out, err = run_main(args, capsys)
     assert rc == 2 and out == ""
@@ -199,7 +187,7 @@ def test_api_functions_check_their_output_paths(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         api.write_diff_html(api.hlo_diff(ARTIFACTS / "mlp", ARTIFACTS / "mlp", "jit_train_step"),
                              missing / "d.html")
-    assert _tree(tmp_path) == []
+    assert file_tree(tmp_path) == []
     # A good path still gets the page.
     assert api.write_html(report, tmp_path / "p.html").read_text().startswith("<!DOCTYPE html>")
 

@@ -23,10 +23,12 @@ def _inputs():
 
 def test_the_second_compile_comes_from_the_cache(tmp_path):
     cache = CompileCache(tmp_path / "cache")
-    first = compile_modules(_inputs(), tmp_path / "a", "v5e:2x2", static_profile=False, cache=cache)
+    first = compile_modules(_inputs(), tmp_path / "a", "v5e:2x2", static_profile=False, cache=cache,
+                            group_setup=False)
     assert all(m.status == "ok" and m.cached is None for m in first)
     assert len(list((tmp_path / "cache").iterdir())) == len(first)
-    second = compile_modules(_inputs(), tmp_path / "b", "v5e:2x2", static_profile=False, cache=cache)
+    second = compile_modules(_inputs(), tmp_path / "b", "v5e:2x2", static_profile=False, cache=cache,
+                             group_setup=False)
     assert all(m.cached for m in second) and [m.result for m in second] == [m.result for m in first]
     for a, b in zip(first, second):
         assert (b.dir / "hlo").is_dir() and sorted(p.name for p in (a.dir / "hlo").iterdir()) == \
@@ -93,7 +95,7 @@ def test_a_dropped_static_profile_names_the_command_that_reruns_its_module(tmp_p
     inputs = _inputs()
     run = tmp_path / "run"
     report = api.compile_inputs(inputs, run, resolve_target("v5e"), static_profile=True,
-                                limits=Limits(static_timeout_s=0.01))
+                                limits=Limits(static_timeout_s=0.01), group_setup=False)
     for m in report.modules:
         assert m.static_profile.startswith("dropped")
         (hint,) = [f for f in m.findings if "Rerun this module alone" in f]

@@ -4,8 +4,9 @@ The oracle does not ask the kernels what they need: it traces each kernel (and i
 has one) at its production shape with every tuned block size, reads the block shapes, memory spaces
 and scratch shapes out of each `pallas_call` in the jaxpr, counts them as Mosaic lays them out in
 VMEM (each pipelined block twice, the two minor dims padded to whole 8 x 128 tiles of 32-bit words),
-and checks the `vmem_limit_bytes` the kernel passed: at least that need, twice it plus the headroom
-(up to the cap), never under the floor and never over the cap. Tracing only: nothing is compiled.
+and checks the `vmem_limit_bytes` the kernel passed: at least that need plus the headroom, twice it
+plus the headroom (up to the ceiling), never under the floor, and never past the core's VMEM less
+XLA's share. Tracing only: nothing is compiled (tests/kernels/test_tpu_compile.py compiles).
 """
 
 from __future__ import annotations
@@ -33,17 +34,34 @@ def test_block_bytes_pads_the_two_minor_dims_to_whole_tiles():
     assert tiling.block_bytes((300,), 4) == 8 * 384 * 4  # a 1-D block is one row
 
 
-def test_vmem_limit_is_twice_the_need_plus_headroom_between_floor_and_cap():
+def test_vmem_limit_is_twice_the_need_plus_headroom_between_floor_and_ceiling():
+    assert tiling.VMEM_BYTES == 128 * MIB  # v5e and v6e, from tpudiag/targets.py
     assert tiling.vmem_need(10 * MIB, 3 * MIB) == 23 * MIB
     assert tiling.vmem_limit(10 * MIB, 3 * MIB) == 2 * 23 * MIB + tiling.VMEM_HEADROOM_BYTES
     assert tiling.vmem_limit(MIB) == tiling.VMEM_FLOOR_BYTES == 16 * MIB
-    assert tiling.vmem_limit(30 * MIB) == tiling.VMEM_CAP_BYTES == 100 * MIB  # 128 MiB would be asked
-    assert tiling.vmem_limit(46 * MIB) == 100 * MIB  # need 92 MiB + 8 MiB headroom: just fits
+    # need 48 MiB: 104 MiB would be asked; the ceiling leaves the need once more and XLA's 8 MiB
+    assert tiling.vmem_limit(24 * MIB) == 128 * MIB - 48 * MIB - tiling.XLA_VMEM_BYTES == 72 * MIB
+    assert tiling.fits_vmem(28 * MIB)  # need 56 MiB: limit 64 MiB, 64 + 56 + 8 = 128
+    assert not tiling.fits_vmem(28 * MIB + 1)
 
 
-def test_blocks_past_the_cap_are_refused_naming_the_mib():
-    with pytest.raises(ValueError, match="need 93 MiB of VMEM, more than the 92 MiB"):
-        tiling.vmem_limit(46 * MIB, MIB)
+def test_the_limit_never_leaves_the_core_short():
+    for need_mib in range(0, 113):
+        blocks = need_mib * MIB // 2
+        need, limit = tiling.vmem_need(blocks), tiling.vmem_limit(blocks)
+        assert limit >= need + tiling.VMEM_HEADROOM_BYTES, need_mib  # Mosaic compiles the kernel
+        assert limit + tiling.XLA_VMEM_BYTES <= tiling.VMEM_BYTES, need_mib  # XLA keeps its buffers
+        if tiling.fits_vmem(blocks):  # and the static profile's second count of the need fits too
+            assert limit + need + tiling.XLA_VMEM_BYTES <= tiling.VMEM_BYTES, need_mib
+
+
+def test_blocks_past_the_vmem_are_refused_naming_the_mib():
+    assert tiling.vmem_limit(56 * MIB) == 120 * MIB  # need 112 MiB + 8 MiB: just compiles, no room to spare
+    with pytest.raises(ValueError, match="need 113 MiB of VMEM, more than the 112 MiB"):
+        tiling.vmem_limit(56 * MIB, MIB)
+    # a smaller core: v5p has 64 MiB
+    with pytest.raises(ValueError, match="more than the 48 MiB"):
+        tiling.vmem_limit(25 * MIB, vmem_bytes=64 * MIB)
 
 
 # ----------------------------------------------------------------------------- every kernel's blocks
@@ -122,8 +140,10 @@ def test_every_kernel_asks_for_what_its_blocks_need(spec, blocks, variant):
         where = f"{eqn.params['name']}: blocks and scratch need {need / MIB:.2f} MiB, limit {limit}"
         assert limit is not None, where
         assert need <= limit, where
-        assert limit >= min(tiling.VMEM_CAP_BYTES, 2 * need + tiling.VMEM_HEADROOM_BYTES), where
-        assert tiling.VMEM_FLOOR_BYTES <= limit <= tiling.VMEM_CAP_BYTES, where
+        assert limit >= min(tiling.VMEM_BYTES - need - tiling.XLA_VMEM_BYTES,
+                            2 * need + tiling.VMEM_HEADROOM_BYTES), where
+        assert limit >= max(tiling.VMEM_FLOOR_BYTES, need + tiling.VMEM_HEADROOM_BYTES), where
+        assert limit + tiling.XLA_VMEM_BYTES <= tiling.VMEM_BYTES, where
 
 
 def test_the_oracle_sees_every_kernel_family():

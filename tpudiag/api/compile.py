@@ -36,9 +36,11 @@ def _write_compile_report(report, rd: RunDir):
 
 
 def compile_target(target_text: str, input_path, args=(), out=None, *, static_profile=True, jobs=2,
-                   limits=None, progress=None, program_stdout=None) -> CompileResult:
+                   limits=None, progress=None, program_stdout=None, selection=None,
+                   group_setup: bool = True) -> CompileResult:
     """`tpudiag compile`: a script (run on CPU to collect its computations), a .mlir file or IR dump
-    directory, or an HLO text file, compiled for a TPU target on this machine."""
+    directory, or an HLO text file, compiled for a TPU target on this machine. `selection` (a
+    `capture.select.Selection`) compiles some of its modules; `group_setup`: as for `compile_inputs`."""
     import os
 
     from tpudiag.capture.inputs import file_inputs, ir_dump_modules
@@ -50,7 +52,10 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
     input_path = Path(input_path)
     is_script = input_path.suffix == ".py"
     if not is_script:
+        from tpudiag.capture.select import Selection, pick
+
         inputs = file_inputs(input_path)  # validate before creating anything
+        pick([i.name for i in inputs], selection or Selection(), str(input_path))
     elif not input_path.is_file():
         raise InputError(f"{input_path}: no such file")
     run = check_run_dir(Path(out) if out else rundir.default_run_dir(input_path))  # before the script runs
@@ -83,7 +88,7 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
                 rd.finish(False, exit_code=shadow.exit_code or 2, reason=reason)
                 raise ProgramFailed(message, shadow.exit_code) if shadow.exit_code else InputError(message)
         report = compile_inputs(inputs, run, target, static_profile=static_profile, jobs=jobs, limits=limits,
-                                progress=progress, source=source)
+                                progress=progress, source=source, selection=selection, group_setup=group_setup)
         report = _write_compile_report(report, rd)
         shadow_code = report.shadow_exit_code
         ok = report.status == "ok" and not shadow_code
@@ -119,7 +124,8 @@ def compile_function(fn, *args, target: str = "v5e", out=None, static_profile: b
     return CompileResult(run_dir=run, report=report)
 
 
-def shadow_compile_run(run: Path, target_text: str, *, static_profile=True, jobs=2, limits=None, progress=None):
+def shadow_compile_run(run: Path, target_text: str, *, static_profile=True, jobs=2, limits=None, progress=None,
+                       selection=None):
     """`profile --target`: compile the run's own jitted computations (its JAX IR dump) for a TPU
     into RUN/tpu/ and write its report there; returns that `CompileReport`."""
     from tpudiag.capture.inputs import ir_dump_modules
@@ -135,7 +141,7 @@ def shadow_compile_run(run: Path, target_text: str, *, static_profile=True, jobs
     with RunDir(run / rundir.TPU_DIR, "compile", rundir.COMPILE_SUBDIRS, program=str(run), target=target.to_dict(),
                 source=source, static_profile=static_profile) as rd:
         report = compile_inputs(inputs, rd.path, target, static_profile=static_profile, jobs=jobs, limits=limits,
-                                progress=progress, source=source)
+                                progress=progress, source=source, selection=selection)
         report = _write_compile_report(report, rd)
         rd.finish(report.status == "ok", reason=f"{report.totals.failed} module(s) failed to compile")
     return report

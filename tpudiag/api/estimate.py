@@ -4,7 +4,10 @@ the lowered module is compiled like any `tpudiag compile` input, and the compile
 estimate (`analyze/compile/estimate.py`).
 
 Writes a compile run directory plus `RUN/estimate/` (the lowered module, its log) and
-`RUN/estimate.json`. Returns the `EstimateReport`.
+`RUN/estimate.json`. Returns the `EstimateReport`. FUNC is looked up, called and lowered before the
+run directory exists (the worker writes into a temporary directory, moved into the run after):
+a FUNC that is missing, not callable as FUNC(argv, mesh) or returns the wrong thing is a one-line
+error with nothing written; a FUNC that raises is a failed run with its log.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from tpudiag.capture import rundir
@@ -54,24 +59,31 @@ def parse_mesh(text: str | None) -> list[tuple[str, int]]:
     return out
 
 
-def _lower_in_worker(path: Path, func: str, argv: list[str], target, mesh, out_dir: Path) -> dict:
+def _spec(path: Path, func: str, argv: list[str], target, mesh, out_dir: Path) -> str:
+    return json.dumps({"file": str(path.resolve()), "func": func, "argv": list(argv), "topology": target.topology,
+                       "mesh": mesh, "out_dir": str(out_dir)})
+
+
+def _lower_in_worker(path: Path, func: str, argv: list[str], target, mesh, out_dir: Path) -> str | None:
+    """Run the worker into `out_dir`. None when it lowered the step; the one-line error when FUNC or
+    jax failed (the caller keeps the log in the run); an `InputError` when the file or FUNC is not
+    what estimate needs (`estimate_worker.Refused`)."""
     spec = out_dir / "spec.json"
-    spec.write_text(json.dumps({"file": str(path.resolve()), "func": func, "argv": list(argv),
-                                "topology": target.topology, "mesh": mesh, "out_dir": str(out_dir)}))
+    spec.write_text(_spec(path, func, argv, target, mesh, out_dir))
     env = dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", JAX_PLATFORMS="cpu",
                TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"))
     with open(out_dir / "lower.log", "wb") as log:
         code = subprocess.run([sys.executable, "-m", "tpudiag.capture.estimate_worker", str(spec)], env=env,
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
-    if code != 0:
-        err = out_dir / "error.json"
-        if err.is_file():
-            doc = json.loads(err.read_text())
-            if doc.get("kind") == "input":
-                raise InputError(doc["error"])
-            raise ProgramFailed(f"{doc['error']} (log: {out_dir / 'lower.log'})", 1)
-        raise ProgramFailed(f"{path}:{func}: lowering failed (exit {code}); log: {out_dir / 'lower.log'}", 1)
-    return json.loads((out_dir / "lowered.json").read_text())
+    if code == 0:
+        return None
+    err = out_dir / "error.json"
+    if err.is_file():
+        doc = json.loads(err.read_text())
+        if doc.get("kind") == "input":
+            raise InputError(doc["error"])
+        return doc["error"]
+    return f"{path}:{func}: lowering failed (exit {code})"
 
 
 def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | None = None,
@@ -103,23 +115,33 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
     libtpu_args = os.environ.get("LIBTPU_INIT_ARGS") or None
     source = {"input": f"{path}:{func}", "kind": "estimate", "argv": list(argv), "mesh": mesh,
               "libtpu_init_args": libtpu_args}
-    with RunDir(run, "compile", rundir.COMPILE_SUBDIRS + (rundir.ESTIMATE_DIR,), program=f"{path}:{func}",
-                argv=[f"{path}:{func}", *argv], target=target.to_dict(), static_profile=static_profile,
-                source=source) as rd:
-        if progress:
-            progress(f"lowering {path}:{func} for {target.topology} ({target.devices} devices)")
-        lowered = _lower_in_worker(path, func, list(argv), target, axes, run / rundir.ESTIMATE_DIR)
-        if progress:
-            progress(f"compiling the step for {target.topology}")
-        limits = replace(limits or Limits(), compile_timeout_s=compile_timeout_s)
-        step = ModuleInput(name="step", path=run / rundir.ESTIMATE_DIR / "step.mlir", kind="mlir")
-        report = compile_inputs([step], run, target, static_profile=static_profile, jobs=1, limits=limits,
-                                source=source)
-        report = _write_compile_report(report, rd)
-        est = build_estimate(report, lowered, program=f"{path}:{func}", argv=list(argv), libtpu_init_args=libtpu_args,
-                             artifacts={"run_dir": str(run), "estimate": rundir.ESTIMATE_REPORT,
-                                        "compile_report": rundir.REPORT, "lowered": f"{rundir.ESTIMATE_DIR}/step.mlir"})
-        rd.write_text(rundir.ESTIMATE_REPORT, render(est, "json"))
-        rd.write_text(rundir.ESTIMATE_MD, render(est, "md"))
-        rd.finish(est.status == "ok", reason=est.reason)
+    if progress:
+        progress(f"lowering {path}:{func} for {target.topology} ({target.devices} devices)")
+    with tempfile.TemporaryDirectory(prefix="tpudiag-estimate-") as tmp:
+        failed = _lower_in_worker(path, func, list(argv), target, axes, Path(tmp))  # no run directory yet
+        with RunDir(run, "compile", rundir.COMPILE_SUBDIRS + (rundir.ESTIMATE_DIR,), program=f"{path}:{func}",
+                    argv=[f"{path}:{func}", *argv], target=target.to_dict(), static_profile=static_profile,
+                    source=source) as rd:
+            lowered_dir = run / rundir.ESTIMATE_DIR
+            for f in Path(tmp).iterdir():
+                shutil.move(f, lowered_dir / f.name)
+            (lowered_dir / "spec.json").write_text(_spec(path, func, list(argv), target, axes, lowered_dir))
+            if failed:  # FUNC or jax raised: a failed run that keeps the worker's log
+                raise ProgramFailed(f"{failed} (log: {lowered_dir / 'lower.log'})", 1)
+            lowered = json.loads((lowered_dir / "lowered.json").read_text())
+            if progress:
+                progress(f"compiling the step for {target.topology}")
+            limits = replace(limits or Limits(), compile_timeout_s=compile_timeout_s)
+            step = ModuleInput(name="step", path=lowered_dir / "step.mlir", kind="mlir")
+            report = compile_inputs([step], run, target, static_profile=static_profile, jobs=1, limits=limits,
+                                    source=source)
+            report = _write_compile_report(report, rd)
+            est = build_estimate(report, lowered, program=f"{path}:{func}", argv=list(argv),
+                                 libtpu_init_args=libtpu_args,
+                                 artifacts={"run_dir": str(run), "estimate": rundir.ESTIMATE_REPORT,
+                                            "compile_report": rundir.REPORT,
+                                            "lowered": f"{rundir.ESTIMATE_DIR}/step.mlir"})
+            rd.write_text(rundir.ESTIMATE_REPORT, render(est, "json"))
+            rd.write_text(rundir.ESTIMATE_MD, render(est, "md"))
+            rd.finish(est.status == "ok", reason=est.reason)
     return run, est

@@ -56,7 +56,8 @@ def module_artifacts(mc, with_llo: bool = True):
             mesh = None
     return ModuleArtifacts(name=mc.name, status=mc.status, error=mc.error, static_profile=mc.static_profile,
                            result=mc.result, hlo=hlo, static=static, llo=lframe, artifacts_dir=str(mc.dir),
-                           notes=tuple(notes), input_file=str(inputs[0]) if inputs else None, mesh=mesh)
+                           notes=tuple(notes), input_file=str(inputs[0]) if inputs else None, mesh=mesh,
+                           setup=mc.setup)
 
 
 def _report(target, compiled, source: dict, with_llo: bool, suggestions: bool):
@@ -73,15 +74,26 @@ def _report(target, compiled, source: dict, with_llo: bool, suggestions: bool):
 
 
 def compile_inputs(inputs, run: Path, target, *, static_profile=True, jobs=2, limits=None, progress=None,
-                   source: dict | None = None, with_llo: bool = True, suggestions: bool = True):
+                   source: dict | None = None, with_llo: bool = True, suggestions: bool = True,
+                   selection=None, group_setup: bool = True):
     """Compile `ModuleInput`s (lowered modules) for `target` into `run/modules/` and return the
     compile report (`with_llo`: as for `module_artifacts`; `suggestions`: as for `build_compile_report`).
-    `progress` hears each module's start and end (`tpu_compile.compile_modules`)."""
+    `progress` hears each module's start and end (`tpu_compile.compile_modules`). `selection` (a
+    `capture.select.Selection`) keeps some modules, numbered as among all; without one, setup
+    modules are compiled together unless `group_setup` is False."""
+    from tpudiag.capture.select import Selection, pick
     from tpudiag.capture.tpu_compile import Limits, compile_modules
 
-    results = compile_modules(inputs, run / rundir.MODULES_DIR, target.topology, static_profile=static_profile,
-                              limits=limits or Limits(), jobs=jobs, progress=progress)
-    return _report(target, results, source or {}, with_llo, suggestions)[1]
+    source = dict(source or {})
+    selection = selection or Selection()
+    keep = pick([i.name for i in inputs], selection, str(source.get("input", run)))
+    if selection:
+        source["selection"] = {"asked": selection.describe(), "modules": len(inputs),
+                               "compiled": [f"{k:02d}-{inputs[k].name}" for k in keep]}
+    results = compile_modules([inputs[k] for k in keep], run / rundir.MODULES_DIR, target.topology,
+                              static_profile=static_profile, limits=limits or Limits(), jobs=jobs, progress=progress,
+                              group_setup=group_setup and not selection, numbers=keep)
+    return _report(target, results, source, with_llo, suggestions)[1]
 
 
 def compile_run_artifacts(run: Path, with_llo: bool = True, suggestions: bool = True, manifest=None):

@@ -217,6 +217,7 @@ def write_html(report, path: Path) -> Path:
 
 def profile(script, args=(), out=None, *, steps=None, skip=0, python_trace=False, target=None,
             static_profile=True, jobs=2, limits=None, progress=None, program_stdout=None, program_stderr=None,
+            selection=None,
             while_waiting=None) -> ProfileResult:
     """Run `script` under the profiler, analyze it and write `report.json` into the run directory.
 
@@ -236,7 +237,7 @@ def profile(script, args=(), out=None, *, steps=None, skip=0, python_trace=False
         if progress:
             progress(None)
         shadow_compile_run(cap.run_dir, target, static_profile=static_profile, jobs=jobs, limits=limits,
-                           progress=progress)
+                           progress=progress, selection=selection)
         # The TPU section from RUN/tpu/ as `tpudiag report RUN` reads it, not from the compile's own
         # report: that one keeps the note of a target typed as one chip, which RUN/tpu/'s manifest
         # does not, and both commands must print the same report.

@@ -21,8 +21,9 @@ from tpudiag.errors import InputError
 
 
 def suggest_run(run, target_text: str | None = None, *, static_profile: bool = True, jobs: int = 2, limits=None,
-                progress=None, include_all: bool = False):
-    """Suggestions for a compile run or a profile run made with --target."""
+                progress=None, include_all: bool = False, selection=None):
+    """Suggestions for a compile run or a profile run made with --target; `selection` (a
+    `capture.select.Selection`) keeps some of its modules."""
     from tpudiag.analyze.suggest.build import (DEFAULT_SUGGEST_CONFIG, build_report, candidates, findings_for,
                                                roofline_bound)
     from tpudiag.api.pipeline import compile_run_artifacts
@@ -35,6 +36,8 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
     # No op time depends on the LLO dump; the detectors run below, on the priced path, not twice.
     arts, report = compile_run_artifacts(compile_dir, with_llo=False, suggestions=False,
                                          manifest=None if profiled else handle.manifest)
+    if selection:
+        arts, report = _selected(arts, report, selection, compile_dir)
     if target_text:
         asked = resolve_target(target_text)
         if asked.chip.name != report.target.chip:
@@ -66,6 +69,17 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
         per_step = _executions_per_step(prof.tpu_estimate)
     return build_report(str(run), report, cands, replaced, prices, bounds, findings, measured, notes=notes,
                         per_step=per_step)
+
+
+def _selected(arts, report, selection, where: Path):
+    """The modules of a compile run that `selection` keeps (numbered as their directories are)."""
+    from dataclasses import replace
+
+    from tpudiag.capture.select import pick
+
+    numbers = [int(Path(a.artifacts_dir).name.split("-", 1)[0]) for a in arts]
+    keep = pick([a.name for a in arts], selection, str(where), numbers)
+    return [arts[k] for k in keep], replace(report, modules=tuple(report.modules[k] for k in keep))
 
 
 def _compiled_run(run: runs.RunHandle, target_text: str | None) -> runs.RunHandle:
@@ -185,7 +199,8 @@ def _with_backward(s):
 
 
 def suggest(input_path, args=(), target_text: str | None = None, out=None, *, static_profile: bool = True,
-            jobs: int = 2, limits=None, progress=None, include_all: bool = False, program_stdout=None):
+            jobs: int = 2, limits=None, progress=None, include_all: bool = False, program_stdout=None,
+            selection=None):
     """`tpudiag suggest INPUT`: a run directory as it is, or a script profiled with --target first.
     Returns (SuggestReport, the run directory read)."""
     from tpudiag.api.profiling import profile
@@ -196,7 +211,8 @@ def suggest(input_path, args=(), target_text: str | None = None, out=None, *, st
         if not path.is_file():
             raise InputError(f"{path}: no such file")
         result = profile(path, list(args), out, target=target_text or "v5e", static_profile=static_profile,
-                         jobs=jobs, limits=limits, progress=progress, program_stdout=program_stdout)
+                         jobs=jobs, limits=limits, progress=progress, program_stdout=program_stdout,
+                         selection=selection)
         if result.capture.exit_code != 0:
             raise ProgramFailed(f"the program failed ({result.capture.reason}); nothing to suggest from "
                                 f"{result.capture.run_dir}", result.capture.exit_code)
@@ -204,4 +220,4 @@ def suggest(input_path, args=(), target_text: str | None = None, out=None, *, st
     else:
         run = path
     return suggest_run(run, target_text, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress,
-                       include_all=include_all), run
+                       include_all=include_all, selection=selection), run

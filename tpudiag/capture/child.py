@@ -180,21 +180,102 @@ def _die_with_parent(parent_pid: int | None) -> None:
         os._exit(128 + signal.SIGKILL)
 
 
+# The calibration loop: the machine's speed, timed before the program, between its traced steps and
+# after it, so that `compare` can tell a slower program from a slower machine, and whether the
+# machine kept one speed through the run (analyze/compare/drift.py; docs/compare.md#machine-drift).
+#
+# One thread per usable core (at most 8) runs np.sin over 64 Ki float32 values 240 times (~12 ms on
+# an idle core), and a sample is the wall time until all have finished: like the program's XLA CPU
+# steps, it needs every core at once, so a busy process on one of them slows it. The threads block
+# while they wait (a join), never spin, so more load can only make it slower. One run per sample,
+# as a step is one run: a best-of-3 picks the moment the machine was free and hides the contention
+# that slows the steps (measured with two busy-loops on the 2-core host: best-of-3 read 0.87-0.97x
+# while the steps took 1.04-1.72x; one run read 1.16-3.67x). Runs before tpudiag recorded
+# `calibration_loop` timed a multithreaded OpenBLAS matmul (384x384, with tanh, 20 times, best of
+# 3), before and after the program only: on the loaded host its spin-waiting threads made one
+# run's samples range 36-286 ms, and with a busy-loop beside it the loop ran faster, not slower
+# (52 ms against 300 ms without; measured).
+CALIBRATION_LOOP = "sin-threads/2"
+# Long enough for the scheduler's fair share: a shorter run that follows a pause is let ahead of a
+# busy process for a few ms (measured with 2 busy-loops: 120 iterations read 1.6-4x the quiet time
+# from one try to the next, 600 read 1.9-2.2x).
+CALIBRATION_ITERATIONS = 240
+CALIBRATION_MAX_THREADS = 8  # enough to feel a busy-loop on the machines compare is used on; bounded cost
+# Traced steps after which a sample is taken: each of the first 16, then every 2nd up to 32, every
+# 4th up to 64 and so on: about 8 samples per doubling of the step count (a 10,000-step run takes
+# 90), so the last half of any run has at least 8, and the overhead stays bounded.
+CALIBRATION_EVERY_STEP = 16
+
+
+_CALIBRATION_INPUT: dict = {}  # the loop's input, made once per process
+
+
+def _calibration_threads() -> int:
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count() or 1
+    return max(1, min(usable, CALIBRATION_MAX_THREADS))
+
+
 def calibrate() -> float:
-    """Seconds a fixed piece of CPU work takes now (best of 3): the machine's speed, timed at the
-    start and the end of the run so that `compare` can tell a slower program from a slower machine.
-    About 20 ms here: a 384x384 float32 matmul and tanh, 20 times."""
+    """One sample of the calibration loop (CALIBRATION_LOOP): seconds until one thread per usable core
+    has each taken np.sin of 64 Ki float32 values CALIBRATION_ITERATIONS times."""
+    import threading
+
     import numpy as np
 
-    a = np.random.default_rng(0).standard_normal((384, 384)).astype(np.float32) / 24
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        x = a
-        for _ in range(20):
-            x = np.tanh(x @ a)
-        best = min(best, time.perf_counter() - t)
-    return round(best, 6)
+    x = _CALIBRATION_INPUT.get("x")
+    if x is None:
+        x = _CALIBRATION_INPUT["x"] = np.random.default_rng(0).standard_normal(1 << 16).astype(np.float32)
+
+    def work():
+        y = np.empty_like(x)
+        for _ in range(CALIBRATION_ITERATIONS):
+            np.sin(x, out=y)  # releases the GIL: the threads run on separate cores
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(_calibration_threads())]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return round(time.perf_counter() - t, 6)
+
+
+def _calibration_due(traced_steps: int) -> bool:
+    """Whether to sample after the `traced_steps`-th traced step (1-based); see CALIBRATION_EVERY_STEP."""
+    i = traced_steps - 1
+    if i < CALIBRATION_EVERY_STEP:
+        return True
+    return i % (1 << (i.bit_length() - CALIBRATION_EVERY_STEP.bit_length() + 1)) == 0
+
+
+def _install_step_calibration(tracer: _Tracer, samples: list[float]) -> None:
+    """Sample the calibration loop after traced steps (on CALIBRATION_EVERY_STEP's schedule): between
+    steps, so that no step's own duration includes it, and only while the trace runs (every step of
+    a whole-run trace; the window's steps of `--steps N`). Wraps whatever `StepTraceAnnotation` is
+    installed by then (the step window's, or jax's)."""
+    import jax.profiler as jp
+
+    inner = jp.StepTraceAnnotation
+    traced = {"exited": 0}
+
+    class StepTraceAnnotation(inner):  # noqa: D401 - same API as jax's
+        def __exit__(self, *exc):
+            was_tracing = tracer.started and not tracer.stopped
+            result = super().__exit__(*exc)
+            if was_tracing and exc[0] is None:
+                traced["exited"] += 1
+                if _calibration_due(traced["exited"]):
+                    try:
+                        samples.append(calibrate())
+                    except Exception:  # noqa: BLE001 - a failed sample must not fail the program
+                        pass
+            return result
+
+    StepTraceAnnotation.__doc__ = inner.__doc__
+    jp.StepTraceAnnotation = StepTraceAnnotation
 
 
 _JOINED: list[int] = []  # when the program called jax.distributed.initialize (profile --processes)
@@ -278,9 +359,17 @@ def main() -> None:
     else:
         steps_seen = _install_step_window(tracer, int(spec.get("skip") or 0), int(spec["steps"]))
 
+    calibration: list[float] = []
+    if spec.get("trace", True) and not spec.get("python_trace") and not spec.get("distributed"):
+        # Not under the Python tracer: it would record the loop's calls between the program's steps.
+        # Not in one process of `profile --processes N`: while it samples, the others wait for it at
+        # their next collective, inside their next step. Those time the loop before and after only.
+        _install_step_calibration(tracer, calibration)
+
     sys.argv = [spec["script"], *spec["args"]]
     sys.path[0] = os.path.dirname(script)
-    calibration = [calibrate()] if spec.get("trace", True) else []
+    if spec.get("trace", True):
+        calibration.append(calibrate())
     t0 = time.time_ns()
     try:
         try:
@@ -316,6 +405,7 @@ def main() -> None:
             trace_stop_ns=tracer.stop_ns,
             steps_entered=steps_seen.get("entered"),
             calibration_s=calibration or None,
+            calibration_loop=CALIBRATION_LOOP if calibration else None,
         )
         if spec.get("distributed"):
             status["joined_cluster"] = bool(_JOINED)

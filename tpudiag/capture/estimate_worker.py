@@ -7,11 +7,15 @@ compile-only client: no TPU needed), calls `FUNC(argv, mesh)`, which returns
 "tokens": tokens one step processes, "model": {...} (optional: parameter count and attention
 dimensions)}, lowers the step for TPU and writes `out_dir/step.mlir` and `out_dir/lowered.json`
 (tokens, model, mesh); a failure is `out_dir/error.json` with one line naming the file and the
-problem. Compiling the lowered module is `tpu_compile.py`'s job, as for every other input.
+problem. FUNC's signature is checked before it is called: one that cannot be called as
+FUNC(argv, mesh) is refused (exit 2), as a missing FUNC is. Compiling the lowered module is
+`tpu_compile.py`'s job, as for every other input.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import json
 import runpy
 import sys
@@ -34,9 +38,22 @@ def _func(file: str, name: str):
                       "under `if __name__ == \"__main__\":`") from None
     fn = scope.get(name)
     if fn is None:
-        raise Refused(f"{file}: no function {name!r} (defined: {', '.join(sorted(k for k, v in scope.items() if callable(v) and not k.startswith('_'))[:12])})")
+        defined = sorted(k for k, v in scope.items() if callable(v) and not k.startswith("_"))
+        close = difflib.get_close_matches(name, defined, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise Refused(f"{file}: no function {name!r} ({hint}defined: {', '.join(defined[:12])}"
+                      f"{', ...' if len(defined) > 12 else ''})")
     if not callable(fn):
-        raise Refused(f"{file}: {name} is not a function")
+        raise Refused(f"{file}: {name} is not a function ({type(fn).__name__} value); estimate calls "
+                      f"{name}(argv, mesh)")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a callable without a signature (a builtin): the call will say
+        return fn
+    try:
+        signature.bind([], None)
+    except TypeError as e:
+        raise Refused(f"{file}: {name}{signature} cannot be called as {name}(argv, mesh): {e}") from None
     return fn
 
 

@@ -2,7 +2,10 @@
 
 Returns `ModuleInput`s (name, path, kind); one per distinct computation (a jitted function that
 ran several times with the same shapes is dumped once per compile, and identical dumps are
-compiled once). It reads file names and bytes only; it does not parse the IR.
+compiled once). A file the user names (`file_inputs`) is parsed here, in this process, by the
+parsers the compile worker uses (MLIR's for StableHLO, XLA's for HLO text), so that a module they
+reject is a one-line error before any run directory exists; the modules a shadow run dumped
+(`ir_dump_modules`) are jax's own and are not parsed twice. Nothing here compiles.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import re
 from pathlib import Path
 
 from tpudiag.capture.tpu_compile import ModuleInput
-from tpudiag.errors import InputError
+from tpudiag.errors import InputError, one_line
+from tpudiag.text import printable
 
 # JAX_DUMP_IR_TO names: jax_ir0003_jit_train_step_compile.mlir
 _IR_NAME = re.compile(r"^jax_ir(\d+)_(.+?)(?:_compile)?\.mlir$")
@@ -53,6 +57,45 @@ def _kind_of(path: Path) -> str:
                      "or an HLO text file)")
 
 
+# `loc("-":3:10)`: where the MLIR parser stopped (line 0 in bytecode, which has no lines).
+_MLIR_LOC = re.compile(r':(\d+):(\d+)\)$')
+# `was parsing 5:19: error: expects opcode but sees: addd, error: Unknown opcode: addd`
+_HLO_ERROR = re.compile(r"was parsing (\d+):(\d+): error: ([^\n]*)")
+
+
+def _where(path: Path, line: str | None, col: str | None) -> str:
+    return f"{path}:{line}:{col}" if line and line != "0" else str(path)
+
+
+def check_parses(inp: ModuleInput) -> None:
+    """`inp` is read by the parser the TPU compile worker uses (`tpu_worker._load_module_text`), or
+    an `InputError` names the file, the line and column, and the parser's first message."""
+    if inp.kind == "hlo":
+        from jaxlib import _hlo
+
+        try:
+            _hlo.hlo_module_from_text(inp.path.read_text(errors="replace"))
+        except Exception as e:  # XLA's parser raises a bare RuntimeError (XlaRuntimeError) with its status
+            m = _HLO_ERROR.search(str(e))
+            problem = m.group(3).replace(", error: ", "; ") if m else one_line(e, typed=False)
+            raise InputError(f"{_where(inp.path, *(m.groups()[:2] if m else (None, None)))}: not a valid HLO "
+                             f"module: {printable(problem)} (XLA's HLO parser)") from None
+        return
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+
+    with mlir.make_ir_context():
+        try:
+            ir.Module.parse(inp.path.read_bytes())
+        except ir.MLIRError as e:
+            diags = list(e.error_diagnostics)
+            first = diags[0] if diags else None
+            m = _MLIR_LOC.search(str(first.location)) if first else None
+            problem = first.message if first else one_line(e, typed=False)
+            raise InputError(f"{_where(inp.path, *(m.groups() if m else (None, None)))}: not a valid StableHLO "
+                             f"module: {printable(problem)} (MLIR parser)") from None
+
+
 def ir_dump_modules(ir_dir: Path) -> list[ModuleInput]:
     """Every distinct computation in a JAX_DUMP_IR_TO directory, in the order JAX compiled them."""
     files = sorted(ir_dir.glob("*.mlir"), key=lambda p: (int(_IR_NAME.match(p.name).group(1))
@@ -69,14 +112,18 @@ def ir_dump_modules(ir_dir: Path) -> list[ModuleInput]:
 
 
 def file_inputs(path: Path) -> list[ModuleInput]:
-    """A .mlir / HLO text file, or a directory of .mlir files (a JAX IR dump)."""
+    """A .mlir / HLO text file, or a directory of .mlir files (a JAX IR dump), each checked by its
+    parser (`check_parses`)."""
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
     if path.is_dir():
         found = ir_dump_modules(path)
         if not found:
             raise InputError(f"{path}: no .mlir files in this directory (expected a JAX_DUMP_IR_TO dump)")
-        return found
-    if path.stat().st_size == 0:
+    elif path.stat().st_size == 0:
         raise InputError(f"{path}: empty file")
-    return [ModuleInput(name=_name_of(path), path=path, kind=_kind_of(path))]
+    else:
+        found = [ModuleInput(name=_name_of(path), path=path, kind=_kind_of(path))]
+    for inp in found:
+        check_parses(inp)
+    return found

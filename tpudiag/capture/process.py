@@ -324,6 +324,8 @@ class ProgramProcess:
             exit_code, reason = 1, "the tpudiag child ended without recording the program's status"
         prune_dumps(run / rundir.HLO_DIR)
         extra = {"joined_cluster": child["joined_cluster"]} if "joined_cluster" in child else {}
+        if child.get("calibration_loop"):  # which loop `calibration_s` timed; absent in older runs
+            extra["calibration_loop"] = child["calibration_loop"]
         self.rd.finish(exit_code == 0, exit_code=exit_code, reason=reason, wall_s=round(self.ended_s or 0.0, 6),
                        trace_started=bool(child.get("trace_started")), steps_entered=child.get("steps_entered"),
                        xplanes=[str(p.relative_to(run)) for p in rundir.find_xplanes(run / rundir.TRACE_DIR)],

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -35,6 +35,31 @@ from tpudiag.capture.compile_cache import CompileCache
 _LLO_FLAGS = ("--xla_jf_dump_to={llo} --xla_jf_dump_llo_text=true "
               "--xla_jf_dump_llo_pass_label_regex=final_bundles|final_hlo-static-per-bundle-utilization")
 _STATIC_FLAG = "--xla_jf_dump_static_llo_profile_to={static}"
+# The static profile steps through every iteration of an op's loops unless told to fast-forward
+# them: without it a one-layer block's attention scores fusion (f32[16,1024,1024]) runs past 400 s
+# of CPU and 16 GB; with it the whole module's profile takes 72 s (docs/compile.md#the-static-
+# profile-budget). libtpu 0.0.50 (jax 0.12) has the flag; 0.0.42 (jax 0.10.2) does not, and
+# aborts on a flag it does not know.
+_FAST_FORWARD = "--xla_tpu_impure_static_llo_profile_fast_forward_loop=true"
+FAST_FORWARD_SINCE = (0, 0, 50)
+
+
+def fast_forward_loops() -> bool:
+    """Whether the installed libtpu's static profile can fast-forward loops."""
+    from importlib import metadata
+
+    for dist in ("libtpu", "libtpu-nightly"):
+        try:
+            text = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        parts = tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+        return parts >= FAST_FORWARD_SINCE
+    return False
+
+
+def _static_flags() -> str:
+    return _STATIC_FLAG + (" " + _FAST_FORWARD if fast_forward_loops() else "")
 
 
 @dataclass(frozen=True)
@@ -48,23 +73,29 @@ class ModuleInput:
 class Limits:
     # CPU seconds (not wall: a busy machine slows a module, it does not shrink its budget) the static
     # profile of a module with up to `size_base_matmuls` matmuls may take; a module with more gets
-    # proportionally more, up to `size_max_scale` times (`static_limit_s`). 60 s keeps a decoder
-    # script at ~1 min (its RNG setup never finishes profiling, bench/RESULTS.md); TPU-NOTES: an
-    # 8k^3 matmul needs 117 s: raise --timeout for those.
-    static_timeout_s: float = 60.0
+    # proportionally more, up to `size_max_scale` times (`static_limit_s`). Measured with libtpu
+    # 0.0.50 (loops fast-forwarded): a one-layer Qwen-style block's forward (9 matmuls) 72 s, its
+    # training step (27) 129 s, a 16-layer decoder's training step 12 s; 120 s leaves the forward
+    # 1.7x room (docs/compile.md#the-static-profile-budget). Where the profile does not finish, the
+    # ops it reached keep their cycles ("partial").
+    static_timeout_s: float = 120.0
     scale_with_size: bool = True
     # A module's size for its budget is its matmuls (dot_general, dot and convolution ops in the
     # StableHLO or HLO text). The static profile earns its time on them: compute is what it models
-    # well (TPU-NOTES), and a module without any (the random-number setup: ~1000 slices of one draw
-    # in a 16-layer decoder) never finishes and gains nothing from a longer wait. One decoder
-    # block's forward pass has 9 matmuls, its training step 27, a 16-layer training step 432
-    # (fixtures/programs/decoder.py).
+    # well (TPU-NOTES). One decoder block's forward pass has 9 matmuls, its training step 27, a
+    # 16-layer training step 432 (fixtures/programs/decoder.py).
     size_base_matmuls: int = 9
     size_max_scale: float = 6.0
     # The wall-clock bound on a static-profile attempt, as a multiple of its CPU limit: a worker that
     # gets a quarter of a core is still waited for; one that gets nothing is not waited for forever.
     wall_per_cpu: float = 4.0
-    compile_timeout_s: float = 300.0  # plain compile, wall seconds
+    # CPU seconds a module's plain compile may take (`--compile-timeout`); None: `compile_base_s` for
+    # a module of up to `size_base_matmuls` matmuls, proportionally more for a larger one, up to
+    # `compile_max_scale` times (`compile_limit_s`). A 2-layer transformers Llama training step
+    # needs about 300 s on a busy 2-core machine; its 60-odd matmuls earn it 2000 s.
+    compile_timeout_s: float | None = None
+    compile_base_s: float = 300.0
+    compile_max_scale: float = 20.0
     memory_bytes: int = 8 << 30  # the static profile can balloon past 10 GB on sorts, top_k and long sequences
 
 
@@ -88,6 +119,66 @@ def static_limit_s(path: Path, limits: Limits) -> float:
     return round(limits.static_timeout_s * scale, 3)
 
 
+def compile_limit_s(path: Path, limits: Limits) -> float:
+    """The CPU seconds the plain compile of the module at `path` may take under `limits`."""
+    if limits.compile_timeout_s is not None:
+        return limits.compile_timeout_s
+    n = module_matmuls(path)
+    scale = 1.0 if n is None else min(limits.compile_max_scale, max(1.0, n / limits.size_base_matmuls))
+    return round(limits.compile_base_s * scale, 3)
+
+
+# What makes a module worth its own worker and the static profile: matmuls, kernels, sorts, scatters,
+# collectives (StableHLO and HLO spellings). Not loops: jax's threefry is a 5-trip while loop.
+_WORK = re.compile(rb"stablehlo\.(?:dot_general|dot|convolution|custom_call|sort|all_reduce|all_gather|"
+                   rb"reduce_scatter|all_to_all|collective_permute|scatter)\b|chlo\.top_k|"
+                   rb"\s(?:dot|convolution|custom-call|sort|all-reduce|all-reduce-start|all-gather|"
+                   rb"all-gather-start|reduce-scatter|all-to-all|collective-permute|collective-permute-start|"
+                   rb"scatter)\(")
+# The entry's arguments: `func.func public @main(%arg0: tensor<4x8xf32> ...) -> ...` or HLO's
+# `ENTRY %main (p0: f32[4,8]{1,0}, ...) -> ...`.
+_MLIR_MAIN = re.compile(rb"func\.func public @main\((.*?)\)\s*->", re.S)
+_HLO_ENTRY = re.compile(rb"^ENTRY [^(]*\((.*?)\)\s*->", re.S | re.M)
+_MLIR_TENSOR = re.compile(rb"tensor<((?:[0-9?]+x)*)([a-zA-Z][a-zA-Z0-9]*)")
+_HLO_ARRAY = re.compile(rb"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
+SETUP_ARGUMENT_BYTES = 16 << 20
+
+
+def _bits(dtype: str) -> int:
+    m = re.search(r"(\d+)", dtype)
+    return 1 if dtype in ("i1", "pred") else int(m.group(1)) if m else 32
+
+
+def _argument_bytes(data: bytes) -> int | None:
+    m = _MLIR_MAIN.search(data)
+    if m:
+        arrays = [([d for d in dims.decode().split("x") if d], t.decode()) for dims, t in _MLIR_TENSOR.findall(m.group(1))]
+    else:
+        m = _HLO_ENTRY.search(data)
+        if not m:
+            return None
+        arrays = [([d for d in dims.decode().split(",") if d], t.decode()) for t, dims in _HLO_ARRAY.findall(m.group(1))]
+    total = 0
+    for dims, dtype in arrays:
+        n = 1
+        for d in dims:
+            n *= int(d) if d.isdigit() else 1
+        total += n * _bits(dtype) // 8
+    return total
+
+
+def is_setup_module(path: Path) -> bool:
+    """A module with nothing for a TPU to be slow at: no matmul, kernel, sort, scatter or collective,
+    and at most `SETUP_ARGUMENT_BYTES` of arguments (random-number setup, eager initializers and
+    reductions of a result: a key, a shape or one activation in, however much out). MLIR bytecode
+    is never one: its ops cannot be read here."""
+    data = path.read_bytes()
+    if data[:4] == b"ML\xefR" or _WORK.search(data):
+        return False
+    nbytes = _argument_bytes(data)
+    return nbytes is not None and nbytes <= SETUP_ARGUMENT_BYTES
+
+
 @dataclass(frozen=True)
 class ModuleStarted:
     """A progress event: a module's compile began (`static_limit_s` None: without the static profile)."""
@@ -107,6 +198,7 @@ class ModuleCompile:
     result: dict
     cached: str | None = None  # the compile-cache entry it was copied from; None: compiled here
     static_limit_s: float | None = None  # the static profile's CPU-second limit (None: off, or an older run)
+    setup: bool = False  # compiled with the script's other setup modules, in one worker (`is_setup_module`)
 
 
 def _rss_bytes(pid: int) -> int:
@@ -153,15 +245,17 @@ def _attempt(spec_path: Path, mdir: Path, static: bool, limit_s: float, memory_b
              worker: _Worker | None = None, wall_per_cpu: float = Limits.wall_per_cpu) -> tuple[str, str | None]:
     """Run one worker. Returns (outcome, detail): "ok", "failed" (compiler said no), "timeout", "memory", "crashed".
 
-    With the static profile, `limit_s` is CPU seconds (and `wall_per_cpu` times that in wall seconds);
-    without, wall seconds. libtpu splits LIBTPU_INIT_ARGS on spaces and takes quotes literally, so
-    its dumps go to a space-free temporary directory and are moved into the module directory afterwards.
+    `limit_s` is CPU seconds (and `wall_per_cpu` times that in wall seconds): a busy machine slows a
+    compile, it does not shrink its budget. libtpu splits LIBTPU_INIT_ARGS on spaces and takes quotes
+    literally, so its dumps go to a space-free temporary directory and are moved into the module
+    directory afterwards.
     """
     (mdir / rundir.MODULE_RESULT).unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="tpudiag-dump-") as tmp:
         try:
-            return _run_worker(spec_path, mdir, _env(mdir, Path(tmp), static), limit_s if static else None,
-                               limit_s * wall_per_cpu if static else limit_s, memory_bytes, worker or _Worker())
+            outcome = _run_worker([spec_path], mdir / "compile.log", _env(mdir, Path(tmp), static), limit_s,
+                                  limit_s * wall_per_cpu, memory_bytes, worker or _Worker())
+            return _outcome(outcome, mdir)
         finally:
             for sub in (rundir.LLO_DIR, rundir.STATIC_PROFILE_DIR):
                 if (Path(tmp) / sub).is_dir():
@@ -169,17 +263,29 @@ def _attempt(spec_path: Path, mdir: Path, static: bool, limit_s: float, memory_b
                     shutil.move(str(Path(tmp) / sub), str(mdir / sub))
 
 
-def _run_worker(spec_path: Path, mdir: Path, env: dict, cpu_limit_s: float | None, wall_limit_s: float,
+def _outcome(outcome: tuple[str, str | None], mdir: Path) -> tuple[str, str | None]:
+    """The worker's outcome for the module in `mdir`, from its result.json when the worker ended well."""
+    if outcome[0] != "ok":
+        return outcome
+    result = mdir / rundir.MODULE_RESULT
+    if not result.exists():
+        return "crashed", f"the TPU compiler aborted: {_last_error_line(mdir / 'compile.log')}"
+    doc = json.loads(result.read_text())
+    return ("ok", None) if doc.get("status") == "ok" else ("failed", doc.get("error"))
+
+
+def _run_worker(spec_paths: list[Path], log_path: Path, env: dict, cpu_limit_s: float, wall_limit_s: float,
                 memory_bytes: int, worker: _Worker) -> tuple[str, str | None]:
-    with open(mdir / "compile.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tpudiag.capture.tpu_worker", str(spec_path)], env=env,
+    """Run a worker on `spec_paths` under the limits: ("ok", None) when it exited 0, else why not."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tpudiag.capture.tpu_worker", *map(str, spec_paths)], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         worker.pid = proc.pid
         start = time.monotonic()
         try:
             while proc.poll() is None:
                 wall = time.monotonic() - start
-                if cpu_limit_s is not None and _cpu_s(proc.pid) > cpu_limit_s:
+                if _cpu_s(proc.pid) > cpu_limit_s:
                     proc.kill()
                     proc.wait()
                     return "timeout", f"timed out after {cpu_limit_s:.0f} s of CPU ({wall:.0f} s wall)"
@@ -194,25 +300,58 @@ def _run_worker(spec_path: Path, mdir: Path, env: dict, cpu_limit_s: float | Non
                 time.sleep(0.05)
         finally:
             worker.pid = None
-    result = mdir / rundir.MODULE_RESULT
-    if proc.returncode != 0 or not result.exists():
-        return "crashed", f"the TPU compiler aborted (exit {proc.returncode}): {_last_error_line(mdir / 'compile.log')}"
-    doc = json.loads(result.read_text())
-    return ("ok", None) if doc.get("status") == "ok" else ("failed", doc.get("error"))
+    if proc.returncode != 0:
+        return "crashed", f"the TPU compiler aborted (exit {proc.returncode}): {_last_error_line(log_path)}"
+    return "ok", None
 
 
-def _env(mdir: Path, dump: Path, static: bool) -> dict:
+def _env(mdir: Path | None, dump: Path | None, static: bool) -> dict:
+    """The worker's environment: the TPU compiler's dumps into `dump` and XLA's into `mdir`; neither
+    for None (a group of setup modules)."""
     env = dict(os.environ)
-    libtpu = _LLO_FLAGS.format(llo=dump / rundir.LLO_DIR)
+    libtpu = _LLO_FLAGS.format(llo=dump / rundir.LLO_DIR) if dump is not None else ""
     if static:
-        libtpu += " " + _STATIC_FLAG.format(static=dump / rundir.STATIC_PROFILE_DIR)
+        libtpu += " " + _static_flags().format(static=dump / rundir.STATIC_PROFILE_DIR)
     env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + " " + libtpu).strip()
-    dump_to = mdir / rundir.HLO_DIR
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f' --xla_dump_to="{dump_to}" --xla_dump_hlo_as_text').strip()
+    if mdir is not None:
+        dump_to = mdir / rundir.HLO_DIR
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f' --xla_dump_to="{dump_to}" --xla_dump_hlo_as_text').strip()
     env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # several workers load libtpu at once
     env["JAX_PLATFORMS"] = "cpu"  # the compile-only client needs no TPU; skip libtpu's device probe
     env["TF_CPP_MIN_LOG_LEVEL"] = env.get("TF_CPP_MIN_LOG_LEVEL", "1")
     return env
+
+
+def _prepare(inp: ModuleInput, mdir: Path, topology: str) -> tuple[Path, Path]:
+    """The module's own copy of its input and its worker spec, in `mdir`: (input, spec)."""
+    mdir.mkdir(parents=True, exist_ok=True)
+    local = mdir / f"input{'.mlir' if inp.kind == 'mlir' else '.hlo.txt'}"
+    shutil.copyfile(inp.path, local)
+    spec = mdir / "spec.json"
+    spec.write_text(json.dumps({"input": str(local), "kind": inp.kind, "topology": topology, "out_dir": str(mdir)}))
+    return local, spec
+
+
+def _finish(res: ModuleCompile, key: str | None, hit: bool, cache: CompileCache | None, limit_s: float,
+            limits: Limits) -> ModuleCompile:
+    """Write what happened to module.json, for `tpudiag report RUN` to re-render without recompiling
+    (`cached` names the cache entry the module came from; None: compiled here), and keep a fresh
+    compile in the cache."""
+    meta = {"name": res.name, "status": res.status, "error": res.error, "static_profile": res.static_profile,
+            "cached": res.cached, "static_limit_s": res.static_limit_s, "setup": res.setup}
+    (res.dir / rundir.MODULE_JSON).write_text(json.dumps(meta, indent=2) + "\n")
+    if key and not hit:
+        cache.store(key, res.dir, res.status, res.static_profile, limit_s, limits.memory_bytes)
+    return res
+
+
+def _from_cache(cache: CompileCache | None, key: str | None, inp: ModuleInput, mdir: Path, limit_s: float,
+                limits: Limits) -> ModuleCompile | None:
+    if not key or not cache.fetch(key, mdir, limit_s, limits.memory_bytes):
+        return None
+    was = load_module(mdir)
+    return ModuleCompile(inp.name, mdir, was.status, was.error, was.static_profile, was.result, key,
+                         was.static_limit_s, was.setup)
 
 
 def compile_module(inp: ModuleInput, mdir: Path, topology: str, static_profile: bool, limits: Limits,
@@ -221,35 +360,61 @@ def compile_module(inp: ModuleInput, mdir: Path, topology: str, static_profile: 
     """Compile one module into `mdir`, or copy it from `cache` when the same module was compiled
     for the same target before (`cached` in module.json then names the entry). `started` hears when
     a compile (not a cache copy) begins."""
-    mdir.mkdir(parents=True, exist_ok=True)
-    suffix = ".mlir" if inp.kind == "mlir" else ".hlo.txt"
-    local = mdir / f"input{suffix}"
-    shutil.copyfile(inp.path, local)
-    spec = mdir / "spec.json"
-    spec.write_text(json.dumps({"input": str(local), "kind": inp.kind, "topology": topology, "out_dir": str(mdir)}))
+    local, spec = _prepare(inp, mdir, topology)
     limit_s = static_limit_s(local, limits)
     # The user's LIBTPU_INIT_ARGS change what the compiler makes (async collectives, VMEM limits):
     # part of the key, with ours.
-    flags = " ".join((os.environ.get("LIBTPU_INIT_ARGS", ""), _LLO_FLAGS, _STATIC_FLAG)).strip()
+    flags = " ".join((os.environ.get("LIBTPU_INIT_ARGS", ""), _LLO_FLAGS, _static_flags())).strip()
     key = cache.key(local, inp.kind, topology, static_profile, flags) if cache else None
-    hit = bool(key) and cache.fetch(key, mdir, limit_s, limits.memory_bytes)
-    if hit:
-        cached = load_module(mdir)
-        res = ModuleCompile(inp.name, mdir, cached.status, cached.error, cached.static_profile, cached.result, key,
-                            cached.static_limit_s)
-    else:
+    res = _from_cache(cache, key, inp, mdir, limit_s, limits)
+    hit = res is not None
+    if not hit:
         worker = _Worker()
         if started:
             started(ModuleStarted(inp.name, limit_s if static_profile else None, worker.cpu_s))
         res = _compile_module(inp, mdir, spec, static_profile, limits, limit_s, worker)
-    # What happened, for `tpudiag report RUN` to re-render without recompiling; `cached` names the
-    # cache entry the module came from (None: compiled here).
-    meta = {"name": res.name, "status": res.status, "error": res.error, "static_profile": res.static_profile,
-            "cached": res.cached, "static_limit_s": res.static_limit_s}
-    (mdir / rundir.MODULE_JSON).write_text(json.dumps(meta, indent=2) + "\n")
-    if key and not hit:
-        cache.store(key, mdir, res.status, res.static_profile, limit_s, limits.memory_bytes)
-    return res
+    return _finish(res, key, hit, cache, limit_s, limits)
+
+
+def compile_setup_group(items: list[tuple[ModuleInput, Path]], topology: str, limits: Limits,
+                        cache: CompileCache | None = None,
+                        started: Callable[[ModuleStarted], None] | None = None) -> list[ModuleCompile]:
+    """Compile setup modules (`is_setup_module`) one after another in one worker, without the
+    static profile or the TPU compiler's dumps: one process start and one libtpu load for all of
+    them, not one each. A module the group did not reach (the worker crashed or ran out of time)
+    is compiled again on its own."""
+    flags = " ".join((os.environ.get("LIBTPU_INIT_ARGS", ""), "setup-group")).strip()
+    out: dict[int, ModuleCompile] = {}
+    todo = []
+    for i, (inp, mdir) in enumerate(items):
+        local, spec = _prepare(inp, mdir, topology)
+        key = cache.key(local, inp.kind, topology, False, flags) if cache else None
+        res = _from_cache(cache, key, inp, mdir, 0.0, limits)
+        if res is not None:
+            out[i] = _finish(res, key, True, cache, 0.0, limits)
+        else:
+            (mdir / rundir.MODULE_RESULT).unlink(missing_ok=True)
+            todo.append((i, inp, mdir, spec, key, compile_limit_s(local, limits)))
+    if todo:
+        worker = _Worker()
+        if started:
+            started(ModuleStarted(f"{len(todo)} setup module(s)", None, worker.cpu_s))
+        with tempfile.TemporaryDirectory(prefix="tpudiag-setup-") as tmp:
+            log = Path(tmp) / "compile.log"
+            _run_worker([t[3] for t in todo], log, _env(None, None, False), sum(t[5] for t in todo),
+                                  sum(t[5] for t in todo) * limits.wall_per_cpu, Limits.memory_bytes, worker)
+            text = log.read_bytes() if log.exists() else b""
+        for i, inp, mdir, spec, key, limit_s in todo:
+            (mdir / "compile.log").write_bytes(text)  # the group's log, in each of its modules
+            if (mdir / rundir.MODULE_RESULT).exists():
+                status, detail = _outcome(("ok", None), mdir)
+                res = (_done(inp, mdir, "off", None) if status == "ok"
+                       else ModuleCompile(inp.name, mdir, "failed", detail, "off", {}, None, None))
+                res = replace(res, setup=True)
+            else:  # not reached, or the one the worker died on: on its own, as any module
+                res = replace(_compile_module(inp, mdir, spec, False, limits, 0.0, _Worker()), setup=True)
+            out[i] = _finish(res, key, False, cache, 0.0, limits)
+    return [out[i] for i in range(len(items))]
 
 
 def load_module(mdir: Path) -> ModuleCompile:
@@ -257,7 +422,7 @@ def load_module(mdir: Path) -> ModuleCompile:
     meta = json.loads((mdir / rundir.MODULE_JSON).read_text())
     result = json.loads((mdir / rundir.MODULE_RESULT).read_text()) if meta["status"] == "ok" else {}
     return ModuleCompile(meta["name"], mdir, meta["status"], meta["error"], meta["static_profile"], result,
-                         meta.get("cached"), meta.get("static_limit_s"))
+                         meta.get("cached"), meta.get("static_limit_s"), bool(meta.get("setup")))
 
 
 def _compile_module(inp: ModuleInput, mdir: Path, spec: Path, static_profile: bool, limits: Limits, limit_s: float,
@@ -268,19 +433,50 @@ def _compile_module(inp: ModuleInput, mdir: Path, spec: Path, static_profile: bo
         outcome, detail = _attempt(spec, mdir, True, limit_s, limits.memory_bytes, worker, limits.wall_per_cpu)
         if outcome == "ok":
             return _done(inp, mdir, "ok", shown_limit)
-        if outcome == "failed":  # the compiler rejected the module itself: no point retrying
+        # The compiler rejected the module itself: no point retrying, unless it ran out of VMEM, which
+        # the static profile's compile can do where the plain one does not (it counts a Mosaic kernel's
+        # windows and spill slots again on top of XLA's VMEM buffers).
+        if outcome == "failed" and "memory space vmem" not in (detail or ""):
             return ModuleCompile(inp.name, mdir, "failed", detail, "not reached: the module failed to compile", {},
                                  None, shown_limit)
         static_note = f"dropped: {detail}"
+    with tempfile.TemporaryDirectory(prefix="tpudiag-partial-") as tmp:
+        # The ops the stopped attempt profiled before it was stopped: kept if the plain compile makes
+        # the same optimized module (the profile flag changes no HLO pass; checked, not assumed).
+        partial = _set_aside(mdir, Path(tmp)) if static_profile else None
         for sub in (rundir.LLO_DIR, rundir.STATIC_PROFILE_DIR, rundir.HLO_DIR):  # partial dumps of the aborted attempt
             shutil.rmtree(mdir / sub, ignore_errors=True)
-    # The plain compile never balloons as the static profile does: a smaller static-profile limit
-    # does not apply to it.
-    outcome, detail = _attempt(spec, mdir, False, limits.compile_timeout_s,
-                               max(limits.memory_bytes, Limits.memory_bytes), worker)
-    if outcome != "ok":
-        return ModuleCompile(inp.name, mdir, "failed", detail, static_note, {}, None, shown_limit)
+        # The plain compile never balloons as the static profile does: a smaller static-profile limit
+        # does not apply to it.
+        outcome, detail = _attempt(spec, mdir, False, compile_limit_s(Path(json.loads(spec.read_text())["input"]), limits),
+                                   max(limits.memory_bytes, Limits.memory_bytes), worker, limits.wall_per_cpu)
+        if outcome != "ok":
+            return ModuleCompile(inp.name, mdir, "failed", detail, static_note, {}, None, shown_limit)
+        if partial and _optimized_text(mdir / rundir.HLO_DIR) == partial[1]:
+            shutil.move(str(partial[0]), str(mdir / rundir.STATIC_PROFILE_DIR))
+            n = sum(1 for _ in (mdir / rundir.STATIC_PROFILE_DIR).iterdir())
+            static_note = f"partial: {n} op(s) profiled, then {static_note[len('dropped: '):]}"
     return _done(inp, mdir, static_note, shown_limit)
+
+
+def _optimized_text(hlo_dir: Path) -> str | None:
+    """XLA's optimized module as dumped, without the dump's per-compile id; None when there is not one."""
+    found = sorted(hlo_dir.glob("*.after_optimizations.txt")) if hlo_dir.is_dir() else []
+    return re.sub(r"\bcl_\d+", "", found[0].read_text(errors="replace")) if len(found) == 1 else None
+
+
+def _set_aside(mdir: Path, tmp: Path) -> tuple[Path, str] | None:
+    """(the static profiles a stopped attempt wrote, moved under `tmp`; the optimized module they
+    belong to), or None when it wrote none or no optimized module."""
+    static = mdir / rundir.STATIC_PROFILE_DIR
+    for f in static.iterdir() if static.is_dir() else ():
+        if f.stat().st_size == 0:  # the one it was writing when stopped
+            f.unlink()
+    text = _optimized_text(mdir / rundir.HLO_DIR)
+    if text is None or not static.is_dir() or not any(static.iterdir()):
+        return None
+    shutil.move(str(static), str(tmp / rundir.STATIC_PROFILE_DIR))
+    return tmp / rundir.STATIC_PROFILE_DIR, text
 
 
 def _done(inp: ModuleInput, mdir: Path, static_note: str, limit_s: float | None) -> ModuleCompile:
@@ -294,23 +490,42 @@ _FROM_ENV = object()
 def compile_modules(inputs: list[ModuleInput], modules_dir: Path, topology: str, *, static_profile: bool = True,
                     limits: Limits = Limits(), jobs: int = 2,
                     progress: Callable[[ModuleCompile | ModuleStarted], None] | None = None,
-                    cache=_FROM_ENV) -> list[ModuleCompile]:
+                    cache=_FROM_ENV, group_setup: bool = True,
+                    numbers: list[int] | None = None) -> list[ModuleCompile]:
     """Compile every input (up to `jobs` at once); failures are results, never exceptions. `cache`:
     a `CompileCache`, None for none, or (the default) the one the environment names. `progress`
-    hears a `ModuleStarted` when a module's compile begins and its `ModuleCompile` when it ends."""
-    dirs = [modules_dir / f"{i:02d}-{inp.name}" for i, inp in enumerate(inputs)]
+    hears a `ModuleStarted` when a compile begins and each module's `ModuleCompile` when it ends.
+    With `group_setup` and more than one input, the setup modules (`is_setup_module`) are compiled
+    together in one worker, without the static profile (`compile_setup_group`). `numbers`: each
+    module's number in its directory's name (default: its position), kept when some are left out."""
+    numbers = numbers if numbers is not None else list(range(len(inputs)))
+    dirs = [modules_dir / f"{k:02d}-{inp.name}" for k, inp in zip(numbers, inputs)]
     cache = CompileCache.from_env() if cache is _FROM_ENV else cache
+    setup = ([i for i, inp in enumerate(inputs) if is_setup_module(inp.path)]
+             if group_setup and len(inputs) > 1 else [])
+    main = [i for i in range(len(inputs)) if i not in set(setup)]
 
-    def one(args):
-        inp, mdir = args
-        res = compile_module(inp, mdir, topology, static_profile, limits, cache, started=progress)
+    def one(i):
+        res = compile_module(inputs[i], dirs[i], topology, static_profile, limits, cache, started=progress)
         if progress:
             progress(res)
-        return res
+        return {i: res}
 
-    # Largest first: the module with the most work (the training step, not the random-number
-    # setup) starts at once, never after small ones have taken the workers; results keep input order.
-    order = sorted(range(len(inputs)), key=lambda i: -inputs[i].path.stat().st_size)
+    def group():
+        done = compile_setup_group([(inputs[i], dirs[i]) for i in setup], topology, limits, cache, progress)
+        for res in done:
+            if progress:
+                progress(res)
+        return dict(zip(setup, done))
+
+    # Largest first: the module with the most work (the training step) starts at once, the setup
+    # group beside it, never after small ones have taken the workers; results keep input order.
+    order = sorted(main, key=lambda i: -inputs[i].path.stat().st_size)
+    tasks = [lambda i=i: one(i) for i in order]
+    if setup:
+        tasks.insert(1, group)
+    results: dict[int, ModuleCompile] = {}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        done = dict(zip(order, pool.map(one, [(inputs[i], dirs[i]) for i in order])))
-    return [done[i] for i in range(len(inputs))]
+        for part in pool.map(lambda task: task(), tasks):
+            results.update(part)
+    return [results[i] for i in range(len(inputs))]

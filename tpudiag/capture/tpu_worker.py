@@ -1,7 +1,7 @@
 """Compiles one module for a TPU topology with libtpu's compile-only client, in its own process.
 
-`python -m tpudiag.capture.tpu_worker SPEC.json` reads {input, kind ("mlir" | "hlo"), topology,
-out_dir}, compiles, and writes `out_dir/result.json` (status, compile time, XLA's cost and memory
+`python -m tpudiag.capture.tpu_worker SPEC.json [SPEC.json ...]` reads {input, kind ("mlir" |
+"hlo"), topology, out_dir} from each, compiles, and writes `out_dir/result.json` (status, compile time, XLA's cost and memory
 analysis, partitioning) and `out_dir/optimized.hlo.txt`. The TPU compiler's own dumps (LLO
 bundles, static cycle profile, XLA's HLO dumps) are switched on by the parent through
 LIBTPU_INIT_ARGS and XLA_FLAGS before this process starts; this module only compiles.
@@ -92,16 +92,20 @@ def compile_one(spec: dict) -> dict:
 
 
 def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    out = Path(spec["out_dir"])
-    try:
-        result = compile_one(spec)
-    except Exception as e:  # the compiler rejected the module: a reported failure, not a crash
-        traceback.print_exc()
-        # XLA errors carry a long tail (stack traces, source locations): the first line is the message.
-        result = {"status": "failed", "error": " ".join(one_line(e, 500).split())}
-    (out / rundir.MODULE_RESULT).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    sys.stdout.flush()
+    # Several specs: modules compiled one after another in this one process (the setup modules of a
+    # script, which need no dumps), each result written as soon as it is known.
+    for arg in sys.argv[1:]:
+        spec = json.loads(Path(arg).read_text())
+        out = Path(spec["out_dir"])
+        print(f"== {spec['input']}", flush=True)
+        try:
+            result = compile_one(spec)
+        except Exception as e:  # the compiler rejected the module: a reported failure, not a crash
+            traceback.print_exc()
+            # XLA errors carry a long tail (stack traces, source locations): the first line is the message.
+            result = {"status": "failed", "error": " ".join(one_line(e, 500).split())}
+        (out / rundir.MODULE_RESULT).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

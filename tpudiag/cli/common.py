@@ -7,6 +7,7 @@ Renderers live in `report/`; this module only names the format and says where th
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
@@ -14,10 +15,21 @@ import click
 from tpudiag.errors import UsageError
 
 
+# The width of a console whose output is not a terminal (piped, redirected, CI logs) and was given
+# no --width: wide enough that no line is wrapped or table squeezed for a terminal that is not there.
+NATURAL_WIDTH = 1 << 15
+
+
 def console(no_color: bool = False, width: int | None = None):
+    """The console a terminal report is printed on: `width` columns, else the terminal's; piped
+    output (stdout not a terminal) is plain text at its natural width (rich then writes no colour
+    either), so a path or an op name is never split for a terminal that is not there."""
     from rich.console import Console
 
-    return Console(no_color=no_color, width=width, highlight=False, soft_wrap=False)
+    out = Console(no_color=no_color, width=width, highlight=False, soft_wrap=False)
+    if width is None and not out.is_terminal:
+        out = Console(no_color=no_color, width=NATURAL_WIDTH, highlight=False, soft_wrap=False)
+    return out
 
 
 def output_format(as_json: bool, as_md: bool = False) -> str:
@@ -102,18 +114,30 @@ def check_versions() -> None:
         raise IncompatibleVersions(check.refusals[0])
 
 
-def check_outputs(run_dir: Path | None = None, *files: Path | None) -> None:
-    """Every path the command will write (a run directory, --html/--perfetto/--junit files) checked
-    before any work starts, so an unwritable one is a one-line error, not a failure after the run.
-    The api functions check again for notebook callers (tpudiag/outputs.py)."""
-    from tpudiag.outputs import check_output_file, check_run_dir
+def check_outputs(run_dir: Path | None = None, *, force: bool = False, **files: Path | None) -> None:
+    """Every path the command will write checked before any work starts, so an unwritable one is a
+    one-line error, not a failure after the run: the run directory, and each single file by its
+    kind (`html=`, `perfetto=`, `junit=`: `outputs.FILE_KINDS`), whose name must have that
+    format's extension and which must not exist unless `force` (`--force`). The api functions
+    check the paths again for notebook callers (tpudiag/outputs.py)."""
+    from tpudiag.outputs import check_extension, check_output_file, check_run_dir
 
     if run_dir is not None:
         check_run_dir(run_dir)
-    for path in files:
-        # `--out RUN --html RUN/report.html`: RUN is created before the file is written.
-        if path is not None and not (run_dir is not None and Path(path).parent.resolve() == Path(run_dir).resolve()):
-            check_output_file(path)
+    for kind, path in files.items():
+        if path is None:
+            continue
+        # `--out RUN --html RUN/report.html`: RUN is created before the file is written (and is new).
+        if run_dir is not None and Path(path).parent.resolve() == Path(run_dir).resolve():
+            check_extension(path, kind)
+        else:
+            check_output_file(path, kind, overwrite=force)
+
+
+def force_option(what: str):
+    """`--force`: replace an existing file named by the command's `what` option(s)."""
+    return click.option("--force", is_flag=True,
+                        help=f"Replace the {what} file if it exists (by default an existing file is refused).")
 
 
 def program_args(args) -> list[str]:
@@ -126,30 +150,75 @@ def debug_on() -> bool:
     return bool((click.get_current_context().find_root().obj or {}).get("debug"))
 
 
+# `compile_setup_group` starts its setup modules as one: "3 setup module(s)"; each then ends alone.
+_SETUP_GROUP = re.compile(r"^(\d+) setup module\(s\)$")
+
+
 def progress():
-    """A progress line on stderr while modules compile: how many finished, and each module whose
-    static profile is running, with the CPU seconds it has used against its limit. The line appears
-    at the first call: `on_module(None)` says the compile started, a `ModuleStarted` that a module
-    began, a `ModuleCompile` that it finished, so a program that runs first (`profile --target`)
-    keeps the terminal to itself."""
+    """Progress of a TPU compile on stderr, never inside the program's or the report's output.
+    Returns (on_module, stop). `on_module(None)` says a compile is coming (a script may still be
+    running and printing: nothing is shown yet), a `ModuleStarted` that a module (or the group of
+    setup modules) began, a `ModuleCompile` that a module finished. On a terminal: one transient
+    line from the first module on, with how many finished and each module whose static profile is
+    running, with the CPU seconds it has used against its limit. Elsewhere (piped, CI logs): one
+    plain line per module as it finishes, with its name, status and wall seconds."""
+    import threading
     import time
 
     from rich.console import Console
-    from rich.progress import Progress, ProgressColumn, SpinnerColumn
-    from rich.text import Text
 
     from tpudiag.capture.tpu_compile import ModuleStarted
     from tpudiag.report.units import printable
 
     err = Console(stderr=True)
-    done, running = [], {}
+    done, running, group_done = [], {}, {}
+    lock = threading.Lock()  # modules start and finish on the compile's worker threads
+
+    def how(mc) -> str:
+        return f"{mc.status}, from the compile cache" if getattr(mc, "cached", None) else mc.status
+
+    def record(ev) -> float | None:
+        """Book `ev` (under the lock); for a finished module, when its compile (or its group's) began."""
+        if isinstance(ev, ModuleStarted):
+            running[ev.name] = (ev, time.monotonic())
+            return None
+        done.append(ev)
+        entry = running.pop(ev.name, None)
+        if entry is None and getattr(ev, "setup", False) and not getattr(ev, "cached", None):
+            for name in list(running):
+                m = _SETUP_GROUP.match(name)
+                if m:
+                    entry = running[name]
+                    group_done[name] = group_done.get(name, 0) + 1
+                    if group_done[name] >= int(m.group(1)):  # the group's last module: the group is done
+                        del running[name]
+                    break
+        return None if entry is None else entry[1]
+
+    if not err.is_terminal:
+        def on_finished(ev):
+            if ev is None:
+                return
+            with lock:
+                t0 = record(ev)
+            if isinstance(ev, ModuleStarted):
+                return
+            took = "" if t0 is None else f", {time.monotonic() - t0:.1f} s"
+            if getattr(ev, "setup", False) and t0 is not None:
+                took += " (with the setup group)"
+            why = f": {ev.error.strip()}" if ev.status != "ok" and ev.error else ""
+            if (ev.static_profile or "").startswith("dropped"):  # the report says why (the compiler's log)
+                why += "; static profile dropped"
+            click.echo(printable(f"tpudiag: module {ev.name}: {how(ev)}{took}{why}")[:300], err=True)
+        return on_finished, lambda: None
+
+    from rich.progress import Progress, ProgressColumn, SpinnerColumn
+    from rich.text import Text
 
     def line() -> str:
         parts = [f"compiling for TPU: {len(done)} module(s) done"]
         if done:
-            mc = done[-1]
-            how = f"{mc.status}, from the compile cache" if getattr(mc, "cached", None) else mc.status
-            parts.append(f"last {mc.name} ({how})")
+            parts.append(f"last {done[-1].name} ({how(done[-1])})")
         for name, (ev, t0) in list(running.items()):
             if ev.static_limit_s is None:
                 parts.append(f"{name}: compiling, {time.monotonic() - t0:.0f} s")
@@ -160,21 +229,24 @@ def progress():
 
     class _Line(ProgressColumn):
         def render(self, task) -> Text:
-            return Text(line())
+            return Text(line(), no_wrap=True, overflow="ellipsis")  # one line, cut to the terminal
 
-    bar = Progress(SpinnerColumn(), _Line(), console=err, transient=True, disable=not err.is_terminal)
+    bar = Progress(SpinnerColumn(), _Line(), console=err, transient=True)
     bar.add_task("compile", total=None)
 
     def on_module(ev):
-        if not bar.live.is_started:
-            bar.start()
-        if isinstance(ev, ModuleStarted):
-            running[ev.name] = (ev, time.monotonic())
-        elif ev is not None:
-            running.pop(ev.name, None)
-            done.append(ev)
+        if ev is None:
+            return  # a script may still be printing: the line starts with the first module
+        with lock:
+            if not bar.live.is_started:
+                bar.start()
+            record(ev)
 
-    return on_module, bar.stop
+    def stop():
+        if bar.live.is_started:
+            bar.stop()
+
+    return on_module, stop
 
 
 def static_profile_options(timeout_default: float):
@@ -194,11 +266,37 @@ def static_profile_options(timeout_default: float):
     return deco
 
 
-def static_limits(timeout_s: float, static_memory_gib: float):
-    """The `Limits` of `--timeout` and `--static-memory`."""
+def static_limits(timeout_s: float, static_memory_gib: float, compile_timeout_s: float | None = None):
+    """The `Limits` of `--timeout`, `--static-memory` and `--compile-timeout`."""
     from tpudiag.capture.tpu_compile import Limits
 
-    return Limits(static_timeout_s=timeout_s, memory_bytes=int(static_memory_gib * 2**30))
+    return Limits(static_timeout_s=timeout_s, memory_bytes=int(static_memory_gib * 2**30),
+                  compile_timeout_s=compile_timeout_s)
+
+
+def compile_timeout_option(f):
+    """`--compile-timeout`: the CPU seconds one module's plain compile may take."""
+    return click.option("--compile-timeout", "compile_timeout_s", type=click.FloatRange(1), default=None,
+                        help="CPU seconds one module's compile (without the static profile) may take "
+                             "(default: 300 s for up to 9 matmuls, proportionally more for a larger module, "
+                             "up to 6000 s).")(f)
+
+
+def selection_options(f):
+    """`--function` and `--module`: which modules a command works on (capture/select.py)."""
+    f = click.option("--module", "modules", multiple=True, metavar="NAME|INDEX",
+                     help="Only this module: its number as the run numbers them (modules/03-jit_step is 3), or "
+                          "its name (or part of it). Repeatable.")(f)
+    f = click.option("--function", "functions", multiple=True, metavar="NAME",
+                     help="Only the module of this jitted function (jax names it jit_NAME). Repeatable.")(f)
+    return f
+
+
+def selection(functions, modules):
+    """The `Selection` of `--function` and `--module`."""
+    from tpudiag.capture.select import Selection
+
+    return Selection(tuple(functions), tuple(modules))
 
 
 def cache_options(f):

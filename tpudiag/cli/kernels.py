@@ -10,8 +10,8 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import (cache_options, check_outputs, check_versions, emit, output_format, static_limits,
-                                static_profile_options, use_cache_options)
+from tpudiag.cli.common import (cache_options, check_outputs, check_versions, emit, force_option, output_format,
+                                compile_timeout_option, static_limits, static_profile_options, use_cache_options)
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed
 
@@ -59,11 +59,12 @@ def kernels_show(as_json, no_color, width, name):
 @kernels.command(name="verify")
 @click.option("--seed", type=int, default=None, help="Random seed for the inputs (default: a fresh one, printed).")
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Also write the results as JUnit XML.")
+              help="Also write the results as JUnit XML (.xml).")
+@force_option("--junit")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels-verify/1).")
 @_text_options
 @click.argument("names", nargs=-1)
-def kernels_verify(seed, junit_path, as_json, no_color, width, names):
+def kernels_verify(seed, junit_path, force, as_json, no_color, width, names):
     """Check kernels (interpret mode, CPU) against their reference and float64, values and gradients.
 
     Exit 1 if any case fails."""
@@ -71,7 +72,7 @@ def kernels_verify(seed, junit_path, as_json, no_color, width, names):
 
     from tpudiag import api
 
-    check_outputs(None, junit_path)  # before the cases run (a full verify takes a while)
+    check_outputs(junit=junit_path, force=force)  # before the cases run (a full verify takes a while)
     err = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
     def progress(r):
@@ -92,13 +93,14 @@ def kernels_verify(seed, junit_path, as_json, no_color, width, names):
 @click.option("--no-static-profile", is_flag=True, help="Skip the static cycle profile (roofline floors only).")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Compiles at once.")
 @static_profile_options(120)
+@compile_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels-bench/1).")
 @click.option("--md", "as_md", is_flag=True, help="Print GitHub Markdown.")
 @_text_options
 @cache_options
 @click.argument("names", nargs=-1)
-def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, static_memory_gib, as_json, as_md, no_color,
-                  width, names, cache_dir, no_cache):
+def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, static_memory_gib, compile_timeout_s, as_json,
+                  as_md, no_color, width, names, cache_dir, no_cache):
     """Compile kernels, their plain-JAX versions and JAX's own kernels for TPU; compare estimated cycles.
 
     Exit 1 if a variant failed to lower or compile (the others are still reported)."""
@@ -113,7 +115,7 @@ def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, static_m
     use_cache_options(cache_dir, no_cache)
     err = Console(stderr=True, highlight=False, markup=False, emoji=False)
     result, run = api.kernels_bench(names, target_text, out, static_profile=not no_static_profile, jobs=jobs,
-                                    limits=static_limits(timeout_s, static_memory_gib),
+                                    limits=static_limits(timeout_s, static_memory_gib, compile_timeout_s),
                                     progress=(lambda line: err.print(line)) if err.is_terminal else None)
     emit(result, fmt, no_color=no_color, width=width)
     if result.failed:

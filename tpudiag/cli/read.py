@@ -9,20 +9,22 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import check_outputs, emit, output_format, output_options
+from tpudiag.cli.common import (check_outputs, emit, force_option, output_format, output_options, selection,
+                                selection_options)
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed
 
 
 @cli.command()
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Also write a self-contained HTML report here (no script; opens offline).")
+              help="Also write a self-contained HTML report here (.html; no script; opens offline).")
+@force_option("--html")
 @click.option("--align", type=click.Choice(["auto", "clock", "collective"]), default="auto", show_default=True,
               help="Several processes' traces: put them on one clock by the hosts' own clocks, or by the end of "
                    "the first collective they all ran (auto: the clock on one host, the collective across hosts).")
 @output_options("tpudiag.report/1; tpudiag.compile/1 for a compile run; tpudiag.distributed/1 for several processes")
 @click.argument("target", type=click.Path(path_type=Path))
-def report(html_path, align, as_json, as_md, no_color, width, target):
+def report(html_path, force, align, as_json, as_md, no_color, width, target):
     """Re-render a run without re-running it.
 
     TARGET is a run directory, an xprof log directory, or a bare .xplane.pb captured elsewhere. A
@@ -34,7 +36,7 @@ def report(html_path, align, as_json, as_md, no_color, width, target):
     from tpudiag.config import DEFAULT_CONFIG
 
     fmt = output_format(as_json, as_md)
-    check_outputs(None, html_path)
+    check_outputs(html=html_path, force=force)
     loaded = api.load_report(target, align=align)
     if html_path:
         api.write_html(loaded, html_path)
@@ -59,11 +61,11 @@ def targets(as_json, no_color):
 
 
 @cli.command()
-@click.option("--module", "module_name", default=None, help="Only modules whose name contains this.")
+@selection_options
 @click.option("--top", type=click.IntRange(1, 10000), default=15, show_default=True, help="Rows per table.")
 @output_options("tpudiag.fusions/1, one document per module in a list")
 @click.argument("target", type=click.Path(path_type=Path))
-def fusions(module_name, top, as_json, as_md, no_color, width, target):
+def fusions(functions, modules, top, as_json, as_md, no_color, width, target):
     """Fusions and fusion breaks of the optimized HLO in TARGET.
 
     TARGET is an HLO text file, an XLA dump directory, a profile run (fusions get measured times)
@@ -73,19 +75,20 @@ def fusions(module_name, top, as_json, as_md, no_color, width, target):
     from tpudiag import api
 
     fmt = output_format(as_json, as_md)
-    emit(api.fusions_list(target, module_name), fmt, no_color=no_color, width=width, top=top)
+    emit(api.fusions_list(target, selection(functions, modules)), fmt, no_color=no_color, width=width, top=top)
 
 
 @cli.command(name="hlo-diff")
-@click.option("--module", "module_name", default=None, help="The module to compare when a side holds several.")
+@selection_options
 @click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
-              help="Also write a self-contained side-by-side HTML page here.")
+              help="Also write a self-contained side-by-side HTML page here (.html).")
+@force_option("--html")
 @click.option("--fail-on-change", is_flag=True, help="Exit 1 if anything was added, removed, changed or moved (CI).")
 @click.option("--all", "show_all", is_flag=True, help="List unchanged instructions too.")
 @output_options("tpudiag.hlo_diff/1")
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
-def hlo_diff(module_name, html_path, fail_on_change, show_all, as_json, as_md, no_color, width, a, b):
+def hlo_diff(functions, modules, html_path, force, fail_on_change, show_all, as_json, as_md, no_color, width, a, b):
     """What changed between two compiles: A and B are HLO files, dump directories or run directories.
 
     Instructions are matched by structure (opcode, shape, operands, metadata), not by name.
@@ -93,8 +96,8 @@ def hlo_diff(module_name, html_path, fail_on_change, show_all, as_json, as_md, n
     from tpudiag import api
 
     fmt = output_format(as_json, as_md)
-    check_outputs(None, html_path)
-    diff = api.hlo_diff(a, b, module_name)
+    check_outputs(html=html_path, force=force)
+    diff = api.hlo_diff(a, b, selection(functions, modules))
     if html_path:
         api.write_diff_html(diff, html_path)
     emit(diff, fmt, no_color=no_color, width=width, unchanged=show_all)
@@ -138,11 +141,12 @@ def compare(metric, max_regression, force, top, as_json, as_md, no_color, width,
 @cli.command()
 @click.option("--perfetto", "perfetto_path", type=click.Path(path_type=Path, dir_okay=False), required=True,
               help="Write the op timeline here as a Chrome JSON trace (.json, or .json.gz) for ui.perfetto.dev.")
+@force_option("--perfetto")
 @click.argument("target", type=click.Path(path_type=Path))
-def export(perfetto_path, target):
+def export(perfetto_path, force, target):
     """Export a profile run's op timeline (HLO names, categories, source lines, steps) for Perfetto."""
     from tpudiag import api
 
-    check_outputs(None, perfetto_path)
+    check_outputs(perfetto=perfetto_path, force=force)
     res = api.perfetto_export(target, perfetto_path)
     click.echo(f"wrote {res['path']}: {res['events']} events, {res['bytes'] / 2**20:.2f} MB")

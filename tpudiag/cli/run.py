@@ -11,8 +11,9 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import (cache_options, check_outputs, check_versions, ci_budget, ci_options, debug_on, emit,
-                                output_format, output_options, program_args, progress, static_limits,
+from tpudiag.cli.common import (cache_options, check_outputs, check_versions, ci_budget, ci_options,
+                                compile_timeout_option, debug_on, emit, force_option, output_format, output_options,
+                                program_args, progress, selection, selection_options, static_limits,
                                 static_profile_options, use_cache_options, write_ci_bundle)
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed, NothingTraced, ProgramFailed, UsageError
@@ -77,16 +78,18 @@ class PassThroughCommand(click.Command):
               help="Also compile the program's computations for this TPU (v5e, v6e:2x2, ...) and show "
                    "the estimated TPU time beside the measured one.")
 @click.option("--no-static-profile", is_flag=True, help="With --target: skip the static cycle profile.")
-@static_profile_options(60)
+@static_profile_options(120)
+@compile_timeout_option
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Also write a self-contained HTML report here (no script; opens offline).")
+              help="Also write a self-contained HTML report here (.html; no script; opens offline).")
+@force_option("--html")
 @cache_options
 @ci_options
 @output_options("tpudiag.report/1")
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def profile(out, steps, skip, python_trace, processes, devices_per_process, process_timeout, coordinator_port,
-            target_text, no_static_profile, timeout_s, static_memory_gib, html_path,
+            target_text, no_static_profile, timeout_s, static_memory_gib, compile_timeout_s, html_path, force,
             ci, max_artifact_mb, as_json, as_md, no_color, width, script, args, cache_dir, no_cache):
     """Run SCRIPT [ARGS...] under the profiler and report where its time went.
 
@@ -113,7 +116,7 @@ def profile(out, steps, skip, python_trace, processes, devices_per_process, proc
         raise UsageError("--target and --processes do not go together: compile a sharded program with "
                          "`tpudiag compile --target v5p:4x4x4 SCRIPT`")
     ci_mb = ci_budget(ci, max_artifact_mb)
-    check_outputs(out, html_path)  # before the program runs (the default run directory: api.profile)
+    check_outputs(out, html=html_path, force=force)  # before the program runs (default run directory: api.profile)
     check_versions()
     use_cache_options(cache_dir, no_cache)
     if target_text:
@@ -132,7 +135,7 @@ def profile(out, steps, skip, python_trace, processes, devices_per_process, proc
         # log). The analysis stack is imported while the program runs (pandas alone is ~0.7 s).
         result = api.profile(script, program_args(args), out, steps=steps, skip=skip, python_trace=python_trace,
                              target=target_text, static_profile=not no_static_profile, progress=progress_cb,
-                             limits=static_limits(timeout_s, static_memory_gib),
+                             limits=static_limits(timeout_s, static_memory_gib, compile_timeout_s),
                              program_stdout=sys.stderr.buffer if fmt != "text" else None,
                              while_waiting=lambda: importlib.import_module("tpudiag.analyze.profile.report"))
     finally:
@@ -181,17 +184,25 @@ def _profile_processes(script, args, out, fmt, *, processes, devices_per_process
 @click.option("--no-static-profile", is_flag=True,
               help="Skip the TPU compiler's static cycle profile (much faster; roofline estimates only).")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Modules compiled at once.")
-@static_profile_options(60)
+@static_profile_options(120)
+@compile_timeout_option
+@selection_options
+@click.option("--each-module", is_flag=True,
+              help="Compile every module in its own worker with the static profile, setup modules too (by "
+                   "default a script's modules with no matmul, kernel, sort or collective are compiled together, "
+                   "without it).")
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True, help="Ops shown per module.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Also write a self-contained HTML report here (no script; opens offline).")
+              help="Also write a self-contained HTML report here (.html; no script; opens offline).")
+@force_option("--html")
 @cache_options
 @ci_options
 @output_options("tpudiag.compile/1")
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def compile_(target_text, out, no_static_profile, jobs, timeout_s, static_memory_gib, top, html_path, ci,
-             max_artifact_mb, as_json, as_md, no_color, width, input_path, args, cache_dir, no_cache):
+def compile_(target_text, out, no_static_profile, jobs, timeout_s, static_memory_gib, compile_timeout_s, functions,
+             modules, each_module, top, html_path, force, ci, max_artifact_mb, as_json, as_md, no_color, width,
+             input_path, args, cache_dir, no_cache):
     """Compile INPUT for a TPU generation on this machine and report the TPU compiler's own estimates.
 
     INPUT is a Python script (run on CPU; every jitted computation it ran is compiled; ARGS go to
@@ -199,7 +210,7 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, static_memory
     """
     fmt = output_format(as_json, as_md)
     ci_mb = ci_budget(ci, max_artifact_mb)
-    check_outputs(out, html_path)  # before anything runs or compiles
+    check_outputs(out, html=html_path, force=force)  # before anything runs or compiles
     check_versions()
     use_cache_options(cache_dir, no_cache)
     from tpudiag.targets import require_libtpu, resolve_target
@@ -212,11 +223,11 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, static_memory
     from tpudiag import api
 
     progress_cb, stop = progress()
-    progress_cb(None)
     try:
         result = api.compile_target(target_text, input_path, args, out, static_profile=not no_static_profile,
-                                    jobs=jobs, limits=static_limits(timeout_s, static_memory_gib),
-                                    progress=progress_cb,
+                                    jobs=jobs, limits=static_limits(timeout_s, static_memory_gib, compile_timeout_s),
+                                    progress=progress_cb, selection=selection(functions, modules),
+                                    group_setup=not each_module,
                                     program_stdout=sys.stderr.buffer if fmt != "text" else None)
     finally:
         stop()
@@ -250,7 +261,7 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, static_memory
 @click.option("--static-profile", is_flag=True,
               help="Also ask for the TPU compiler's static cycle profile (slow at scale; default off).")
 @click.option("--compile-timeout", "compile_timeout_s", type=click.FloatRange(1), default=1800, show_default=True,
-              help="Wall seconds the step's compile may take.")
+              help="CPU seconds the step's compile (without the static profile) may take.")
 @static_profile_options(300)
 @cache_options
 @output_options("tpudiag.estimate/1")

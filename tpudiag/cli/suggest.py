@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from tpudiag.cli.common import (cache_options, check_outputs, check_versions, emit, output_format, output_options,
-                                program_args, progress, static_limits, static_profile_options, use_cache_options)
+                                compile_timeout_option, program_args, progress, selection, selection_options,
+                                static_limits, static_profile_options, use_cache_options)
 from tpudiag.cli.group import cli
 from tpudiag.cli.run import _PASS_THROUGH, PassThroughCommand
 
@@ -23,12 +24,15 @@ from tpudiag.cli.run import _PASS_THROUGH, PassThroughCommand
 @click.option("--no-static-profile", is_flag=True,
               help="Skip the static cycle profile for the script and for the kernels (roofline figures only).")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Compiles at once.")
-@static_profile_options(60)
+@static_profile_options(120)
+@compile_timeout_option
+@selection_options
 @cache_options
 @output_options("tpudiag.suggest/1")
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def suggest(target_text, show_all, out, no_static_profile, jobs, timeout_s, static_memory_gib, as_json, as_md,
+def suggest(target_text, show_all, out, no_static_profile, jobs, timeout_s, static_memory_gib, compile_timeout_s,
+            functions, modules, as_json, as_md,
             no_color, width, input_path, args, cache_dir, no_cache):
     """Which ops of INPUT deserve a custom Pallas kernel, and what it would save.
 
@@ -61,7 +65,8 @@ def suggest(target_text, show_all, out, no_static_profile, jobs, timeout_s, stat
     progress_cb, stop = progress()
     try:
         report, _ = run_suggest(input_path, program_args(args), target_text, out, static_profile=not no_static_profile,
-                                jobs=jobs, limits=static_limits(timeout_s, static_memory_gib), progress=progress_cb,
+                                jobs=jobs, limits=static_limits(timeout_s, static_memory_gib, compile_timeout_s),
+                                progress=progress_cb, selection=selection(functions, modules),
                                 include_all=show_all,
                                 program_stdout=sys.stderr.buffer if fmt != "text" else None)
     finally:

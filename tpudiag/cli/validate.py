@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import check_outputs, emit, output_format, output_options
+from tpudiag.cli.common import check_outputs, emit, force_option, output_format, output_options
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed
 
@@ -41,12 +41,13 @@ from tpudiag.errors import GateFailed
 @click.option("--eager", is_flag=True,
               help="Run a JAX candidate op by op, not under jax.jit (the default checks it as it runs jitted).")
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Also write the cases as JUnit XML.")
+              help="Also write the cases as JUnit XML (.xml).")
+@force_option("--junit")
 @output_options("tpudiag.validate/1")
 @click.argument("reference", metavar="REF")
 @click.argument("candidate", metavar="CAND")
 def validate(inputs, static, grad, regimes, seed, allow_nondeterminism, no_shrink, k, floor_eps, bind, unordered,
-             strict_ties, eager, junit_path, as_json, as_md, no_color, width, reference, candidate):
+             strict_ties, eager, junit_path, force, as_json, as_md, no_color, width, reference, candidate):
     """Check CAND against REF: values, gradients and determinism, in several input regimes, against
     a float64 computation.
 
@@ -61,7 +62,7 @@ def validate(inputs, static, grad, regimes, seed, allow_nondeterminism, no_shrin
     from tpudiag.api.validate import validate as run_validate
 
     fmt = output_format(as_json, as_md)
-    check_outputs(None, junit_path)
+    check_outputs(junit=junit_path, force=force)
     err = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
     def progress(case):

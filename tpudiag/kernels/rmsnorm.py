@@ -20,14 +20,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import block_bytes, vmem_limit
+from tpudiag.kernels.tiling import block_bytes, fits_vmem, vmem_limit
 
 # Sublane tiling: a vreg is 8 sublanes x 128 lanes of 32-bit values, or 16 x 128 of packed bf16. Row blocks
 # are multiples of 8, and the kernels walk their block in sub-blocks of one vreg row-group (8 rows f32, 16 bf16).
 _SUBLANES = 8
-# What the double-buffered blocks may take of VMEM (v5e/v6e have 128 MiB, v7x 64 MiB per core; the default
-# scoped limit is 16 MiB on v5e, 32 MiB on v6e, so the calls raise it): above this the wrapper halves the block.
-_VMEM_BUDGET = 48 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,20 +76,16 @@ def _fit_rows(block: int, n: int, d: int, itemsize: int) -> tuple[int, int]:
     A block never exceeds the array: when N is shorter than `block`, the block is N rounded down to whole
     sub-blocks (the remainder becomes a partial last block), or N itself when N < one sub-block (a block equal
     to the full dimension is always a legal tile). The block is then halved until its double-buffered
-    streams fit the VMEM budget (the inner loop keeps the f32 temporaries to one sub-block)."""
+    streams fit the VMEM rule (tiling.fits_vmem; the inner loop keeps the f32 temporaries to one sub-block)."""
     sub = _sub_rows(itemsize)
     if n < sub:
         return n, n
     rows = min(block, (n // sub) * sub)
     rows = max(sub, rows // sub * sub)
-    while rows > sub and _vmem_bytes(rows, d, itemsize) > _VMEM_BUDGET:
+    # four [rows, D] streams (two in, two out), each double-buffered by the Pallas pipeline
+    while rows > sub and not fits_vmem(4 * block_bytes((rows, d), itemsize)):
         rows = max(sub, rows // 2 // sub * sub)
     return rows, sub
-
-
-def _vmem_bytes(rows: int, d: int, itemsize: int) -> int:
-    # four [rows, D] streams (two in, two out), each double-buffered by the Pallas pipeline
-    return 2 * 4 * rows * d * itemsize
 
 
 def _compiler_params(blocks: int, scratch: int = 0):

@@ -26,10 +26,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import block_bytes, vmem_limit
+from tpudiag.kernels.tiling import block_bytes, fits_vmem, vmem_limit
 
 _SUBLANES = 8  # f32 vreg: 8 sublanes x 128 lanes; the position axis of the cos/sin tiles sits on sublanes
-_VMEM_BUDGET = 48 * 1024 * 1024  # of the 128 MiB VMEM on v5e/v6e (64 MiB on v7x); the block halves above it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,26 +129,36 @@ def rope_kernel(*refs, from_tables: bool, adjoint: bool):
         o_ref[...] = out.astype(o_ref.dtype)
 
 
-def _block_s(block: int, s: int, h: int, kvh: int, d: int, itemsize: int) -> int:
+def _block_s(block: int, s: int, step_bytes) -> int:
     """Positions per step: the whole sequence when it is shorter than a block (a full-dimension block is
-    always legal), else `block`, halved while the double-buffered q/k blocks exceed the VMEM budget."""
+    always legal), else `block`, halved while its buffers do not fit the VMEM rule (tiling.fits_vmem).
+    `step_bytes(positions)`: one buffer of every pipelined block at that many positions."""
     if s <= block:
         return s
-    while block > _SUBLANES and _vmem_bytes(block, h, kvh, d, itemsize) > _VMEM_BUDGET:
+    while block > _SUBLANES and not fits_vmem(step_bytes(block)):
         block = max(_SUBLANES, block // 2 // _SUBLANES * _SUBLANES)
     return block
-
-
-def _vmem_bytes(bs: int, h: int, kvh: int, d: int, itemsize: int) -> int:
-    # q, k in and out, double-buffered, plus ~3 f32 temporaries (x, rolled, out) of q's or k's block, the larger
-    return bs * d * ((h + kvh) * 2 * 2 * itemsize + max(h, kvh) * 3 * 4)
 
 
 def _call(q, k, tables_or_pos, lane, *, from_tables, adjoint, bs: BlockSizes, interpret):
     b, s, h, d = q.shape
     kvh = k.shape[2]
     isz = q.dtype.itemsize
-    blk = _block_s(bs.block_s, s, h, kvh, d, isz)
+    if from_tables:
+        cos, sin = tables_or_pos
+        lead_isz, lead_cols, n_lead = cos.dtype.itemsize, d, 2  # a [bs, D] cos and sin block
+    else:
+        lead_isz, lead_cols, n_lead = 4, 1, 1  # int32 positions, a [bs, 1] column
+
+    def step_bytes(blk):
+        # One buffer of every pipelined block: q and k in and out, the positions or tables, the [2, D] lane
+        # constants. No scratch: the f32 temporaries (x, rolled, out; v5e's VPU has no bf16 ALU) are not VMEM
+        # buffers. Measured (libtpu 0.0.42 and 0.0.50.1, v5e, B1 S8192 H32 KVH8 D128 bf16, block_s=512): Mosaic
+        # allocates 20 MiB of windows and 4.07 MiB of register spill slots, which the rule's second copy covers.
+        return (2 * block_bytes((blk, h, d), isz) + 2 * block_bytes((blk, kvh, d), isz)
+                + n_lead * block_bytes((blk, lead_cols), lead_isz) + block_bytes((2, d), 4))
+
+    blk = _block_s(bs.block_s, s, step_bytes)
     grid = (b, pl.cdiv(s, blk))
     # The last block may run past S: its extra positions read stale VMEM and their writes are dropped;
     # positions are independent, so nothing needs masking and no padded copy is made in HBM.
@@ -157,25 +166,19 @@ def _call(q, k, tables_or_pos, lane, *, from_tables, adjoint, bs: BlockSizes, in
     kspec = pl.BlockSpec((None, blk, kvh, d), lambda i, j: (i, j, 0, 0))
     lane_spec = pl.BlockSpec((2, d), lambda i, j: (0, 0))  # same block every step: fetched once
     if from_tables:
-        cos, sin = tables_or_pos
         if cos.ndim == 2:
             tspec = pl.BlockSpec((blk, d), lambda i, j: (j, 0))
         else:
             tspec = pl.BlockSpec((None, blk, d), lambda i, j: (i, j, 0))
         in_specs, lead = [tspec, tspec], (cos, sin)
         extra_bytes = 2 * b * s * d * cos.dtype.itemsize  # an [S, D] table is fetched again per batch row
-        lead_bytes = 2 * block_bytes((blk, d), cos.dtype.itemsize)
         transcendentals = 0
     else:
         pos3 = tables_or_pos.reshape(b, s, 1)  # positions on sublanes, next to the [bs, D] angle tile
         in_specs, lead = [pl.BlockSpec((None, blk, 1), lambda i, j: (i, j, 0))], (pos3,)
         extra_bytes = b * s * 4
-        lead_bytes = block_bytes((blk, 1), pos3.dtype.itemsize)
         transcendentals = 2 * b * s * d
-    # q, k in and out, the positions or tables, the [2, D] lane constants; three f32 temporaries (x, rolled,
-    # out) of the larger of the q and k blocks, made on purpose: v5e's VPU has no bf16 ALU.
-    vmem = vmem_limit(2 * block_bytes((blk, h, d), isz) + 2 * block_bytes((blk, kvh, d), isz) + lead_bytes
-                      + block_bytes((2, d), 4), scratch=3 * block_bytes((blk, max(h, kvh), d), 4))
+    vmem = vmem_limit(step_bytes(blk))
     return pl.pallas_call(
         functools.partial(rope_kernel, from_tables=from_tables, adjoint=adjoint),
         grid=grid,

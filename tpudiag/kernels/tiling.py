@@ -1,8 +1,10 @@
 """Block arithmetic the kernel modules share: rounding, fitting a block to a dimension, the VMEM a
 block takes, and the one rule for the scoped VMEM a kernel asks Mosaic for. Pure integer
-functions; no jax."""
+functions; no jax. Reads the VMEM size per TensorCore from tpudiag/targets.py."""
 
 from __future__ import annotations
+
+from tpudiag.targets import CHIPS
 
 # The scoped-VMEM rule, for every Pallas kernel in this package (`vmem_limit` below).
 # - Why a kernel sets a limit at all: XLA gives a Mosaic kernel a default scoped VMEM limit of
@@ -16,15 +18,35 @@ from __future__ import annotations
 #   purpose. The second copy of that is for Mosaic's own temporaries, which grow with the blocks
 #   (an f32 copy of a bf16 block is twice its size; values held across a loop spill); the 8 MiB
 #   for its internal scratch and small spills whatever the blocks.
+# - Ceiling: VMEM less the need once more, less 8 MiB for XLA's own buffers. XLA reserves the
+#   whole limit for the kernel and places its own VMEM buffers above it, and the TPU compiler's
+#   static-profile pass (what `tpudiag kernels bench` compiles with) then counts the kernel's
+#   allocations again on top. Measured, libtpu 0.0.42 and 0.0.50.1, rope at B1 S8192 H32 KVH8
+#   D128 on v5e: a 100 MiB limit, XLA's 4 MiB copy of the positions above it and the kernel's
+#   24.07 MiB (20 MiB of windows, 4.07 MiB of spill slots) fail with "Used 128.07M of 128.00M
+#   vmem"; a 99 MiB limit compiles (0.0.50.1), as does the same module at 100 MiB without the
+#   static profile (program VMEM 104 MiB). So limit + need + 8 MiB stays within the core's VMEM.
+#   No limit protects a whole program's static profile: XLA fills the VMEM above the limit with
+#   its own buffers when it has the ops to (rope's forward and gradient at a 57 MiB limit: 125 MiB
+#   of program VMEM, "Used 149.09M of 128.00M" with the static profile, fine without).
 # - Floor 16 MiB: XLA's default on v5e, so small blocks never ask for less than a default compile
-#   gives them there, nor for more than a v4 core (16 MiB of VMEM) has.
-# - Cap 100 MiB: leaves 28 MiB of a v5e/v6e core's 128 MiB to XLA and the runtime. Blocks that
-#   need more than the cap less the 8 MiB are refused with a ValueError when the wrapper is
-#   traced, rather than by Mosaic at compile time. v5p has 64 MiB per core: there, pick blocks
-#   whose limit stays under that.
+#   gives them there, nor for more than a v4 core (16 MiB of VMEM) has. And never under the need
+#   plus 8 MiB, which Mosaic needs to compile the kernel at all: blocks whose need is past half
+#   the VMEM (less the two 8 MiB) get that, which compiles but leaves the static profile no room
+#   (`fits_vmem` says whether blocks are under that line; kernels that pick their own blocks halve
+#   them until they are).
+# - Refused: blocks whose need plus 8 MiB is more than the VMEM less XLA's 8 MiB, with a
+#   ValueError when the wrapper is traced, rather than by Mosaic at compile time.
+# - Which VMEM: the smallest of the chips the kernels are tuned for (`TUNED_FOR`), 128 MiB. A
+#   kernel is traced before the target is known. Compiling for a chip with less (v5p: 64 MiB, v4:
+#   16 MiB per core), libtpu lowers a larger limit to what the core has (measured, libtpu 0.0.50.1:
+#   every bundled kernel compiles for v5p at its default blocks, rope's program VMEM 63.94 MiB);
+#   there, pick blocks that fit.
+TUNED_FOR = ("v5e", "v6e")
+VMEM_BYTES = min(CHIPS[name].vmem_bytes for name in TUNED_FOR)
 VMEM_FLOOR_BYTES = 16 << 20
-VMEM_CAP_BYTES = 100 << 20
-VMEM_HEADROOM_BYTES = 8 << 20
+VMEM_HEADROOM_BYTES = 8 << 20  # Mosaic's internal scratch and small spills, inside the limit
+XLA_VMEM_BYTES = 8 << 20  # XLA's own VMEM buffers, outside the limit (rope's positions copy: 4 MiB)
 
 
 def round_up(x: int, m: int) -> int:
@@ -61,13 +83,25 @@ def vmem_need(blocks: int, scratch: int = 0) -> int:
     return 2 * blocks + scratch
 
 
-def vmem_limit(blocks: int, scratch: int = 0) -> int:
-    """`vmem_limit_bytes` for a kernel whose buffers are as in `vmem_need`: twice the need plus
-    8 MiB, between 16 MiB and 100 MiB (the rule and its reasons are in the comment above).
-    Raises ValueError, naming the MiB, when the blocks cannot fit under the cap."""
+def fits_vmem(blocks: int, scratch: int = 0, vmem_bytes: int = VMEM_BYTES) -> bool:
+    """Whether `vmem_limit` can give these buffers their need plus the headroom while the limit, the
+    need counted again and XLA's buffers stay within `vmem_bytes` (the rule above): what a kernel
+    that picks its own blocks halves them until."""
     need = vmem_need(blocks, scratch)
-    if need + VMEM_HEADROOM_BYTES > VMEM_CAP_BYTES:
+    return need + VMEM_HEADROOM_BYTES <= vmem_bytes - need - XLA_VMEM_BYTES
+
+
+def vmem_limit(blocks: int, scratch: int = 0, vmem_bytes: int = VMEM_BYTES) -> int:
+    """`vmem_limit_bytes` for a kernel whose buffers are as in `vmem_need`: twice the need plus
+    8 MiB, at most `vmem_bytes` less the need and XLA's 8 MiB, at least 16 MiB and the need plus
+    8 MiB (the rule and its reasons are in the comment above). Raises ValueError, naming the MiB,
+    when the blocks cannot fit in `vmem_bytes` at all."""
+    need = vmem_need(blocks, scratch)
+    usable = vmem_bytes - XLA_VMEM_BYTES
+    if need + VMEM_HEADROOM_BYTES > usable:
         raise ValueError(f"these block sizes need {need / 2**20:.0f} MiB of VMEM, more than the "
-                         f"{(VMEM_CAP_BYTES - VMEM_HEADROOM_BYTES) / 2**20:.0f} MiB a kernel may use "
-                         "(v5e/v6e have 128 MiB per core): use smaller blocks")
-    return int(min(VMEM_CAP_BYTES, max(VMEM_FLOOR_BYTES, 2 * need + VMEM_HEADROOM_BYTES)))
+                         f"{(usable - VMEM_HEADROOM_BYTES) / 2**20:.0f} MiB a kernel may use "
+                         f"of the {vmem_bytes / 2**20:.0f} MiB of VMEM per core: use smaller blocks")
+    ceiling = vmem_bytes - need - XLA_VMEM_BYTES
+    wanted = max(VMEM_FLOOR_BYTES, 2 * need + VMEM_HEADROOM_BYTES)
+    return int(max(need + VMEM_HEADROOM_BYTES, min(ceiling, wanted)))

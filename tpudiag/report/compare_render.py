@@ -10,10 +10,10 @@ text and Markdown through `markdown._esc` / `markdown.code`, never as markup.
 from __future__ import annotations
 
 from rich.console import Console
-from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tpudiag.report.fit import header_panel
 from tpudiag.report.markdown import _esc, code
 from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
@@ -37,9 +37,10 @@ VERDICT = {
     "within_threshold": "no regression (within the threshold)",
     "improvement": "improvement",
     "unchanged": "no regression (unchanged)",
+    "refused": "no time verdict (refused)",
 }
 _STYLE = {"regression": "bold red", "improvement": "green", "unchanged": "", "within_noise": "",
-          "within_threshold": ""}
+          "within_threshold": "", "refused": "bold yellow"}
 
 
 def _fmt(value, unit: str) -> str:
@@ -79,13 +80,37 @@ def _basis(h) -> str:
     return printable(BASIS.get(h.basis, h.basis))
 
 
+def _headline_text(h, unit: str) -> str:
+    """`median step time 3.09 ms -> 10.28 ms (+7.19 ms, +232.7%)`."""
+    return f"{_basis(h)} {_fmt(h.base, unit)} -> {_fmt(h.cur, unit)} ({_signed(h.delta, unit)}, {_pct(h.delta_pct)})"
+
+
 def render_compare_verdict(comparison) -> str:
-    """One line: `regression: median step time 3.09 ms -> 10.28 ms (+7.19 ms, +232.7%); max 5%, spread 1.72 ms`."""
+    """One line: `regression: median step time 3.09 ms -> 10.28 ms (+7.19 ms, +232.7%); max 5%, spread 1.72 ms`.
+    A refused time verdict: the `work` verdict that decided instead (or none), then why times could not."""
     h, unit = comparison.headline, comparison.unit
+    if h.verdict == "refused":
+        fb = comparison.fallback
+        decided = (f"{VERDICT[fb.verdict]}: {_headline_text(fb, 's')} (executed work); max regression "
+                   f"{comparison.max_regression_pct:g}%" if fb else
+                   f"{VERDICT[h.verdict]}: {_headline_text(h, unit)}; no executed-work figures on both sides to "
+                   "decide instead")
+        return printable(f"{decided}; time verdict refused: {h.refused}")
     spread = "no noise estimate" if h.spread is None else f"spread {_fmt(h.spread, unit)}"
-    return printable(f"{VERDICT[h.verdict]}: {_basis(h)} {_fmt(h.base, unit)} -> "
-            f"{_fmt(h.cur, unit)} ({_signed(h.delta, unit)}, {_pct(h.delta_pct)}); max regression "
-            f"{comparison.max_regression_pct:g}%, {spread}")
+    return printable(f"{VERDICT[h.verdict]}: {_headline_text(h, unit)}; max regression "
+                     f"{comparison.max_regression_pct:g}%, {spread}")
+
+
+def _calibration_text(cal) -> str:
+    """`calibration loop: base 4.10 ms (10 samples, 5% apart), cur 6.10 ms (10 samples, 105% apart);
+    cur/base 1.49x (0.95-2.05x); limit 25% apart` (one line)."""
+
+    def side(name, s):
+        n = f"{s.samples} sample{'s' if s.samples != 1 else ''}"
+        return f"{name} {fmt_s(s.median_s)} ({n}, {s.spread:.0%} apart)"
+
+    return (f"calibration loop: {side('base', cal.base)}, {side('cur', cal.cur)}; cur/base {cal.ratio:.2f}x "
+            f"({cal.ratio_low:.2f}-{cal.ratio_high:.2f}x); limit {cal.spread_max:.0%} apart")
 
 
 def _row_cells(r, unit: str) -> list[str]:
@@ -108,7 +133,7 @@ def render_compare_terminal(comparison, console: Console, top: int = 15) -> None
         head.append("   forced", style="bold yellow")
     if c.metric_reason and c.metric_reason != "asked for":
         head.append("\n" + printable(f"why this metric: {c.metric_reason}"), style="bright_black")
-    console.print(Panel(head, title="tpudiag compare", title_align="left"))
+    header_panel(console, head, "tpudiag compare")
 
     line = Text()
     line.append(f"{_basis(h)}  {_fmt(h.base, unit)} -> {_fmt(h.cur, unit)}  "
@@ -117,7 +142,15 @@ def render_compare_terminal(comparison, console: Console, top: int = 15) -> None
                 f"spread {_fmt(h.spread, unit)} (base {_fmt(h.base_spread, unit)}, "
                 f"cur {_fmt(h.cur_spread, unit)})")
     console.print(line)
+    if c.calibration:
+        console.print(plain(_calibration_text(c.calibration), style="bright_black"))
     console.print(Text(VERDICT[h.verdict], style=_STYLE[h.verdict]))
+    if h.verdict == "refused":
+        console.print(plain(f"time verdict refused: {h.refused}", style="yellow"))
+        fb = c.fallback
+        console.print(plain(f"work verdict, which decides: {VERDICT[fb.verdict]}: {_headline_text(fb, 's')}" if fb else
+                            "no executed-work figures on both sides to decide instead",
+                            style=_STYLE[fb.verdict] if fb else ""))
     if c.figures:
         console.print()
         table = Table(title="Executed work", title_justify="left", show_edge=False)
@@ -155,17 +188,28 @@ def render_compare_markdown(comparison, top: int = 15) -> str:
     c = comparison
     h, unit = c.headline, c.unit
     verdict = VERDICT[h.verdict]
-    out = [f"## tpudiag compare: {'**' + verdict + '**' if h.regression else verdict}", "",
+    fb = c.fallback
+    if fb:  # a refused time verdict: the work verdict decides
+        verdict = f"{VERDICT[fb.verdict]}, by executed work (time verdict refused)"
+    out = [f"## tpudiag compare: {'**' + verdict + '**' if c.regression else verdict}", "",
            f"**Base:** {code(_side(c.base))}  ", f"**Cur:** {code(_side(c.cur))}", "",
            f"Metric {code(c.metric)}, max regression {c.max_regression_pct:g}%"
            + (" (**forced** across: " + _esc("; ".join(c.differences)) + ")" if c.forced else ""), "",
            "| | base | cur | delta | delta % | spread |", "|---|---:|---:|---:|---:|---:|",
            f"| {_basis(h)} | {_fmt(h.base, unit)} | {_fmt(h.cur, unit)} | "
            f"{_signed(h.delta, unit)} | {_pct(h.delta_pct)} | {_fmt(h.spread, unit)} |"]
+    if fb:
+        out.append(f"| {_basis(fb)} | {_fmt(fb.base, 's')} | {_fmt(fb.cur, 's')} | {_signed(fb.delta, 's')} | "
+                   f"{_pct(fb.delta_pct)} | {_fmt(fb.spread, 's')} |")
     for r in c.figures or ():
         label, funit = FIGURES.get(r.name, (r.name, "count"))
         out.append(f"| {_esc(label)} | {_fmt(r.base, funit)} | {_fmt(r.cur, funit)} | {_signed(r.delta, funit)} | "
                    f"{_pct(r.delta_pct)} | {'flagged' if r.flagged else '-'} |")
+    if h.verdict == "refused":
+        out += ["", f"**Time verdict refused:** {_esc(h.refused)}"
+                + ("" if fb else " No executed-work figures on both sides to decide instead.")]
+    if c.calibration:
+        out += ["", _esc(_calibration_text(c.calibration))]
     if c.metric_reason and c.metric_reason != "asked for":
         out += ["", f"Why this metric: {_esc(c.metric_reason)}"]
     for title, rows, with_module in (("Modules", c.modules, False), ("Ops", c.ops, True)):

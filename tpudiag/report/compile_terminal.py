@@ -1,14 +1,15 @@
 """Renders a `CompileReport` (tpudiag.compile/1) for the terminal: per-module table, then per module the
 top ops by estimated TPU time with slot-utilization bars and a one-line "what limits this op".
-Every module, op, source, error and finding goes to rich as `plain` text, never as markup."""
+Every module, op, source, error and finding goes to rich as `plain` text, never as markup; tables
+and lines are fitted to the width by `fit` (an op name or a path is never split, a figure never cut)."""
 
 from __future__ import annotations
 
 from rich.console import Console
-from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tpudiag.report.fit import Col, header_panel, say, table
 from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
 from tpudiag.report.units import (fmt_bytes, fmt_ghz, fmt_int, fmt_pct, fmt_runs, fmt_s, fusion_summary_lines, printable,
@@ -20,27 +21,30 @@ def _busiest(util: dict | None, n: int = 2) -> Text:
     if not util:
         return Text("-", style="bright_black")
     text = Text()
-    for slot, value in sorted(util.items(), key=lambda kv: -kv[1])[:n]:
-        text.append(f"{printable(slot)} {fmt_pct(value, 0)} ", style="green" if value >= 0.5 else "")
+    for i, (slot, value) in enumerate(sorted(util.items(), key=lambda kv: -kv[1])[:n]):
+        text.append(f"{' ' if i else ''}{printable(slot)} {fmt_pct(value, 0)}", style="green" if value >= 0.5 else "")
     return text
 
 
 def _collectives_table(m, console: Console, top: int) -> None:
     """The module's collectives, the most exposed first (the model's order)."""
-    table = Table(title=plain(f"{m.name}: collectives on the slice (ICI model)"), title_justify="left", show_edge=False)
-    widest = min(28, max(len(c.name) for c in m.collectives[:top]))
-    for col, just in (("op", "left"), ("kind", "left"), ("size", "right"), ("group", "right"), ("axes", "left"),
-                      ("hops", "right"), ("est.", "right"), ("exposed", "right"), ("schedule", "left")):
-        table.add_column(col, justify=just, no_wrap=col != "op", overflow="fold" if col == "op" else "ellipsis",
-                         min_width=widest if col == "op" else None)
-    for c in m.collectives[:top]:
-        table.add_row(plain(c.name), c.kind, fmt_bytes(c.message_bytes), f"{c.group_size} x{c.groups}",
-                      plain(",".join(c.mesh_axes) if c.mesh_axes else "-"), "-" if c.ici_hops is None else str(c.ici_hops),
-                      fmt_runs(c.estimated_s, c.runs), fmt_s(c.exposed_s),
-                      f"async, {fmt_s(c.scheduled_between_s)} between" if c.is_async else "sync")
-    console.print(table)
+    cols = [Col("op", "name", "left", most=40), Col("kind", "name", "left"), Col("size"), Col("group", drop=2),
+            Col("axes", "name", "left", drop=3), Col("hops", drop=4), Col("est."), Col("exposed"),
+            Col("schedule", "text", "left", drop=1)]
+    rows = [[c.name, c.kind, fmt_bytes(c.message_bytes), f"{c.group_size} x{c.groups}",
+             ",".join(c.mesh_axes) if c.mesh_axes else "-", "-" if c.ici_hops is None else str(c.ici_hops),
+             fmt_runs(c.estimated_s, c.runs), fmt_s(c.exposed_s),
+             f"async, {fmt_s(c.scheduled_between_s)} between" if c.is_async else "sync"]
+            for c in m.collectives[:top]]
+    table(console, cols, rows, title=f"{m.name}: collectives on the slice (ICI model)")
     if len(m.collectives) > top:
-        console.print(Text(f"{len(m.collectives) - top} more collective(s) in report.json", style="bright_black"))
+        say(console, f"{len(m.collectives) - top} more collective(s) in report.json", style="bright_black")
+
+
+# A module's op table: where it does not fit, the busiest slots and the cycles (the estimate in
+# other units) are left out before the op's name (up to 48 characters) is cut; `limit` (prose) wraps.
+_OP_COLUMNS = [Col("op", "name", "left", most=48), Col("est."), Col("limit", "text", "left"), Col("cycles", drop=2),
+               Col("bytes"), Col("busiest slots", justify="left", drop=3), Col("source", justify="left", drop=1)]
 
 
 @renders("tpudiag.compile", "terminal")
@@ -61,54 +65,62 @@ def render_compile_terminal(report, console: Console, top: int = 10, modules: in
                 f"{t.hbm_bytes / 2**30:.0f} GiB per {per}; clock {fmt_ghz(t.clock_hz)}")
     if t.note:
         head.append(f"\n{printable(t.note)}", style="yellow")
-    console.print(Panel(head, title="tpudiag compile", title_align="left"))
+    picked = report.source.get("selection")
+    if picked:
+        head.append(f"\ncompiled {len(picked['compiled'])} of {picked['modules']} module(s) ({printable(picked['asked'])})")
+    header_panel(console, head, "tpudiag compile")
 
-    table = Table(title="Modules", title_justify="left", show_edge=False)
-    for col, just in (("module", "left"), ("status", "left"), ("est. TPU time", "right"), ("XLA optimal", "right"),
-                      ("peak HBM", "right"), ("ops", "right"), ("static profile", "left")):
-        table.add_column(col, justify=just, overflow="fold" if col in ("status", "static profile") else "ellipsis")
+    cols = [Col("module", "name", "left", most=48), Col("status", "text", "left"), Col("est. TPU time"),
+            Col("XLA optimal", drop=1), Col("peak HBM"), Col("ops", drop=2), Col("static profile", "text", "left")]
+    rows = []
+    setup = [m for m in report.modules if m.setup and m.ok]  # one row for all of them
     for m in report.modules:
+        if m in setup:
+            continue
         tot = m.totals
         full = getattr(tot, "estimated_s", None) is not None  # a compiled module, not only its memory
-        table.add_row(plain(m.name), "ok" if m.ok else plain(f"failed: {m.error}", style="red"),
-                      fmt_s(m.estimated_s), fmt_s(tot.xla_optimal_s if full else None),
-                      Text(fmt_bytes(m.memory.get("peak_hbm_bytes")), style="" if m.fits else "bold red") if tot else "-",
-                      str(tot.ops) if full else "-", plain(m.static_profile))
-    console.print(table)
+        rows.append([m.name, "ok" if m.ok else plain(f"failed: {m.error}", style="red"),
+                     fmt_s(m.estimated_s), fmt_s(tot.xla_optimal_s if full else None),
+                     Text(fmt_bytes(m.memory.get("peak_hbm_bytes")), style="" if m.fits else "bold red") if tot else "-",
+                     str(tot.ops) if full else "-", m.static_profile])
+    if setup:
+        rows.append([f"{len(setup)} setup module(s)", "ok", fmt_s(sum(m.estimated_s or 0.0 for m in setup)), "-",
+                     fmt_bytes(max(m.memory.get("peak_hbm_bytes") or 0 for m in setup)),
+                     str(sum(m.totals.ops for m in setup if getattr(m.totals, "ops", None) is not None)),
+                     "off (setup group)"])
+    table(console, cols, rows, title="Modules")
+    if setup:
+        say(console, "setup modules (no matmul, kernel, sort or collective), compiled together without the static "
+                     "profile: " + ", ".join(printable(m.name) for m in setup), style="bright_black")
 
-    ranked = report.ranked_modules
+    ranked = [m for m in report.ranked_modules if m not in setup]
     for m in ranked[:modules]:
         console.print()
-        ops = Table(title=plain(f"{m.name}: top ops by estimated TPU time"), title_justify="left", show_edge=False)
-        for col, just in (("op", "left"), ("est.", "right"), ("limit", "left"), ("cycles", "right"),
-                          ("bytes", "right"), ("busiest slots", "left"), ("source", "left")):
-            wrap = col in ("op", "limit")
-            ops.add_column(col, justify=just, no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
-        for o in m.ops[:top]:
-            ops.add_row(plain(o.name), fmt_runs(o.estimated_s, o.runs), plain(o.limit), fmt_int(o.estimated_cycles),
-                        fmt_bytes(o.bytes_accessed), _busiest(o.utilization), plain(short_source(o.source, keep=1)))
-        console.print(ops)
+        rows = [[o.name, fmt_runs(o.estimated_s, o.runs), o.limit, fmt_int(o.estimated_cycles),
+                 fmt_bytes(o.bytes_accessed), _busiest(o.utilization), short_source(o.source, keep=1)]
+                for o in m.ops[:top]]
+        table(console, _OP_COLUMNS, rows, title=f"{m.name}: top ops by estimated TPU time")
         if m.collectives:
             _collectives_table(m, console, top)
         if m.fusions:
             for line in fusion_summary_lines(m.fusions, top=2):
-                console.print(Text(line, style="bright_black"))
+                say(console, line, style="bright_black")
         for f in m.findings:
-            console.print(plain(f"note: {f}", style="yellow"))
+            say(console, f"note: {f}", style="yellow")
     if len(ranked) > modules:
-        console.print(Text(f"\n{len(ranked) - modules} more module(s): `tpudiag report --md` or report.json has every op",
-                           style="bright_black"))
+        say(console, Text(f"\n{len(ranked) - modules} more module(s): `tpudiag report --md` or report.json has every op",
+                          style="bright_black"))
     for m in report.failed_modules:
-        console.print(plain(f"{m.name}: failed to compile: {m.error}", style="red"))
+        say(console, f"{m.name}: failed to compile: {m.error}", style="red")
     if report.suggestions is not None:
         from tpudiag.report.suggest_render import summary_lines
 
         console.print()
-        console.print(Text("Suggestions", style="bold"))
+        say(console, Text("Suggestions", style="bold"))
         for line in summary_lines(report.suggestions, (report.artifacts or {}).get("run_dir")):
-            console.print(plain(f"  {line}"))
+            say(console, f"  {line}")
     console.print()
-    console.print(Text(f"Artifacts  {printable((report.artifacts or {}).get('run_dir', ''))}", style="bold"))
+    say(console, Text(f"Artifacts  {printable((report.artifacts or {}).get('run_dir', ''))}", style="bold"))
 
 
 @renders("tpudiag.targets", "terminal")

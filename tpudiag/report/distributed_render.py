@@ -1,15 +1,15 @@
 """Renders a `DistributedReport` (tpudiag.distributed/1) for the terminal and as GitHub Markdown:
 processes, collectives, per-step skew, who waited for whom, stragglers. Formats what the model
-holds; every name reaches rich as `plain` text and Markdown through `_esc`."""
+holds; every name reaches rich as `plain` text (through `fit`, which fits the tables to the width
+without cutting a figure) and Markdown through `_esc`."""
 
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
+from tpudiag.report.fit import Col, say, table
 from tpudiag.report.markdown import _esc
 from tpudiag.report.registry import renders
-from tpudiag.report.rich_text import plain
 from tpudiag.report.units import fmt_bytes, fmt_count, fmt_pct, fmt_s, short_source
 
 _TOP = 15
@@ -40,12 +40,14 @@ def _process_rows(r) -> tuple[list[str], list[list[str]]]:
 
 
 def _collective_rows(r, top: int, wide: bool = True) -> tuple[list[str], list[list[str]]]:
-    """`wide`: with the median duration and algbw (Markdown); the terminal keeps to the figures
-    that decide (fastest, busbw, waiting, spread)."""
-    cols = ["kind", "op", "source", "size", "group", "runs", *(["duration"] if wide else []), "fastest",
-            *(["algbw"] if wide else []), "busbw", "waiting", "spread"]
-    rows = [[c.kind, f"{c.module}/{c.op}", short_source(c.source, 1), fmt_bytes(c.message_bytes), str(c.group_size),
-             str(c.instances), *([fmt_s(c.duration_s)] if wide else []), fmt_s(c.fastest_s),
+    """`wide`: with the median duration and algbw, the op as `module/op` (Markdown); the terminal
+    keeps to the figures that decide (fastest, busbw, waiting, spread), the module in a column of
+    its own (which the terminal can fold into its legend)."""
+    cols = ["kind", *(["op"] if wide else ["module", "op"]), "source", "size", "group", "runs",
+            *(["duration"] if wide else []), "fastest", *(["algbw"] if wide else []), "busbw", "waiting", "spread"]
+    rows = [[c.kind, *([f"{c.module}/{c.op}"] if wide else [c.module, c.op]), short_source(c.source, 1),
+             fmt_bytes(c.message_bytes), str(c.group_size), str(c.instances), *([fmt_s(c.duration_s)] if wide else []),
+             fmt_s(c.fastest_s),
              *([fmt_count(c.algbw_bytes_per_s, "B/s")] if wide else []), fmt_count(c.busbw_bytes_per_s, "B/s"),
              fmt_s(c.wait_s), fmt_s(c.arrival_spread_s)]
             for c in r.collectives[:top]]
@@ -74,34 +76,46 @@ def _findings(r) -> list[str]:
     return out
 
 
-def _table(console: Console, title: str, cols: list[str], rows: list[list[str]], left: int = 3) -> None:
-    table = Table(title=title, title_justify="left", show_edge=False)
-    for i, c in enumerate(cols):
-        table.add_column(c, justify="left" if i < left else "right", overflow="fold", no_wrap=i >= left,
-                         min_width=len(c))
-    for row in rows:
-        table.add_row(*[plain(x) for x in row])
-    console.print(table)
+# The terminal's columns: figures and source lines are never cut; at 100 columns the ones with
+# the highest `drop` are left out first (one value in every row: into the legend).
+_TERMINAL = {
+    "proc": Col("proc", justify="left"), "host": Col("host", "name", "left", drop=6, most=24),
+    "devs": Col("devs", drop=5), "steps": Col("steps", drop=4), "exit": Col("exit", drop=3),
+    "overlap": Col("overlap", drop=2),
+    "kind": Col("kind", "name", "left"), "module": Col("module", "name", "left", drop=5, most=32),
+    "op": Col("op", "name", "left", most=32), "source": Col("source", justify="left", drop=3),
+    "size": Col("size", drop=2), "group": Col("group", drop=4), "runs": Col("runs", drop=1),
+    "step": Col("step", justify="left"), "collectives": Col("collectives", drop=6),
+    "communication": Col("communication", drop=5), "last to arrive": Col("last to arrive", justify="left"),
+    "at op": Col("at op", "name", "left", drop=4, most=32),
+}
+
+
+def _table(console: Console, title: str, cols: list[str], rows: list[list[str]]) -> None:
+    # A process's `waited` column after the first is left out before any other when it must be.
+    spec = [_TERMINAL.get(c) or Col(c, drop=1 if c.endswith(" waited") and not c.startswith("p0 ") else 0)
+            for c in cols]
+    table(console, spec, rows, title=title)
 
 
 @renders("tpudiag.distributed", "terminal")
 def render_distributed_terminal(r, console: Console, top: int = _TOP, **_) -> None:
     for i, line in enumerate(_header(r)):
-        console.print(plain(line, style="bold" if i == 0 else ""))
-    _table(console, "Processes (per device; totals over the traced window)", *_process_rows(r), left=2)
+        say(console, line, style="bold" if i == 0 else "")
+    _table(console, "Processes (per device; totals over the traced window)", *_process_rows(r))
     if r.collectives:
         _table(console, "Collectives (busbw: nccl-tests' bus bandwidth of the fastest device, which did not wait)",
                *_collective_rows(r, top, wide=False))
     else:
-        console.print(plain("No collective ran in the traced window."))
+        say(console, "No collective ran in the traced window.")
     if r.steps:
-        _table(console, "Skew per step", *_step_rows(r, top), left=1)
+        _table(console, "Skew per step", *_step_rows(r, top))
     for line in _findings(r):
-        console.print(plain(line))
+        say(console, line)
     for w in r.warnings:
-        console.print(plain(f"warning: {w}", style="yellow"))
+        say(console, f"warning: {w}", style="yellow")
     if r.artifacts.get("run_dir"):
-        console.print(plain(f"each process's own report: tpudiag report {r.artifacts['run_dir']}/processes/p<I>"))
+        say(console, f"each process's own report: tpudiag report {r.artifacts['run_dir']}/processes/p<I>")
 
 
 def _md_table(title: str, cols: list[str], rows: list[list[str]]) -> list[str]:

@@ -1,14 +1,14 @@
 """Renders an `EstimateReport` (tpudiag.estimate/1) for the terminal and as GitHub Markdown.
-Formats what the model holds; names reach rich as `plain` text and Markdown through `_esc`."""
+Formats what the model holds; names reach rich as `plain` text (tables and lines fitted to the width
+by `fit`) and Markdown through `_esc`."""
 
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
+from tpudiag.report.fit import Col, say, table
 from tpudiag.report.markdown import _esc
 from tpudiag.report.registry import renders
-from tpudiag.report.rich_text import plain
 from tpudiag.report.units import fmt_bytes, fmt_count, fmt_pct, fmt_runs, fmt_s, short_source
 
 
@@ -34,20 +34,16 @@ def _head(e) -> list[str]:
 @renders("tpudiag.estimate", "terminal")
 def render_estimate_terminal(e, console: Console, **_) -> None:
     for i, line in enumerate(_head(e)):
-        console.print(plain(line, style="bold" if i == 0 else ""))
+        say(console, line, style="bold" if i == 0 else "")
     if e.top_ops:
-        table = Table(title="Top ops (time x runs)", title_justify="left", show_edge=False)
-        for col, right in (("op", False), ("time", True), ("share", True), ("bound by", False), ("limit", False),
-                           ("source", False)):
-            table.add_column(col, justify="right" if right else "left", overflow="fold")
-        for o in e.top_ops:
-            table.add_row(plain(o.name), fmt_runs(o.total_s / o.runs, o.runs), fmt_pct(o.share), o.bound_by,
-                          plain(o.limit), plain(short_source(o.source, 1)))
-        console.print(table)
+        cols = [Col("op", "name", "left", most=48), Col("time"), Col("share"), Col("bound by", "name", "left"),
+                Col("limit", "text", "left"), Col("source", justify="left", drop=1)]
+        table(console, cols, [[o.name, fmt_runs(o.total_s / o.runs, o.runs), fmt_pct(o.share), o.bound_by, o.limit,
+                               short_source(o.source, 1)] for o in e.top_ops], title="Top ops (time x runs)")
     for f in e.findings:
-        console.print(plain(f"note: {f}", style="yellow"))
+        say(console, f"note: {f}", style="yellow")
     for x in e.leaves_out:
-        console.print(plain(f"leaves out: {x}", style="bright_black"))
+        say(console, f"leaves out: {x}", style="bright_black")
 
 
 @renders("tpudiag.estimate", "md")

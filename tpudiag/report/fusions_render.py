@@ -9,9 +9,9 @@ code spans (`markdown.code`), never as markup."""
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from tpudiag.report.fit import Col, say, table
 from tpudiag.report.markdown import _esc, code
 from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
@@ -51,47 +51,36 @@ def render_fusions_terminal(report, console: Console, top: int = 15, title: bool
     """A `FusionReport`: the first `top` fusions and breaks; `title=False` leaves out the module line."""
     m, tot = report.module, report.totals
     if title:
-        console.print(plain(f"tpudiag fusions: {m.name}", style="bold"), plain(f"  {m.path}", style="bright_black"))
-    console.print(Text(f"{tot.fusions} fusions moving {fmt_bytes(tot.fusion_bytes)}; {tot.breaks} fusion breaks "
-                  f"round-trip {fmt_bytes(tot.break_bytes)} ({fmt_bytes(tot.break_bytes_default_memory)} in "
-                  f"default memory), {tot.breaks_not_inferable} with no inferable reason"))
+        say(console, Text.assemble(plain(f"tpudiag fusions: {m.name}", style="bold"),
+                                   plain(f"  {m.path}", style="bright_black")))
+    say(console, f"{tot.fusions} fusions moving {fmt_bytes(tot.fusion_bytes)}; {tot.breaks} fusion breaks "
+                 f"round-trip {fmt_bytes(tot.break_bytes)} ({fmt_bytes(tot.break_bytes_default_memory)} in "
+                 f"default memory), {tot.breaks_not_inferable} with no inferable reason")
 
-    table = Table(title="Fusions", title_justify="left", show_edge=False)
-    cols = [("fusion", "left"), ("kind", "left"), (_time_header(report), "right"), ("in", "right"), ("out", "right"),
-            ("FLOP/B", "right"), ("ops", "left"), ("source", "left")]
-    for col, just in cols:
-        # One line per fusion: names and the op list are cut with an ellipsis (the JSON has them
-        # whole); rich shrinks only wrappable columns, so those two wrap-enable but never fold.
-        shrink = col in ("fusion", "ops", "source")
-        table.add_column(plain(col), justify=just, overflow="ellipsis", no_wrap=not shrink,
-                         max_width={"ops": 28, "fusion": 32}.get(col), min_width=12 if col == "fusion" else None)
-    def cut(text: str) -> Text:
-        return plain(text, no_wrap=True, overflow="ellipsis")
-
-    for f in report.fusions[:top]:
-        table.add_row(cut(f.name), plain(f.kind or "-"), fmt_s(f.time_s), fmt_bytes(f.bytes_in),
-                      fmt_bytes(f.bytes_out), _intensity(f.arithmetic_intensity), cut(_ops(f)),
-                      cut(short_source(f.sources[0] if f.sources else None, keep=1)))
-    console.print(table)
+    # A fusion's name is cut with an ellipsis past 32 characters (the JSON has it whole); the op
+    # list wraps, and is left out first where the table does not fit.
+    cols = [Col("fusion", "name", "left", most=32), Col("kind", "name", "left"), Col(_time_header(report)),
+            Col("in"), Col("out"), Col("FLOP/B", drop=1), Col("ops", "text", "left", drop=3),
+            Col("source", justify="left", drop=2)]
+    rows = [[f.name, f.kind or "-", fmt_s(f.time_s), fmt_bytes(f.bytes_in), fmt_bytes(f.bytes_out),
+             _intensity(f.arithmetic_intensity), _ops(f), short_source(f.sources[0] if f.sources else None, keep=1)]
+            for f in report.fusions[:top]]
+    table(console, cols, rows, title="Fusions")
     if len(report.fusions) > top:
-        console.print(Text(f"{len(report.fusions) - top} more fusions in the JSON", style="bright_black"))
+        say(console, f"{len(report.fusions) - top} more fusions in the JSON", style="bright_black")
 
     console.print()
-    breaks = Table(title="Fusion breaks: tensors that go to memory between kernels, largest first",
-                   title_justify="left", show_edge=False)
-    for col, just in (("bytes", "right"), ("producer → consumer", "left"), ("tensor", "left"), ("mem", "left"),
-                      ("reason", "left"), ("evidence", "left")):
-        breaks.add_column(col, justify=just, overflow="fold", no_wrap=col in ("bytes", "tensor", "mem"))
+    cols = [Col("bytes"), Col("producer → consumer", "text", "left"), Col("tensor", "name", "left", most=32),
+            Col("mem", "name", "left", drop=2), Col("reason", "text", "left"), Col("evidence", "text", "left", drop=1)]
     shown = report.breaks[:top]
-    for b in shown:
-        reason = plain(b.reason, style="bright_black" if b.reason == "reason not inferable" else "")
-        breaks.add_row(fmt_bytes(b.bytes), plain(_edge(b)), plain(b.shape), plain(_memory(b)), reason,
-                       plain(b.evidence))
-    console.print(breaks)
+    rows = [[fmt_bytes(b.bytes), _edge(b), b.shape, _memory(b),
+             plain(b.reason, style="bright_black" if b.reason == "reason not inferable" else ""), b.evidence]
+            for b in shown]
+    table(console, cols, rows, title="Fusion breaks: tensors that go to memory between kernels, largest first")
     if len(report.breaks) > top:
-        console.print(Text(f"{len(report.breaks) - top} more breaks in the JSON", style="bright_black"))
+        say(console, f"{len(report.breaks) - top} more breaks in the JSON", style="bright_black")
     if any(b.memory_space for b in shown):
-        console.print(Text(_MEMORY_NOTE, style="bright_black"))
+        say(console, _MEMORY_NOTE, style="bright_black")
 
 
 @renders("tpudiag.fusions", "md")

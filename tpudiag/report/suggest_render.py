@@ -11,6 +11,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from tpudiag.report.fit import Col, say, table
 from tpudiag.report.markdown import _esc, code
 from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
@@ -32,18 +33,18 @@ def _shapes(r) -> str:
 @renders("tpudiag.suggest", "terminal")
 def render_suggest_terminal(rep, console: Console, show_all: bool = False) -> None:
     rows = [r for r in rep.suggestions if r.shown or show_all]
-    console.print(plain(f"tpudiag suggest  {rep.run_dir}  target {rep.target} ({rep.chip})", style="bold"))
+    say(console, f"tpudiag suggest  {rep.run_dir}  target {rep.target} ({rep.chip})", style="bold")
     if not rows:
-        console.print(plain("No suggestion." + (f" {rep.hidden} match(es) below the minimums (--all lists them)."
-                                                if rep.hidden else "")))
+        say(console, "No suggestion." + (f" {rep.hidden} match(es) below the minimums (--all lists them)."
+                                         if rep.hidden else ""))
     for n, r in enumerate(rows, 1):
         console.print()
         head = f"{n}. {pattern_label(r.pattern)} in {r.module}"
         head += f" -> {r.kernel}" if r.kernel else " (no bundled kernel fits)"
-        console.print(plain(head + ("" if r.shown else "  [below the minimums]"), style="bold"))
+        say(console, head + ("" if r.shown else "  [below the minimums]"), style="bold")
         t = Table(show_header=False, show_edge=False, box=None, pad_edge=False)
         t.add_column(style="bright_black", no_wrap=True)
-        t.add_column(overflow="fold")
+        t.add_column(overflow="ellipsis")  # wraps at spaces; a word (an op name) is never split
         t.add_row("source", plain(", ".join(short_source(s) for s in r.source[:3]) or "-"))
         t.add_row("ops", plain(", ".join(r.ops[:8]) + (f" (+{len(r.ops) - 8})" if len(r.ops) > 8 else "")))
         t.add_row("shapes", plain(_shapes(r)))
@@ -59,27 +60,24 @@ def render_suggest_terminal(rep, console: Console, show_all: bool = False) -> No
         for note in r.notes:
             t.add_row("note", plain(note))
         console.print(t)
-        for line in (r.snippet or "").splitlines():
-            console.print(plain(line, style="cyan"))
+        for line in (r.snippet or "").splitlines():  # code: never wrapped
+            console.print(plain(line, style="cyan"), soft_wrap=True)
     if rep.replaced:
         console.print()
-        console.print(plain("Already replaced by XLA", style="bold"))
+        say(console, "Already replaced by XLA", style="bold")
         for x in rep.replaced:
-            console.print(plain(f"  {pattern_label(x.pattern)} in {x.module}: {x.by} "
-                                f"({', '.join(short_source(s) for s in x.source[:2]) or 'no source'})"))
+            say(console, f"  {pattern_label(x.pattern)} in {x.module}: {x.by} "
+                         f"({', '.join(short_source(s) for s in x.source[:2]) or 'no source'})")
             for note in x.notes:
-                console.print(plain(f"    {note}", style="dim"))
+                say(console, f"    {note}", style="dim")
     if rep.findings:
         console.print()
-        t = Table(title="Findings", title_justify="left", show_edge=False)
-        for col in ("kind", "module", "op", "bytes", "at HBM", "what"):
-            t.add_column(col, justify="right" if col in ("bytes", "at HBM") else "left", overflow="fold")
-        for f in rep.findings:
-            t.add_row(plain(f.kind), plain(f.module), plain(f.op), fmt_bytes(f.bytes), fmt_s(f.estimated_s),
-                      plain(f.detail))
-        console.print(t)
+        cols = [Col("kind", "name", "left"), Col("module", "name", "left", drop=1, most=32),
+                Col("op", "name", "left", most=40), Col("bytes"), Col("at HBM"), Col("what", "text", "left")]
+        table(console, cols, [[f.kind, f.module, f.op, fmt_bytes(f.bytes), fmt_s(f.estimated_s), f.detail]
+                              for f in rep.findings], title="Findings")
     for note in rep.notes:
-        console.print(plain(f"note: {note}", style="bright_black"))
+        say(console, f"note: {note}", style="bright_black")
 
 
 @renders("tpudiag.suggest", "md")

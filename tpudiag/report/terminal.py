@@ -1,17 +1,17 @@
 """Renders a `ProfileReport` (tpudiag.report/1) for the terminal with rich: header, breakdown bar,
 top ops with source lines, compile table, and where the artifacts are. It reads the model's
 attributes and computes nothing. Every name, path, reason and warning goes to rich as `plain` text,
-never as markup."""
+never as markup; tables and lines are fitted to the width by `fit` (a name or a path is never split,
+a figure never cut)."""
 
 from __future__ import annotations
 
 from rich.console import Console, Group
-from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tpudiag.report.fit import Col, header_panel, say, table
 from tpudiag.report.registry import renders
-from tpudiag.report.rich_text import plain
 from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, fusion_summary_lines, printable, short_source
 
 _COLORS = {"compute": "green", "memory": "yellow", "communication": "magenta", "host": "cyan",
@@ -32,7 +32,7 @@ def _bar(share: dict[str, float | None]) -> Text:
     return text
 
 
-def _header(report) -> Panel:
+def _header(report, console: Console) -> None:
     status_style = "green" if report.status == "ok" else "bold red"
     t = Text()
     t.append(printable(report.program or report.artifacts.get('xplane', '?')), style="bold")
@@ -45,7 +45,7 @@ def _header(report) -> Panel:
         t.append(f" of {fmt_s(report.process_wall_s)} process wall")
     if report.steps.count:
         t.append(f"   steps {report.steps.count} (median {fmt_s(report.steps.median_s)})")
-    return Panel(t, title="tpudiag profile", title_align="left")
+    header_panel(console, t, "tpudiag profile")
 
 
 def _breakdown(report) -> Group:
@@ -60,46 +60,30 @@ def _breakdown(report) -> Group:
     return Group(Text("Where the time went", style="bold"), _bar(share), legend)
 
 
-# (column, justify, max width). Names are cut with an ellipsis (the JSON has them whole); numbers
-# and source lines never are.
-_OP_COLUMNS = (("op", "left", 40), ("module", "left", 18), ("category", "left", 14), ("count", "right", None),
-               ("self", "right", None), ("share", "right", None), ("source", "left", None))
-# Below this width the module column is dropped so the source line still fits (80-column CI logs).
-_MODULE_COLUMN_MIN_WIDTH = 100
+# Names are cut with an ellipsis past `most` (the JSON has them whole); numbers and source lines
+# never are. Where the table does not fit, the module column is left out first (80-column CI logs).
+_OP_COLUMNS = (Col("op", "name", "left", most=40), Col("module", "name", "left", drop=1, most=18),
+               Col("category", "name", "left", most=14), Col("count"), Col("self"), Col("share"),
+               Col("source", justify="left"))
 
 
-def _ops_table(report, top: int, width: int) -> Table:
+def _ops_table(report, top: int, console: Console) -> None:
     ops = report.ops
-    table = Table(title=f"Top ops by self time ({min(top, len(ops))} of {len(ops)})", title_justify="left",
-                  show_edge=False, expand=False)
-    columns = [c for c in _OP_COLUMNS if c[0] != "module" or width >= _MODULE_COLUMN_MIN_WIDTH]
-    for col, just, max_w in columns:
-        # rich shrinks only wrappable columns: op/category may shrink, the rest keep their width.
-        table.add_column(col, justify=just, no_wrap=col not in ("op", "category"), overflow="ellipsis",
-                         max_width=max_w)
-    for o in ops[:top]:
-        cells = {"op": plain(o.name), "module": plain(o.module), "category": plain(o.category),
-                 "count": str(o.occurrences), "self": fmt_s(o.self_s), "share": fmt_pct(o.share),
-                 "source": plain(short_source(o.source, keep=1))}
-        table.add_row(*[cells[c[0]] for c in columns])
-    return table
+    rows = [[o.name, o.module, o.category, str(o.occurrences), fmt_s(o.self_s), fmt_pct(o.share),
+             short_source(o.source, keep=1)] for o in ops[:top]]
+    table(console, list(_OP_COLUMNS), rows, title=f"Top ops by self time ({min(top, len(ops))} of {len(ops)})")
 
 
-def _compile_table(report, top: int) -> Table:
+def _compile_table(report, top: int, console: Console) -> None:
     hits = report.totals.compile_cache_hits
     title = f"Compilation: {fmt_s(report.totals.compile_s)} (tracing, lowering, backend compile)"
-    table = Table(title=title + (f", {hits} persistent-cache hits" if hits else ""), title_justify="left",
-                  show_edge=False)
-    for col, just in (("function", "left"), ("compiles", "right"), ("tracing", "right"), ("lowering", "right"),
-                      ("backend", "right")):
-        table.add_column(col, justify=just)
-    for c in report.compile[:top]:
-        table.add_row(plain(c.function), str(c.compiles), fmt_s(c.tracing_s), fmt_s(c.lowering_s),
-                      fmt_s(c.backend_compile_s))
-    return table
+    cols = [Col("function", "name", "left", most=40), Col("compiles"), Col("tracing"), Col("lowering"), Col("backend")]
+    rows = [[c.function, str(c.compiles), fmt_s(c.tracing_s), fmt_s(c.lowering_s), fmt_s(c.backend_compile_s)]
+            for c in report.compile[:top]]
+    table(console, cols, rows, title=title + (f", {hits} persistent-cache hits" if hits else ""))
 
 
-def _tpu_estimate(report, top: int) -> Group:
+def _tpu_estimate(report, top: int, console: Console) -> None:
     est, backend = report.tpu_estimate, report.backend
     t = est.target
     chip, backend = printable(t.chip), printable(backend)
@@ -107,25 +91,22 @@ def _tpu_estimate(report, top: int) -> Group:
     if est.step.tpu_estimated_s is not None and report.steps.median_s:
         head.append(f"   step: measured {fmt_s(report.steps.median_s)} on {backend}, "
                     f"estimated {fmt_s(est.step.tpu_estimated_s)} on {chip}")
-    mods = Table(show_edge=False)
-    for col, just in (("module", "left"), ("runs", "right"), (f"{backend} op time", "right"),
-                      ("TPU est. / run", "right"), ("TPU est. total", "right"), ("status", "left")):
-        mods.add_column(Text(col), justify=just, no_wrap=col != "status")
-    for m in est.modules[:top]:
-        mods.add_row(plain(m.name), str(m.executions), fmt_s(m.cpu_self_s), fmt_s(m.tpu_estimated_s),
-                     fmt_s(m.tpu_estimated_total_s), plain(m.status if not m.error else f"failed: {m.error}"))
-    lines = Table(title="By source line", title_justify="left", show_edge=False)
-    for col, just in (("source", "left"), (f"{backend} op time", "right"), ("TPU est.", "right")):
-        lines.add_column(Text(col), justify=just, no_wrap=True)
-    for ln in est.lines[:top]:
-        lines.add_row(plain(short_source(ln.source, keep=1)), fmt_s(ln.cpu_self_s), fmt_s(ln.tpu_estimated_s))
-    parts = [head, mods, lines, plain(est.note, style="bright_black")]
+    say(console, head)
+    cols = [Col("module", "name", "left", most=40), Col("runs"), Col(f"{backend} op time"), Col("TPU est. / run"),
+            Col("TPU est. total"), Col("status", "text", "left")]
+    table(console, cols, [[m.name, str(m.executions), fmt_s(m.cpu_self_s), fmt_s(m.tpu_estimated_s),
+                           fmt_s(m.tpu_estimated_total_s), m.status if not m.error else f"failed: {m.error}"]
+                          for m in est.modules[:top]])
+    cols = [Col("source", justify="left"), Col(f"{backend} op time"), Col("TPU est.")]
+    table(console, cols, [[short_source(ln.source, keep=1), fmt_s(ln.cpu_self_s), fmt_s(ln.tpu_estimated_s)]
+                          for ln in est.lines[:top]], title="By source line")
+    say(console, est.note, style="bright_black")
     if est.suggestions is not None:
         from tpudiag.report.suggest_render import summary_lines
 
-        parts += [Text("\nSuggestions", style="bold"),
-                  *[plain(f"  {line}") for line in summary_lines(est.suggestions, report.artifacts.get("run_dir"))]]
-    return Group(*parts)
+        say(console, Text("\nSuggestions", style="bold"))
+        for line in summary_lines(est.suggestions, report.artifacts.get("run_dir")):
+            say(console, f"  {line}")
 
 
 def _artifacts(report) -> Text:
@@ -150,27 +131,27 @@ def _artifacts(report) -> Text:
 @renders("tpudiag.report", "terminal")
 def render_terminal(report, console: Console, top: int = 15, top_compiles: int = 10) -> None:
     """A `ProfileReport` (tpudiag.report/1): the first `top` ops and `top_compiles` compiles."""
-    console.print(_header(report))
+    _header(report, console)
     console.print(_breakdown(report))
     console.print()
     if report.ops:
-        console.print(_ops_table(report, top, console.width))
+        _ops_table(report, top, console)
     else:
-        console.print("No op executed in the traced window.")
+        say(console, "No op executed in the traced window.")
     if report.compile:
         console.print()
-        console.print(_compile_table(report, top_compiles))
+        _compile_table(report, top_compiles, console)
     if report.fusions:
         console.print()
-        console.print(Text("Fusion breaks (tensors written to memory between kernels; `tpudiag fusions RUN` has all)",
-                           style="bold"))
+        say(console, Text("Fusion breaks (tensors written to memory between kernels; `tpudiag fusions RUN` has all)",
+                          style="bold"))
         for summary in report.fusions:
             for line in fusion_summary_lines(summary):
-                console.print(Text(line))
+                say(console, line)
     if report.tpu_estimate is not None:
         console.print()
-        console.print(_tpu_estimate(report, top))
+        _tpu_estimate(report, top, console)
     for w in report.warnings:
-        console.print(Text(f"warning: {printable(w)}", style="yellow"))
+        say(console, f"warning: {w}", style="yellow")
     console.print()
-    console.print(_artifacts(report))
+    say(console, _artifacts(report))

@@ -7,9 +7,9 @@ from __future__ import annotations
 from xml.sax.saxutils import escape, quoteattr
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from tpudiag.report.fit import Col, say, table
 from tpudiag.report.markdown import _esc
 from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
@@ -37,49 +37,46 @@ def _verdict(result) -> str:
 
 @renders("tpudiag.validate", "terminal")
 def render_validate_terminal(result, console: Console) -> None:
-    console.print(plain(f"tpudiag validate  {result.candidate} ({result.kinds['candidate']})  vs  "
-                        f"{result.reference} ({result.kinds['reference']})", style="bold"))
-    console.print(plain(f"rule: error vs float64 <= {result.rule['k']:g} x the reference's + "
-                        f"{result.rule['floor_eps']:g} eps of the output dtype (normwise)"
-                        + ("; gradients too" if result.grad else "")
-                        + ("; bit-for-bit determinism" if result.determinism else "")))
-    table = Table(show_edge=False)
-    for col, right in (("regime", False), ("check", False), ("result", False), ("err/allowed", True),
-                       ("normwise err", True), ("ULP max / p99.9 / mean", True), ("s", True)):
-        table.add_column(col, justify="right" if right else "left", overflow="fold")
+    say(console, f"tpudiag validate  {result.candidate} ({result.kinds['candidate']})  vs  "
+                 f"{result.reference} ({result.kinds['reference']})", style="bold")
+    say(console, f"rule: error vs float64 <= {result.rule['k']:g} x the reference's + "
+                 f"{result.rule['floor_eps']:g} eps of the output dtype (normwise)"
+                 + ("; gradients too" if result.grad else "")
+                 + ("; bit-for-bit determinism" if result.determinism else ""))
+    cols = [Col("regime", "name", "left"), Col("check", "text", "left"), Col("result", "name", "left"),
+            Col("err/allowed"), Col("normwise err", drop=2), Col("ULP max / p99.9 / mean", drop=1), Col("s", drop=3)]
+    rows = []
     for case in result.cases:
         if case.error:
-            table.add_row(plain(case.regime), "(run)", Text("ERROR", style="bold red"), "-", "-", "-",
-                          f"{case.seconds:.1f}")
+            rows.append([case.regime, "(run)", Text("ERROR", style="bold red"), "-", "-", "-", f"{case.seconds:.1f}"])
         for n, c in enumerate(case.checks):
-            table.add_row(plain(case.regime if n == 0 and not case.error else ""), plain(c.what),
-                          Text("ok", style="green") if c.ok else Text("FAIL", style="bold red"),
-                          _ratio(c.worst_ratio), _err(c.stats), _ulp(c.stats),
-                          f"{case.seconds:.1f}" if n == 0 else "")
-    console.print(table)
+            rows.append([case.regime if n == 0 and not case.error else "", c.what,
+                         Text("ok", style="green") if c.ok else Text("FAIL", style="bold red"),
+                         _ratio(c.worst_ratio), _err(c.stats), _ulp(c.stats), f"{case.seconds:.1f}" if n == 0 else ""])
+    table(console, cols, rows)
     if any(c.measures for c in result.cases) and result.cases:
         refs = [(c.regime, m) for c in result.cases for m in c.measures if m.what.endswith("reference vs float64")]
         worst = max(refs, key=lambda r: r[1].stats.normwise if r[1].stats else 0.0, default=None)
         if worst is not None and worst[1].stats is not None:
-            console.print(plain(f"the reference's own error against float64: up to {worst[1].stats.normwise:.2e} "
-                                f"({worst[0]})", style="dim"))
+            say(console, f"the reference's own error against float64: up to {worst[1].stats.normwise:.2e} "
+                         f"({worst[0]})", style="dim")
     for note in dict.fromkeys(m.detail for c in result.cases for m in c.measures if m.detail):
-        console.print(plain(f"note: {note}", style="yellow", newlines=True))
+        say(console, plain(f"note: {note}", style="yellow", newlines=True))
     for case in result.cases:  # ties excluded from an exact check that passed: shown, with their count
         for c in case.checks:
             if c.ok and c.detail:
-                console.print(plain(f"[{case.regime}] {c.what}: {c.detail}", style="yellow", newlines=True))
+                say(console, plain(f"[{case.regime}] {c.what}: {c.detail}", style="yellow", newlines=True))
     for case in result.failures:
-        console.print(plain(f"FAIL [{case.regime}] {case.inputs}: {case.why}", style="red", newlines=True))
+        say(console, plain(f"FAIL [{case.regime}] {case.inputs}: {case.why}", style="red", newlines=True))
         if case.shrunk is not None:
             s = case.shrunk
-            console.print(plain(f"  smallest failing case: [{s.regime}] {s.inputs}: {s.check}: {s.detail}",
-                                style="red", newlines=True))
+            say(console, plain(f"  smallest failing case: [{s.regime}] {s.inputs}: {s.check}: {s.detail}",
+                               style="red", newlines=True))
     if result.skipped:
-        console.print(plain(f"regimes skipped: {', '.join(result.skipped)}", style="dim"))
+        say(console, f"regimes skipped: {', '.join(result.skipped)}", style="dim")
     for note in result.notes:
-        console.print(plain(note, style="dim"))
-    console.print(Text(_verdict(result), style="green" if result.ok else "bold red"))
+        say(console, note, style="dim")
+    say(console, Text(_verdict(result), style="green" if result.ok else "bold red"))
 
 
 @renders("tpudiag.validate", "md")

@@ -40,8 +40,44 @@ class Headline(Model):
     spread: float | None
     base_spread: float | None
     cur_spread: float | None
-    verdict: str  # unchanged | within_threshold | within_noise | regression | improvement
+    verdict: str  # unchanged | within_threshold | within_noise | regression | improvement | refused
     regression: bool
+    # verdict "refused" (device_time): why measured times cannot decide, in one line.
+    refused: str | None = field(default=None, metadata={"omit_none": True})
+
+
+@dataclass(frozen=True)
+class CalibrationSide(Model):
+    """One run's calibration samples (seconds the loop took); `slowest_s` once the slowest tenth is set
+    aside."""
+
+    samples: int
+    median_s: float
+    fastest_s: float
+    slowest_s: float
+    spread: float  # slowest_s / fastest_s - 1: how far the machine's speed moved during the run
+
+
+@dataclass(frozen=True)
+class Calibration(Model):
+    """device_time's machine-drift check (analyze/compare/drift.py; docs/compare.md#machine-drift)."""
+
+    loop: str  # which calibration loop both runs timed
+    base: CalibrationSide
+    cur: CalibrationSide
+    ratio: float  # cur's median sample / base's: how much longer the loop took in cur
+    ratio_low: float  # cur's fastest / base's slowest
+    ratio_high: float  # cur's slowest / base's fastest
+    spread_max: float  # the largest spread a run may have for a time verdict
+    # How much more than the loop the program may slow with the machine: cur's figure is divided by
+    # the ratio to this power at most (XLA's threads wait on each other; the loop's do not).
+    sensitivity: float
+    consistent: bool  # both runs' spreads within spread_max
+    # cur's headline figure over every correction the samples allow (none, up to dividing by
+    # max(1, ratio_high) ** sensitivity; or by min(1, ratio_low) ** sensitivity): a time verdict is given
+    # only when it is the same at both ends and as measured.
+    cur_low: float
+    cur_high: float
 
 
 @dataclass(frozen=True)
@@ -95,6 +131,11 @@ class Comparison(Model):
     metric_reason: str | None = field(default=None, metadata={"omit_none": True})
     # `work` only: flops, bytes_accessed, op_executions, peak_allocation_bytes of both runs.
     figures: tuple[ChangeRow, ...] | None = field(default=None, metadata={"omit_none": True})
+    # device_time with median steps, when both runs timed the calibration loop: the drift check.
+    calibration: Calibration | None = field(default=None, metadata={"omit_none": True})
+    # device_time whose time verdict was refused, when both runs have executed-work figures: the `work`
+    # headline, which then decides `regression` (the exit code).
+    fallback: Headline | None = field(default=None, metadata={"omit_none": True})
 
     @property
     def flagged(self) -> tuple[ChangeRow, ...]:

@@ -114,6 +114,9 @@ class ModuleReport(Model):
     findings: tuple[str, ...]
     fusions: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})  # fusion_summary
     collectives: tuple[CollectiveEstimate, ...] = ()
+    # True: a setup module (no matmul, kernel, sort or collective; small arguments), compiled with
+    # the script's others in one worker, without the static profile. Absent otherwise.
+    setup: bool | None = field(default=None, metadata={"omit_none": True})
 
     @property
     def ok(self) -> bool:

@@ -66,7 +66,10 @@ class Manifest(Model):
     xplanes: tuple[str, ...] | None = _opt()
     program_pid: int | None = _opt()
     left_running: tuple[int, ...] | None = _opt()  # background processes the program left behind
-    calibration_s: tuple[float, ...] | None = _opt()  # a fixed CPU loop, timed before and after the program
+    # A fixed CPU loop, timed before the program, after traced steps and after it (capture/child.py);
+    # `calibration_loop` names the loop (absent: the OpenBLAS matmul loop, timed before and after only).
+    calibration_s: tuple[float, ...] | None = _opt()
+    calibration_loop: str | None = _opt()
     # profile --processes N: the job's manifest lists its processes; each process's own run
     # directory (processes/p<I>) has process_id, num_processes and coordinator
     num_processes: int | None = _opt()

@@ -124,8 +124,10 @@ class ProfileReport(Model):
     fusions: tuple[dict[str, Any], ...]  # analyze.hlo.fusions.fusion_summary documents
     warnings: tuple[str, ...]
     tpu_estimate: TpuEstimate | None = field(default=None, metadata={"omit_none": True})  # profile --target
-    # The machine's speed: a fixed CPU loop timed before and after the program (compare's drift check).
+    # The machine's speed: a fixed CPU loop timed before the program, after traced steps and after it
+    # (compare's drift check); `calibration_loop` names the loop (None: the matmul loop of older runs).
     calibration_s: tuple[float, ...] | None = field(default=None, metadata={"omit_none": True})
+    calibration_loop: str | None = field(default=None, metadata={"omit_none": True})
     # What was executed, machine-independent (analyze/profile/work.py): compare's default on CPU runs.
     work: Work | None = field(default=None, metadata={"omit_none": True})
     timeline: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_FRAME)

@@ -58,7 +58,7 @@ class ModuleArtifacts:
     name: str
     status: str  # "ok" | "failed"
     error: str | None
-    static_profile: str  # "ok" | "off" | "dropped: why"
+    static_profile: str  # "ok" | "off" | "dropped: why" | "partial: N op(s) profiled, then why"
     result: dict  # the worker's result.json
     hlo: HloModule | None  # optimized HLO
     static: pd.DataFrame | None  # parse.llo.read_static_profiles
@@ -67,6 +67,7 @@ class ModuleArtifacts:
     notes: tuple[str, ...] = ()  # what could not be read, said in the module's findings
     input_file: str | None = None  # the module as the worker compiled it (input.mlir or input.hlo.txt)
     mesh: DeviceMesh | None = None  # the program's mesh, from the input's sdy.mesh
+    setup: bool = False  # compiled in the setup group (capture/tpu_compile.is_setup_module)
 
 
 
@@ -168,7 +169,8 @@ def _op_rows(m: ModuleArtifacts, target: Target, costs: dict, runs: dict[str, in
             st = static.get(instr.name)
             cycles = None if st is None else int(st.estimated_cycles)
             # "none": the static profile ran but has no entry for this op; "off": it did not run.
-            cycles_source = "static_profile" if st is not None else ("none" if m.static_profile == "ok" else "off")
+            cycles_source = "static_profile" if st is not None else (
+                "none" if m.static_profile == "ok" or m.static_profile.startswith("partial") else "off")
             if st is not None and (getattr(st, "estimate_missing", False) or (cycles == 0 and oi.bound == "communication")):
                 cycles, cycles_source = None, "not_estimated"  # 0 with a remote DMA means "not estimated", not free
             candidates = {"hbm": nbytes / dev.hbm_bytes_per_s, "compute": flops / dev.peak_flops_per_s}
@@ -203,7 +205,7 @@ def _op_rows(m: ModuleArtifacts, target: Target, costs: dict, runs: dict[str, in
 
 def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
     base = {"name": m.name, "status": m.status, "error": m.error, "static_profile": m.static_profile,
-            "artifacts": m.artifacts_dir}
+            "artifacts": m.artifacts_dir, **({"setup": True} if m.setup else {})}
     if m.status != "ok" or m.hlo is None:
         oom = _OOM.search(m.error or "")
         if oom:  # the TPU compiler's own verdict: the program does not fit this chip's HBM
@@ -248,14 +250,16 @@ def _module_doc(m: ModuleArtifacts, target: Target) -> dict:
                         f"{cap / 2**30:.0f} GiB")
     if any(o["modelled"] for o in ops):
         findings.append("collective times are a model (bytes, group size, ICI bandwidth), not compiler estimates")
-    if m.static_profile.startswith("dropped"):
+    if m.static_profile.startswith(("dropped", "partial")):
         # The input the worker compiled sits in the module directory: rerun it alone, with more room.
         mem = _MEMORY_DROP.search(m.static_profile)
         option = (f"--static-memory {2 * float(mem.group(1)):g}", "more memory") if mem else \
             (f"--timeout {_RERUN_TIMEOUT_S}", "a longer limit")
         rerun = (f". Rerun this module alone with {option[1]}: tpudiag compile --target {target.topology} "
                  f"{option[0]} {m.input_file}") if m.input_file else ""
-        findings.append(f"static cycle profile {m.static_profile}; op times are roofline floors only{rerun}")
+        floors = ("the other ops' times are roofline floors" if m.static_profile.startswith("partial")
+                  else "op times are roofline floors only")
+        findings.append(f"static cycle profile {m.static_profile}; {floors}{rerun}")
     times = {o["name"]: o["estimated_s"] for o in ops}
     fusions = fusion_summary(build_fusion_report(m.hlo, times, "estimated", costs))
     collectives = collective_estimates(m.hlo, ops, target, m.mesh, m.result.get("device_coords"), totals["devices"])

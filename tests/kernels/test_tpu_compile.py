@@ -1,0 +1,96 @@
+"""Every bundled kernel, at its default blocks and production shape, compiled for v5e and for v6e by
+libtpu's compile-only client: the lowering and compile path of `tpudiag kernels bench`
+(capture/lower.lower_for_tpu, then api/pipeline.compile_inputs in worker processes), plain (no static
+LLO profile, which takes minutes per kernel), the kernel variant only.
+
+Three checks per kernel and target: the module compiles; the compiled module holds every Mosaic
+kernel the jaxpr traced (the kernel, not an XLA fallback, is what compiled); and the program's VMEM
+(XLA's memory-usage report: the kernel's scoped limit plus XLA's own VMEM buffers above it) plus the
+kernel's double-buffered blocks (read from the jaxpr, as tests/kernels/test_tiling.py counts them)
+fits in the core's VMEM. The last is what the static-profile compile of `kernels bench` checks on
+top of a plain compile: measured, rope with a 100 MiB limit compiled plain (program VMEM 104 MiB) and
+failed with the static profile, "Used 128.07M of 128.00M vmem" (104 MiB plus its 24.07 MiB of
+windows and spill slots counted again).
+
+CI time: a minute or more of CPU on either leg, most of it the grouped matmul, so it runs on one:
+the newest jax leg, whose libtpu (0.0.50.1) took 37-39 s of wall time (62-64 s of CPU) on a quiet
+2-core machine, against 46-49 s (80-83 s) for the oldest's (0.0.42), which compiles them too
+(TPUDIAG_ALL_LEGS=1 runs it there). CI's oldest leg is also the long one.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import re
+
+import jax
+import pytest
+
+from tests.kernels.test_tiling import MIB, _need, _pallas_calls
+from tpudiag.api.pipeline import compile_inputs
+from tpudiag.capture.lower import lower_for_tpu
+from tpudiag.capture.tpu_compile import ModuleInput
+from tpudiag.kernels.registry import all_specs
+from tpudiag.targets import require_libtpu, resolve_target
+
+TARGETS = ("v5e", "v6e")
+_VMEM_TOTAL = re.compile(r"^Memory Space: vmem\b.*\nTotal bytes: (\d+)", re.M)
+
+
+def _newest_leg_only():
+    major, minor = (int(x) for x in md.version("jax").split(".")[:2])
+    if (major, minor) < (0, 11) and not os.environ.get("TPUDIAG_ALL_LEGS"):
+        pytest.skip("the bundled kernels compile for TPU on the newest jax leg only (CI time); "
+                    "TPUDIAG_ALL_LEGS=1 runs them")
+
+
+@pytest.fixture(scope="module")
+def lowered(tmp_path_factory):
+    """(the lowered kernels as compile inputs, each kernel's traced Mosaic calls) at default blocks:
+    lowering does not depend on the target, so it is done once."""
+    _newest_leg_only()
+    require_libtpu()
+    out = tmp_path_factory.mktemp("lowered")
+    inputs, calls = [], {}
+    for spec in all_specs():
+        setup = spec.bench()  # default blocks
+        calls[spec.name] = list(_pallas_calls(jax.make_jaxpr(setup.kernel)(*setup.args).jaxpr))
+        path = lower_for_tpu(setup.kernel, setup.args, out / f"{spec.name}.mlir")
+        inputs.append(ModuleInput(name=spec.name, path=path, kind="mlir"))
+    return inputs, calls
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def compiled(request, lowered, tmp_path_factory):
+    inputs, calls = lowered
+    target = resolve_target(request.param)
+    run = tmp_path_factory.mktemp(f"compile-{request.param}")
+    report = compile_inputs(inputs, run, target, static_profile=False, jobs=2, suggestions=False)
+    return target, run, report, calls
+
+
+def test_every_kernel_compiles_and_keeps_its_mosaic_calls(compiled):
+    target, _, report, calls = compiled
+    by_name = {m.name: m for m in report.modules}
+    assert set(by_name) == set(calls)
+    failed = {n: m.error for n, m in by_name.items() if m.status != "ok"}
+    assert not failed, f"{target.chip.name}: {failed}"
+    for name, module in by_name.items():
+        custom = {o.name.split(".")[0] for o in module.ops if o.opcode == "custom-call"}
+        traced = {eqn.params["name"] for eqn in calls[name]}
+        assert traced and traced <= custom, f"{name} on {target.chip.name}: traced {traced}, compiled {custom}"
+
+
+def test_program_vmem_leaves_room_for_the_kernels_blocks(compiled):
+    target, run, report, calls = compiled
+    vmem = target.chip.vmem_bytes
+    for module in report.modules:
+        reports = list((run / "modules").glob(f"*-{module.name}/hlo/*memory-usage-report.txt"))
+        assert reports, f"{module.name}: no memory-usage report"
+        totals = [int(v) for p in reports for v in _VMEM_TOTAL.findall(p.read_text())]
+        assert totals, f"{module.name}: no vmem memory space in {reports[0].name}"
+        program, blocks = max(totals), max(_need(eqn) for eqn in calls[module.name])
+        assert program + blocks <= vmem, (
+            f"{module.name} on {target.chip.name}: program VMEM {program / MIB:.2f} MiB + blocks "
+            f"{blocks / MIB:.2f} MiB > {vmem / MIB:.0f} MiB")

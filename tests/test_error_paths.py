@@ -1,0 +1,188 @@
+"""Bad input is refused before any work, through the real command line: exit 2, one line on stderr
+that names the path and the problem, no traceback, and nothing written (no run directory, no
+output file replaced). Covers output paths a file system refuses although `os.access` allows
+them, modules XLA's or MLIR's own parser rejects, an estimate's FUNC that is missing, not callable
+or has the wrong signature, and single-file outputs (--html, --perfetto, --junit) that exist or
+have the wrong extension."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ARTIFACTS, PROGRAMS, file_tree, run_main
+
+MLP = str(PROGRAMS / "mlp.py")
+RUN = str(ARTIFACTS / "mlp")
+
+
+def _refused(rc, out, err, line: str) -> None:
+    """Exit 2, nothing on stdout, and exactly `tpudiag: error: <line>` on stderr."""
+    assert (rc, out) == (2, ""), err
+    assert err == f"tpudiag: error: {line}\n"
+
+
+# ------------------------------------------------------------------ a directory the file system refuses
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("command", [["profile"], ["compile", "--target", "v5e"]])
+def test_run_directory_in_a_pseudo_file_system_is_one_line(tmp_path, capsys, command):
+    """Root may "write" /proc by its modes (os.access says yes), but nothing can be created there:
+    the probe asks the file system. The script never runs."""
+    marker = tmp_path / "ran"
+    script = tmp_path / "s.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    rc, out, err = run_main([*command, "--out", "/proc/tpudiag-run", str(script)], capsys)
+    assert (rc, out) == (2, "") and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("tpudiag: error: /proc/tpudiag-run: ")
+    assert not marker.exists() and not os.path.exists("/proc/tpudiag-run")
+    assert file_tree(tmp_path) == ["s.py"]
+
+
+# ------------------------------------------------------------------ modules the parsers reject
+
+
+_BAD_MLIR = """module {
+  func.func public @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+    %y = stablehlo.addd %x, %x : tensor<4xf32>
+    return %y : tensor<4xf32>
+  }
+}
+"""
+_BAD_HLO = """HloModule bad
+
+ENTRY main {
+  p = f32[4] parameter(0)
+  ROOT a = f32[4] addd(p, p)
+}
+"""
+
+
+@pytest.mark.parametrize("name,data,line", [
+    ("garbage.mlir", _BAD_MLIR, "{p}:3:10: not a valid StableHLO module: custom op 'stablehlo.addd' is unknown "
+                                "(MLIR parser)"),
+    ("garbage.mlirbc", b"ML\xefR\x00garbage",
+     "{p}: not a valid StableHLO module: attempting to parse 8 bytes when only 7 remain (MLIR parser)"),
+    ("garbage.hlo", _BAD_HLO, "{p}:5:19: not a valid HLO module: expects opcode but sees: addd; Unknown opcode: addd "
+                              "(XLA's HLO parser)"),
+])
+def test_a_module_the_parser_rejects_is_refused_before_the_run(tmp_path, capsys, name, data, line):
+    """The parsers the compile worker uses, run here first: the parser's first message, where it
+    stopped, the file; no run directory (before: exit 1 and the message in modules/00-*/compile.log)."""
+    bad = tmp_path / name
+    bad.write_bytes(data) if isinstance(data, bytes) else bad.write_text(data)
+    rc, out, err = run_main(["compile", "--target", "v5e", "--out", str(tmp_path / "run"), str(bad)], capsys)
+    _refused(rc, out, err, line.format(p=bad))
+    assert file_tree(tmp_path) == [name]
+
+
+def test_a_bad_module_in_an_ir_dump_directory_is_named(tmp_path, capsys):
+    dump = tmp_path / "ir"
+    dump.mkdir()
+    good = next((ARTIFACTS / "mlp" / "ir").glob("*jit_train_step*.mlir"))
+    (dump / good.name).write_bytes(good.read_bytes())
+    (dump / "jax_ir0009_jit_broken.mlir").write_text(_BAD_MLIR)
+    rc, out, err = run_main(["compile", "--target", "v5e", "--out", str(tmp_path / "run"), str(dump)], capsys)
+    _refused(rc, out, err, f"{dump / 'jax_ir0009_jit_broken.mlir'}:3:10: not a valid StableHLO module: custom op "
+                           "'stablehlo.addd' is unknown (MLIR parser)")
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ estimate: FUNC checked before the run
+
+
+_ENTRIES = """def step(argv, mesh):
+    return {}
+
+def make(config, argv, mesh):
+    return {}
+
+steps = 3
+"""
+
+
+@pytest.mark.parametrize("func,line", [
+    ("stepp", "{f}: no function 'stepp' (did you mean 'step'? defined: make, step)"),
+    ("make", "{f}: make(config, argv, mesh) cannot be called as make(argv, mesh): missing a required argument: "
+             "'mesh'"),
+    ("steps", "{f}: steps is not a function (int value); estimate calls steps(argv, mesh)"),
+])
+def test_estimate_refuses_a_bad_func_before_any_directory(tmp_path, func, line):
+    """FUNC is looked up and its signature checked by the worker, which lowers into a temporary
+    directory: neither the run directory nor that temporary directory is left behind."""
+    src = tmp_path / "entries.py"
+    src.write_text(_ENTRIES)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    p = subprocess.run([sys.executable, "-m", "tpudiag", "estimate", "--target", "v5e:2x2", "--out",
+                        str(tmp_path / "run"), f"{src}:{func}"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, TMPDIR=str(tmp), JAX_PLATFORMS="cpu"))
+    assert p.returncode == 2 and p.stdout == "" and "Traceback" not in p.stderr, p.stderr[-2000:]
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("tpudiag: error:")]
+    assert errors == [f"tpudiag: error: {line.format(f=src)}"]
+    assert file_tree(tmp_path) == ["entries.py", "tmp"], "no run directory, no lowering left in the temporary directory"
+
+
+# ------------------------------------------------------------------ single-file outputs
+
+
+def _keep(tmp_path, name: str) -> tuple:
+    f = tmp_path / name
+    f.write_text("print('my own code')\n")
+    return f, f.read_text()
+
+
+@pytest.mark.parametrize("command,option,good", [
+    (["report", RUN], "--html", "r.html"),
+    (["hlo-diff", RUN, RUN], "--html", "d.html"),
+    (["export", RUN], "--perfetto", "t.json"),
+    (["profile", MLP], "--html", "p.html"),
+    (["compile", "--target", "v5e", MLP], "--html", "c.html"),
+    (["kernels", "verify", "rmsnorm"], "--junit", "k.xml"),
+    (["validate", "--inputs", "x=f32[4,8]", "refs.py:softmax", "ports.py:softmax"], "--junit", "v.xml"),
+])
+def test_an_existing_file_or_a_wrong_extension_is_refused(tmp_path, capsys, monkeypatch, command, option, good):
+    """A Python source given as the output is never replaced: its extension is refused; a file of
+    the right kind that exists is refused too, unless --force. Before any work: no run directory,
+    no program run."""
+    monkeypatch.chdir(tmp_path)  # where a default run directory (tpudiag-runs/) would appear
+    src, text = _keep(tmp_path, "train.py")
+    rc, out, err = run_main([*command, option, str(src)], capsys)
+    ext = {"--html": ".html or .htm (the HTML page)", "--perfetto": ".json or .json.gz (the Chrome JSON trace)",
+           "--junit": ".xml (the JUnit XML)"}[option]
+    _refused(rc, out, err, f"{src}: expected a file name ending in {ext}")
+    existing = tmp_path / good
+    existing.write_text("an earlier report\n")
+    rc, out, err = run_main([*command, option, str(existing)], capsys)
+    _refused(rc, out, err, f"{existing}: already exists (--force replaces it; or give another name)")
+    assert src.read_text() == text and existing.read_text() == "an earlier report\n"
+    assert file_tree(tmp_path) == sorted(["train.py", good])
+
+
+@pytest.mark.parametrize("command,option,name,head", [
+    (["report", RUN], "--html", "r.html", "<!DOCTYPE html>"),
+    (["export", RUN], "--perfetto", "t.json.gz", "\x1f\x8b"),
+])
+def test_force_replaces_an_existing_file(tmp_path, capsys, command, option, name, head):
+    out_file = tmp_path / name
+    out_file.write_text("an earlier report\n")
+    rc, _out, err = run_main([*command, option, str(out_file), "--force"], capsys)
+    assert rc == 0, err
+    assert out_file.read_bytes().decode("latin-1").startswith(head)
+
+
+def test_the_checks_run_in_the_installed_command(tmp_path):
+    """One real `tpudiag` process: the same line and exit code as through main()."""
+    src, text = _keep(tmp_path, "model.py")
+    exe = os.path.join(os.path.dirname(sys.executable), "tpudiag")
+    p = subprocess.run([exe, "export", RUN, "--perfetto", str(src)], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr == (f"tpudiag: error: {src}: expected a file name ending in .json or .json.gz "
+                        "(the Chrome JSON trace)\n")
+    assert src.read_text() == text
+
