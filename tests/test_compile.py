@@ -104,24 +104,17 @@ def tpudiag(*args) -> subprocess.CompletedProcess:
 
 def test_compile_mlir_falls_back_when_the_static_profile_aborts(tmp_path):
     """The MLP train step has a gather: libtpu's static profile aborts on it (TPU-NOTES); the
-    module is recompiled without it and still reported, and the ops profiled before the abort keep
-    their cycles (the plain compile made the same optimized module)."""
+    module is recompiled without it and still reported. Which ops libtpu profiled before aborting
+    varies from run to run, so none are kept: the report is the same each time."""
     mlir = next((ARTIFACTS / "mlp" / "ir").glob("*jit_train_step*.mlir"))
     p = tpudiag("compile", "--target", "v5e", "--json", "--out", str(tmp_path / "run"), str(mlir))
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     (m,) = doc["modules"]
-    assert m["status"] == "ok" and m["static_profile"].startswith("partial: "), m["static_profile"]
-    assert "op(s) profiled, then the TPU compiler aborted" in m["static_profile"]
-    assert "Static LLO profiling of gather_fusion failed" in m["static_profile"]
-    kept = [o for o in m["ops"] if o["cycles_source"] == "static_profile"]
-    rest = [o for o in m["ops"] if o["cycles_source"] != "static_profile"]
-    profiled = int(m["static_profile"].split()[1])
-    files = list((Path(m["artifacts"]) / "static_profile").iterdir())
-    assert len(files) == profiled and 0 < len(kept) <= profiled
-    assert rest and all(o["cycles_source"] == "none" and o["bound_by"] != "static_cycles" for o in rest)
-    assert "gather_fusion" in {o["name"] for o in rest}
-    assert any("the other ops' times are roofline floors" in f for f in m["findings"])
+    assert m["status"] == "ok" and m["static_profile"].startswith("dropped: the TPU compiler aborted")
+    assert "Static LLO profiling" in m["static_profile"]
+    assert m["ops"] and all(o["cycles_source"] == "off" for o in m["ops"])
+    assert not (Path(m["artifacts"]) / "static_profile").exists()
     assert m["totals"]["flops"] > 0 and m["totals"]["estimated_s"] > 0
     assert "libtpu" not in p.stderr.lower() and "Failed to find host bounds" not in p.stderr, "libtpu noise hidden"
     again = json.loads(tpudiag("report", "--json", str(tmp_path / "run")).stdout)

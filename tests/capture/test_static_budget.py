@@ -84,3 +84,30 @@ def test_a_memory_drop_suggests_more_memory_from_the_command_line(tmp_path):
     command = hint.split("with more memory: ", 1)[1]
     assert command.startswith("tpudiag compile --target v5e:2x2 --static-memory 0.2 ")
     assert Path(command.rsplit(" ", 1)[1]).is_file()
+
+
+def test_a_profile_stopped_for_time_keeps_the_ops_it_reached(tmp_path):
+    """Stopped by its CPU limit part-way (the decoder step's profile writes its ops over a few CPU
+    seconds), the module keeps the cycles of the ops already profiled: the plain compile made the same
+    optimized module. The limit that stops it part-way depends on the machine's speed, so three are
+    tried, the first that stops it part-way is checked."""
+    for i, limit in enumerate((2.5, 3.5, 5.0)):
+        (res,) = compile_modules([ModuleInput("step", DECODER_IR[-1], "mlir")], tmp_path / f"m{i}", "v5e:2x2",
+                                 jobs=1, cache=None, limits=Limits(static_timeout_s=limit, scale_with_size=False,
+                                                                   wall_per_cpu=100))
+        if res.static_profile.startswith("partial: "):
+            break
+    else:
+        pytest.fail(f"no limit stopped the profile part-way; the last: {res.static_profile}")
+    assert res.status == "ok" and f"then timed out after {limit:.0f} s of CPU" in res.static_profile
+    files = list((res.dir / "static_profile").iterdir())
+    assert int(res.static_profile.split()[1]) == len(files) > 0
+    from tpudiag.analyze.compile.report import build_compile_report
+    from tpudiag.api.pipeline import module_artifacts
+    from tpudiag.targets import resolve_target
+
+    (m,) = build_compile_report(resolve_target("v5e"), [module_artifacts(res)], {}).modules
+    profiled = [o for o in m.ops if o.cycles_source == "static_profile"]
+    assert 0 < len(profiled) <= len(files) and len(profiled) < len(m.ops)
+    assert {o.cycles_source for o in m.ops} == {"static_profile", "none"}
+    assert any("the other ops' times are roofline floors" in f for f in m.findings)

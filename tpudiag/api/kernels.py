@@ -111,8 +111,10 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
                 note = "" if mc.static_profile in ("ok", "off") else f" (static profile: {mc.static_profile[:60]})"
                 progress(f"[{done[0]}/{len(inputs)}] {mc.name} {mc.status}{note}")
 
+        # Every variant is measured as itself: a plain-JAX variant with no matmul is no setup module.
         compiled = compile_inputs(inputs, run, target, static_profile=static_profile, jobs=jobs, limits=limits,
-                                  progress=on_compiled, source={"input": "tpudiag kernels bench", "kind": "kernels"})
+                                  progress=on_compiled, source={"input": "tpudiag kernels bench", "kind": "kernels"},
+                                  group_setup=False)
         report = compiled.to_dict()
         rd.write_json(rundir.KERNELS_COMPILE_REPORT, report)
         modules = {m.name: m for m in compiled.modules}

@@ -155,7 +155,8 @@ def _price(cands, indices, target, *, static_profile, jobs, limits, progress) ->
                 continue
             inputs.append((key, ModuleInput(name=f"{s.kernel}", path=path, kind="mlir")))
         rep = compile_inputs([m for _, m in inputs], Path(tmp), target, static_profile=static_profile, jobs=jobs,
-                             limits=limits, progress=progress, with_llo=False, suggestions=False) if inputs else None
+                             limits=limits, progress=progress, with_llo=False, suggestions=False,
+                             group_setup=False) if inputs else None
         compiled = {key: rep.modules[k] for k, (key, _) in enumerate(inputs)} if rep else {}
     for key, idx in by_key.items():
         s = setups[key]

@@ -441,9 +441,12 @@ def _compile_module(inp: ModuleInput, mdir: Path, spec: Path, static_profile: bo
                                  None, shown_limit)
         static_note = f"dropped: {detail}"
     with tempfile.TemporaryDirectory(prefix="tpudiag-partial-") as tmp:
-        # The ops the stopped attempt profiled before it was stopped: kept if the plain compile makes
-        # the same optimized module (the profile flag changes no HLO pass; checked, not assumed).
-        partial = _set_aside(mdir, Path(tmp)) if static_profile else None
+        # The ops an attempt stopped for time or memory profiled before it was stopped: kept if the
+        # plain compile makes the same optimized module (the profile flag changes no HLO pass; checked,
+        # not assumed). Not after an abort: which ops libtpu finished before aborting varies from run
+        # to run (seen: 0 and several for the same flash-attention module), and a compile must not.
+        stopped = static_profile and static_note.startswith(("dropped: timed out", "dropped: used more"))
+        partial = _set_aside(mdir, Path(tmp)) if stopped else None
         for sub in (rundir.LLO_DIR, rundir.STATIC_PROFILE_DIR, rundir.HLO_DIR):  # partial dumps of the aborted attempt
             shutil.rmtree(mdir / sub, ignore_errors=True)
         # The plain compile never balloons as the static profile does: a smaller static-profile limit
