@@ -243,7 +243,11 @@ def test_a_failing_process_stops_the_job_and_keeps_the_others_traces(tmp_path):
     assert m["reason"] == "process 1 failed: program called sys.exit(3)"
     p0, p1 = m["processes"]
     assert p1["exit_code"] == 3 and not p1["stopped_by_tpudiag"]
-    assert p0["status"] == "failed" and p0["reason"].startswith("stopped by tpudiag after process 1 failed")
+    # Process 0 is stopped by tpudiag, unless its own all-reduce saw process 1 leave first (Gloo:
+    # "Connection closed by peer"): a race between two right answers, and the job's reason is process 1's.
+    assert p0["status"] == "failed"
+    assert (p0["reason"].startswith("stopped by tpudiag after process 1 failed")
+            or "Connection closed by peer" in p0["reason"]), p0["reason"]
     assert p0["xplane"] and (run / p0["xplane"]).is_file()  # its trace is kept
     assert p1["xplane"] and (run / p1["xplane"]).is_file()
     assert "tpudiag: process 1 failed: program called sys.exit(3); what was captured is in" in res.stderr

@@ -220,6 +220,10 @@ def _gate(a, b, *opts):
 
 
 def test_real_runs_under_a_busy_loop_never_regress_and_twice_the_work_still_does(tmp_path):
+    import jax
+
+    if tuple(int(x) for x in jax.__version__.split(".")[:2]) < (0, 11) and not os.environ.get("TPUDIAG_ALL_LEGS"):
+        pytest.skip("real runs under a busy loop run on the newest jax leg only (CI time); TPUDIAG_ALL_LEGS=1 runs them")
     base, busy, slower = tmp_path / "base", tmp_path / "busy", tmp_path / "slower"
     _profile(base, "--hidden", "1024")
     _profile(busy, "--hidden", "1024", busy_from_first_step=True)
