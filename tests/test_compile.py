@@ -90,7 +90,7 @@ def test_memory_totals(in_root):
 def test_targets_json():
     doc = json.loads(CliRunner().invoke(cli, ["targets", "--json"]).output)
     assert doc["schema"] == "tpudiag.targets/1"
-    assert {r["name"] for r in doc["targets"]} == {"v4", "v5e", "v5p", "v6e"}
+    assert {r["name"] for r in doc["targets"]} == {"v4", "v5e", "v5p", "v6e", "tpu7x"}
 
 
 # ------------------------------------------------------------------ real compiles

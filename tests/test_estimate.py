@@ -137,3 +137,29 @@ def test_estimate_a_tiny_decode_step(tmp_path, newest_leg):
     report = json.loads((tmp_path / "dec" / "report.json").read_text())
     axes = {tuple(c["mesh_axes"] or ()) for m in report["modules"] for c in m["collectives"]}
     assert ("tensor",) in axes
+    # the buffers live at the HBM peak, from XLA's live-range dump: the stacked [2, 4, 64, 1, 64]
+    # per-device K and V caches are there, as parameters
+    bufs = doc["peak_buffers"]
+    assert bufs and all(b["bytes"] > 0 and b["kind"] in ("parameter", "output", "temporary") for b in bufs)
+    assert bufs == sorted(bufs, key=lambda b: -b["bytes"])
+    cache = [b for b in bufs if b["where"] == "parameters bf16[2,4,64,1,64]"]
+    assert cache and cache[0]["count"] == 2 and cache[0]["bytes"] >= 2 * 2 * 4 * 64 * 64 * 2
+
+
+def test_paged_decode_writes_the_cache_in_place_and_reads_it_with_the_kernel(tmp_path, newest_leg):
+    args = ["--layers", "2", "--d-model", "256", "--heads", "4", "--kv-heads", "2", "--head-dim", "128", "--d-ff",
+            "512", "--vocab", "1024", "--context", "200", "--batch", "4", "--cache", "paged", "--max-len", "256",
+            "--page-size", "64"]
+    real = _run(str(PROGRAMS / "llama_decode.py"), *args)  # runs for real on CPU (the kernel's reference)
+    assert real.returncode == 0 and "llama_decode: 1 devices, tokens" in real.stdout, real.stderr[-2000:]
+    res = _run("-m", "tpudiag", "estimate", f"{PROGRAMS / 'llama_decode.py'}:step", "--target", "v5e:2x2",
+               "--mesh", "tensor=2,data=2", "--json", "--out", str(tmp_path / "paged"), "--", *args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "ok" and doc["fits"]
+    ops = [o["name"] for o in doc["top_ops"]]
+    assert any(n.startswith("tpudiag_paged_attention") for n in ops), ops
+    hlo = next((tmp_path / "paged" / "modules").glob("*/hlo/*after_optimizations.txt")).read_text()
+    # the new token's K/V is scattered into its page of the donated pool, never a dynamic-update-slice
+    # of a whole cache
+    assert " scatter(" in hlo and "dynamic-update-slice(" not in hlo

@@ -1,4 +1,4 @@
-"""The TPU chip table (v4, v5e, v5p, v6e) and the parser for the target names users type.
+"""The TPU chip table (v4, v5e, v5p, v6e, TPU7x) and the parser for the target names users type.
 
 Holds one frozen `Chip` per supported generation with the per-chip figures a roofline needs
 (peak bf16 FLOP/s, peak int8 OP/s, HBM size and bandwidth, VMEM, ICI, clock), and
@@ -223,6 +223,35 @@ CHIPS: dict[str, Chip] = {
         torus_dims=2,
         sources=(_CLOUD + "v6e", _SCALING_BOOK, _JAX_TPU_INFO),
     ),
+    "tpu7x": Chip(
+        name="tpu7x",  # libtpu's topology names: tpu7x:4x4x4
+        # cloud.google.com/tpu/docs/tpu7x: "Peak compute per chip (BF16) (TFLOPs) 2307".
+        peak_bf16_flops_per_s=2307e12,
+        # The same table lists FP8 4614; JAX's tpu_info.py: "int8_ops_per_second=0, # Not Available".
+        peak_int8_ops_per_s=None,
+        # Same table: "HBM capacity per chip (GiB) 192", "HBM bandwidth per chip (GB/s) 7380".
+        hbm_bytes=192 * GiB,
+        hbm_bytes_per_s=7380e9,
+        # Not on the Cloud page; JAX tpu_info.py (TPU_7X): "64 MiB per core".
+        vmem_bytes=64 * 1024 * 1024,
+        # Same table: "Bi-directional inter-chip interconnect (ICI) bandwidth per chip (GB/s) 1200";
+        # 3D torus like v5p (the page: "shares many similarities with TPU v5p"), 6 neighbours.
+        ici_bytes_per_s=1200e9,
+        ici_links=6,
+        # Same table: "Number of TensorCores per chip 2". The page: "the Ironwood programming model
+        # lets you access two TPU devices" (no megacore): libtpu 0.0.50's tpu7x:4x4x4 has 128 devices.
+        tensorcores_per_chip=2,
+        # Not published; derived as for v6e, 2 cores x 4 x 256x256 MXU-equivalents -> 2.2 GHz.
+        # Unconfirmed: JAX's tpu_info.py says 2 MXUs of 256 columns per core (4.4 GHz), and libtpu
+        # 0.0.50's static profile of a 4096^3 bf16 matmul on one device takes 868,698 cycles, 30% of
+        # the peak at 2.2 GHz (v5e/v5p/v6e: 94-97%). Static cycles on TPU7x are not read against the peak.
+        clock_hz=round(_clock(2307e12, 2, 4, 256), -7),
+        default_topology="tpu7x:2x2x1",  # 4 chips, 8 devices (libtpu 0.0.50)
+        devices_per_chip=2,
+        pod_max_chips=9216,  # Cloud page: "Number of chips per pod 9216"
+        torus_dims=3,
+        sources=(_CLOUD + "tpu7x", _JAX_TPU_INFO),
+    ),
 }
 
 
@@ -249,7 +278,7 @@ class TargetError(InputError):
     """The target text names no supported TPU (or an impossible slice of one)."""
 
 
-_VALID = ("valid targets: v4, v5e, v5p, v6e, optionally with a topology (v5e:2x4, v5p:2x2x1) "
+_VALID = ("valid targets: v4, v5e, v5p, v6e, tpu7x, optionally with a topology (v5e:2x4, v5p:2x2x1) "
           "or a slice size (v5e-8, v5litepod-8, v6e-4, v5p-8, v4-8)")
 
 # Names that mean a supported chip. Keys are lower-case with spaces, '_' and '-' removed.
@@ -258,14 +287,11 @@ _ALIASES = {
     "v5e": "v5e", "v5lite": "v5e", "v5litepod": "v5e", "tpuv5e": "v5e", "tpuv5lite": "v5e",
     "v5p": "v5p", "tpuv5p": "v5p", "tpuv5": "v5p",  # "TPU v5" is v5p's jax device_kind
     "v6e": "v6e", "v6lite": "v6e", "tpuv6e": "v6e", "tpuv6lite": "v6e", "trillium": "v6e",
+    "tpu7x": "tpu7x", "v7x": "tpu7x", "7x": "tpu7x", "tpuv7x": "tpu7x", "ironwood": "tpu7x",
 }
 
 # Names that mean a TPU tpudiag does not support, with the reason.
-_TPU7X_REASON = ("TPU7x is not supported yet: it compiles, but libtpu 0.0.42's static LLO profile "
-                 "aborts on every op (LloOpcodeIsScalarBranch)")
 _UNSUPPORTED = {
-    "tpu7x": _TPU7X_REASON, "v7x": _TPU7X_REASON, "7x": _TPU7X_REASON, "tpuv7x": _TPU7X_REASON,
-    "tpu7": _TPU7X_REASON, "v7": _TPU7X_REASON, "ironwood": _TPU7X_REASON,
     "v2": "TPU v2 is not supported (no chip table for it)",
     "tpuv2": "TPU v2 is not supported (no chip table for it)",
     "v3": "TPU v3 is not supported (no chip table for it)",

@@ -29,8 +29,25 @@ from tpudiag.outputs import check_run_dir
 _MESH_AXIS = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(\d+)$")
 
 
+MAXTEXT_PREFIX = "maxtext:"
+_MAXTEXT_STEP = Path(__file__).resolve().parents[1] / "capture" / "maxtext_step.py"
+
+
+def maxtext_model(entry: str) -> str | None:
+    """`maxtext:MODEL` -> MODEL (MaxText's model config name); None for a FILE.py:FUNC entry."""
+    if not str(entry).startswith(MAXTEXT_PREFIX):
+        return None
+    model = str(entry)[len(MAXTEXT_PREFIX):]
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", model):
+        raise InputError(f"{entry}: expected maxtext:MODEL, a model config MaxText ships (maxtext:llama3.1-8b)")
+    return model
+
+
 def parse_entry(entry: str) -> tuple[Path, str]:
-    """`FILE.py:FUNC` -> (file, function name), checked."""
+    """`FILE.py:FUNC` -> (file, function name), checked. `maxtext:MODEL` -> the bundled adapter
+    that builds MaxText's own step (`capture/maxtext_step.py`)."""
+    if maxtext_model(entry) is not None:
+        return _MAXTEXT_STEP, "step"
     file, sep, func = str(entry).rpartition(":")
     if not sep or not file or not func:
         raise InputError(f"{entry}: expected FILE.py:FUNC (the function that returns the step)")
@@ -86,11 +103,87 @@ def _lower_in_worker(path: Path, func: str, argv: list[str], target, mesh, out_d
     return f"{path}:{func}: lowering failed (exit {code})"
 
 
+# Chips whose static cycle model was checked against the bf16 peak (a 4096^3 matmul at 94-97%:
+# targets.py); v4 has no static profile, TPU7x's cycles are not read against the peak.
+PROBED_CHIPS = ("v5e", "v5p", "v6e")
+PROBES_MAX = 16
+
+
+def _probe_matmuls(report, run: Path, target, limits, progress=None):
+    """(the report with the step's compute-bound matmul fusions timed by the compiler's static cycles
+    of their probes, a finding or None). Each distinct matmul is compiled alone with the static
+    profile (`analyze/compile/matmul_probe.py`) into `RUN/estimate/probes/`; an op takes its probe's
+    time where that is longer than its roofline time."""
+    from dataclasses import replace
+
+    from tpudiag.analyze.compile.matmul_probe import select_probes
+    from tpudiag.api.pipeline import compile_inputs
+    from tpudiag.capture.tpu_compile import ModuleInput
+    from tpudiag.parse.hlo import read_hlo_file
+
+    m = report.modules[0] if report.modules else None
+    if m is None or not m.ok or not m.ops:
+        return report, None
+    hlo = read_hlo_file(Path(run) / rundir.MODULES_DIR / Path(m.artifacts).name / rundir.MODULE_HLO)
+    probes = select_probes(hlo, m.ops, PROBES_MAX)
+    if not probes:
+        return report, None
+    pdir = Path(run) / rundir.ESTIMATE_DIR / "probes"
+    pdir.mkdir(parents=True, exist_ok=True)
+    inputs = []
+    for i, p in enumerate(probes):
+        path = pdir / f"probe{i:02d}-{p.key}.hlo.txt"
+        path.write_text(p.text)
+        inputs.append(ModuleInput(name=f"probe{i:02d}", path=path, kind="hlo"))
+    if progress:
+        progress(f"timing {len(probes)} distinct matmul(s) with the compiler's static profile, each alone")
+    probed = compile_inputs(inputs, pdir, target, static_profile=True, jobs=1, limits=limits, suggestions=False,
+                            group_setup=False, with_llo=False)
+    clock = report.target.clock_hz
+    seconds, missing = {}, 0
+    for p, pm in zip(probes, probed.modules):
+        cycles = max((o.estimated_cycles or 0 for o in pm.ops if o.flops > 0 and o.cycles_source == "static_profile"),
+                     default=0)
+        if not cycles:
+            missing += 1
+            continue
+        for name in p.ops:
+            seconds[name] = (cycles, pm.name)
+    ops, added, slower = [], 0.0, 0
+    for o in m.ops:
+        got = seconds.get(o.name)
+        if got and got[0] / clock > o.estimated_s:
+            added += (got[0] / clock - o.estimated_s) * o.runs
+            slower += 1
+            o = replace(o, estimated_s=round(got[0] / clock, 12), estimated_cycles=got[0], bound_by="static_cycles",
+                        cycles_source="matmul_probe", limit=f"compiler cycles, alone ({got[1]})")
+        ops.append(o)
+    note = (f"{len(seconds)} compute-bound matmul op(s) ({len(probes) - missing} distinct) timed by the TPU compiler's "
+            f"static cycles, each compiled alone (estimate/probes/): {slower} slower than the MXU peak, +{added:.4g} s "
+            f"per step" + (f"; {missing} probe(s) gave no cycles and stay at the peak" if missing else ""))
+    m = replace(m, ops=tuple(sorted(ops, key=lambda o: (-o.total_s, o.name))), findings=(*m.findings, note))
+    return replace(report, modules=(m, *report.modules[1:])), note
+
+
+def _peak_buffers(run: Path) -> list[dict]:
+    """The step's largest buffers at its HBM peak; none when the compile left no live-range dump
+    (a compile that failed before scheduling)."""
+    from tpudiag.analyze.compile.peak_buffers import peak_buffers_of_run
+    from tpudiag.errors import TpudiagError
+
+    try:
+        return peak_buffers_of_run(run)
+    except (TpudiagError, OSError):
+        return []
+
+
 def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | None = None,
-             static_profile: bool = False, limits=None, compile_timeout_s: float = 1800.0, progress=None):
+             static_profile: bool = False, limits=None, compile_timeout_s: float = 1800.0, progress=None,
+             matmul_probes: bool = True):
     """Estimate one step of `entry` (FILE.py:FUNC) on `target_text`. Returns (run dir, EstimateReport).
     `compile_timeout_s`: wall seconds the step's compile may take (a 32-layer 8B step for 256 chips
-    takes minutes on a 2-core machine)."""
+    takes minutes on a 2-core machine). `matmul_probes`: without the static profile, time the step's
+    compute-bound matmuls by the compiler's static cycles of each alone (`_probe_matmuls`)."""
     from dataclasses import replace
 
     from tpudiag.analyze.compile.estimate import build_estimate
@@ -103,6 +196,16 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
     path, func = parse_entry(entry)
     target = resolve_target(target_text)
     axes = parse_mesh(mesh)
+    model_name = maxtext_model(entry)
+    if model_name is not None:
+        from tpudiag.capture.maxtext_step import maxtext_topology, split_overrides
+
+        if axes:
+            raise InputError(f"--mesh: {entry} builds MaxText's own mesh from its settings; pass "
+                             "ici_fsdp_parallelism=... (and the other ici_*/dcn_* keys) after --")
+        argv = [f"model_name={model_name}",
+                f"compile_topology={maxtext_topology(target.chip.name, target.chips, target.chip.tensorcores_per_chip)}",
+                *split_overrides(list(argv))]
     size = 1
     for _, n in axes:
         size *= n
@@ -111,16 +214,18 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
         raise InputError(f"--mesh {shown} has {size} devices; {target.topology} has {target.devices}: the axes "
                          "must multiply to the slice's device count")
     require_libtpu()
-    run = check_run_dir(Path(out) if out else rundir.default_run_dir(path))
+    run = check_run_dir(Path(out) if out else rundir.default_run_dir(
+        Path(f"maxtext_{model_name}.py") if model_name else path))
     libtpu_args = os.environ.get("LIBTPU_INIT_ARGS") or None
-    source = {"input": f"{path}:{func}", "kind": "estimate", "argv": list(argv), "mesh": mesh,
+    program = entry if model_name else f"{path}:{func}"
+    source = {"input": program, "kind": "estimate", "argv": list(argv), "mesh": mesh,
               "libtpu_init_args": libtpu_args}
     if progress:
-        progress(f"lowering {path}:{func} for {target.topology} ({target.devices} devices)")
+        progress(f"lowering {program} for {target.topology} ({target.devices} devices)")
     with tempfile.TemporaryDirectory(prefix="tpudiag-estimate-") as tmp:
         failed = _lower_in_worker(path, func, list(argv), target, axes, Path(tmp))  # no run directory yet
-        with RunDir(run, "compile", rundir.COMPILE_SUBDIRS + (rundir.ESTIMATE_DIR,), program=f"{path}:{func}",
-                    argv=[f"{path}:{func}", *argv], target=target.to_dict(), static_profile=static_profile,
+        with RunDir(run, "compile", rundir.COMPILE_SUBDIRS + (rundir.ESTIMATE_DIR,), program=program,
+                    argv=[program, *argv], target=target.to_dict(), static_profile=static_profile,
                     source=source) as rd:
             lowered_dir = run / rundir.ESTIMATE_DIR
             for f in Path(tmp).iterdir():
@@ -131,16 +236,19 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
             lowered = json.loads((lowered_dir / "lowered.json").read_text())
             if progress:
                 progress(f"compiling the step for {target.topology}")
-            limits = replace(limits or Limits(), compile_timeout_s=compile_timeout_s)
+            step_limits = replace(limits or Limits(), compile_timeout_s=compile_timeout_s)
             step = ModuleInput(name="step", path=lowered_dir / "step.mlir", kind="mlir")
-            report = compile_inputs([step], run, target, static_profile=static_profile, jobs=1, limits=limits,
+            report = compile_inputs([step], run, target, static_profile=static_profile, jobs=1, limits=step_limits,
                                     source=source)
+            if matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS:
+                report, _ = _probe_matmuls(report, run, target, limits or Limits(), progress)
             report = _write_compile_report(report, rd)
-            est = build_estimate(report, lowered, program=f"{path}:{func}", argv=list(argv),
+            est = build_estimate(report, lowered, program=program, argv=list(argv),
                                  libtpu_init_args=libtpu_args,
                                  artifacts={"run_dir": str(run), "estimate": rundir.ESTIMATE_REPORT,
                                             "compile_report": rundir.REPORT,
-                                            "lowered": f"{rundir.ESTIMATE_DIR}/step.mlir"})
+                                            "lowered": f"{rundir.ESTIMATE_DIR}/step.mlir"},
+                                 peak_buffers=_peak_buffers(run))
             rd.write_text(rundir.ESTIMATE_REPORT, render(est, "json"))
             rd.write_text(rundir.ESTIMATE_MD, render(est, "md"))
             rd.finish(est.status == "ok", reason=est.reason)

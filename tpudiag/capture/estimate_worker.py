@@ -5,7 +5,9 @@
 compile-only client: no TPU needed), calls `FUNC(argv, mesh)`, which returns
 {"step": a jitted function, "args": its abstract arguments (ShapeDtypeStructs with shardings),
 "tokens": tokens one step processes, "model": {...} (optional: parameter count and attention
-dimensions)}, lowers the step for TPU and writes `out_dir/step.mlir` and `out_dir/lowered.json`
+dimensions)}, or, for a step that must be lowered inside its own context (MaxText's mesh and axis
+rules: `maxtext_step.py`), {"lowered": a `jax.stages.Lowered` for TPU, "tokens", "model",
+"mesh": [[axis, size], ...] (the mesh it built)}; lowers the step for TPU and writes `out_dir/step.mlir` and `out_dir/lowered.json`
 (tokens, model, mesh); a failure is `out_dir/error.json` with one line naming the file and the
 problem. FUNC's signature is checked before it is called: one that cannot be called as
 FUNC(argv, mesh) is refused (exit 2), as a missing FUNC is. Compiling the lowered module is
@@ -23,7 +25,7 @@ import traceback
 from pathlib import Path
 
 from tpudiag.capture.lower import lower_for_tpu
-from tpudiag.errors import one_line
+from tpudiag.errors import InputError, one_line
 
 
 class Refused(Exception):
@@ -60,13 +62,17 @@ def _func(file: str, name: str):
 def _check(spec, where: str) -> dict:
     if not isinstance(spec, dict):
         raise Refused(f"{where} returned {type(spec).__name__}; it must return a dict with 'step', 'args' and 'tokens'")
-    missing = [k for k in ("step", "args", "tokens") if k not in spec]
+    needs = ("lowered", "tokens") if "lowered" in spec else ("step", "args", "tokens")
+    missing = [k for k in needs if k not in spec]
     if missing:
         raise Refused(f"{where} returned a dict without {', '.join(repr(k) for k in missing)} "
                       "(needs 'step', 'args', 'tokens', optionally 'model')")
-    if not hasattr(spec["step"], "trace"):
+    if "lowered" in spec:
+        if not hasattr(spec["lowered"], "as_text"):
+            raise Refused(f"{where}: 'lowered' must be a jax Lowered (got {type(spec['lowered']).__name__})")
+    elif not hasattr(spec["step"], "trace"):
         raise Refused(f"{where}: 'step' must be a jax.jit-ed function (got {type(spec['step']).__name__})")
-    if not isinstance(spec["args"], (tuple, list)):
+    if "lowered" not in spec and not isinstance(spec["args"], (tuple, list)):
         raise Refused(f"{where}: 'args' must be a tuple of the step's arguments (got {type(spec['args']).__name__})")
     tokens = spec["tokens"]
     if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens <= 0:
@@ -93,7 +99,12 @@ def lower(spec: dict) -> dict:
     mesh = Mesh(np.array(devices).reshape(sizes), names)
     got = _check(fn(list(spec["argv"]), mesh), where)
     out = Path(spec["out_dir"])
-    lower_for_tpu(got["step"], got["args"], out / "step.mlir", jitted=True)
+    if "lowered" in got:
+        (out / "step.mlir").write_text(got["lowered"].as_text(debug_info=True))
+        names = tuple(str(a) for a, _ in got.get("mesh") or ()) or names
+        sizes = tuple(int(n) for _, n in got.get("mesh") or ()) or sizes
+    else:
+        lower_for_tpu(got["step"], got["args"], out / "step.mlir", jitted=True)
     doc = {"tokens": int(got["tokens"]), "model": got.get("model") or {}, "mesh": [[a, n] for a, n in zip(names, sizes)],
            "devices": len(devices)}
     (out / "lowered.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
@@ -106,7 +117,7 @@ def main() -> int:
     out = Path(spec["out_dir"])
     try:
         lower(spec)
-    except Refused as e:
+    except (Refused, InputError) as e:
         (out / "error.json").write_text(json.dumps({"error": str(e), "kind": "input"}) + "\n")
         return 2
     except Exception as e:  # the user's code or jax failed: say where, keep the traceback in the log

@@ -178,7 +178,7 @@ def _profile_processes(script, args, out, fmt, *, processes, devices_per_process
 
 
 @cli.command(name="compile", cls=PassThroughCommand, context_settings=_PASS_THROUGH)
-@click.option("--target", "target_text", required=True, help="TPU target: v4, v5e, v5p, v6e, or a topology (v5e:2x4).")
+@click.option("--target", "target_text", required=True, help="TPU target: v4, v5e, v5p, v6e, tpu7x, or a topology (v5e:2x4).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run directory (default tpudiag-runs/<timestamp>-<input>). Never overwritten.")
 @click.option("--no-static-profile", is_flag=True,
@@ -262,12 +262,15 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, static_memory
               help="Also ask for the TPU compiler's static cycle profile (slow at scale; default off).")
 @click.option("--compile-timeout", "compile_timeout_s", type=click.FloatRange(1), default=1800, show_default=True,
               help="CPU seconds the step's compile (without the static profile) may take.")
+@click.option("--no-matmul-probes", "no_probes", is_flag=True,
+              help="Take compute-bound matmuls at the MXU peak instead of timing each distinct one alone with "
+                   "the compiler's static profile (v5e, v5p, v6e; on by default without --static-profile).")
 @static_profile_options(300)
 @cache_options
 @output_options("tpudiag.estimate/1")
-@click.argument("entry", metavar="FILE.py:FUNC")
+@click.argument("entry", metavar="FILE.py:FUNC|maxtext:MODEL")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def estimate(target_text, mesh_text, out, static_profile, compile_timeout_s, timeout_s, static_memory_gib, cache_dir,
+def estimate(target_text, mesh_text, out, static_profile, no_probes, compile_timeout_s, timeout_s, static_memory_gib, cache_dir,
              no_cache, as_json, as_md, no_color, width, entry, args):
     """Estimate one step of FUNC at scale on a TPU slice, without running it or allocating its weights.
 
@@ -275,6 +278,9 @@ def estimate(target_text, mesh_text, out, static_profile, compile_timeout_s, tim
     returns {"step": the jitted step, "args": its abstract arguments (ShapeDtypeStructs with
     shardings), "tokens": tokens per step, "model": {"params", "embedding_params", "layers", "seq",
     "heads", "head_dim", "causal"}}. LIBTPU_INIT_ARGS pass through to the compile and are recorded.
+
+    maxtext:MODEL estimates MaxText's own train step (the maxtext package, Python >= 3.12) for a model
+    config MaxText ships, with MaxText's key=value overrides after --.
     """
     from tpudiag import api
 
@@ -285,7 +291,8 @@ def estimate(target_text, mesh_text, out, static_profile, compile_timeout_s, tim
     progress_cb = (lambda line: click.echo(f"tpudiag: {line}", err=True))
     _run, report = api.estimate(entry, target_text, program_args(args), out, mesh=mesh_text,
                                 static_profile=static_profile, limits=static_limits(timeout_s, static_memory_gib),
-                                compile_timeout_s=compile_timeout_s, progress=progress_cb)
+                                compile_timeout_s=compile_timeout_s, progress=progress_cb,
+                                matmul_probes=not no_probes)
     emit(report, fmt, no_color=no_color, width=width)
     if report.status != "ok" and report.fits is not False:  # a step too big for HBM is a finding, not a failure
         raise GateFailed(f"the step did not compile for {report.target['topology']}: {report.reason}")

@@ -12,6 +12,9 @@ from tpudiag.report.registry import renders
 from tpudiag.report.units import fmt_bytes, fmt_count, fmt_pct, fmt_runs, fmt_s, short_source
 
 
+_BUFFERS = 6
+
+
 def _head(e) -> list[str]:
     t = e.target
     mesh = ",".join(f"{a}={n}" for a, n in e.mesh.items()) or "-"
@@ -40,6 +43,10 @@ def render_estimate_terminal(e, console: Console, **_) -> None:
                 Col("limit", "text", "left"), Col("source", justify="left", drop=1)]
         table(console, cols, [[o.name, fmt_runs(o.total_s / o.runs, o.runs), fmt_pct(o.share), o.bound_by, o.limit,
                                short_source(o.source, 1)] for o in e.top_ops], title="Top ops (time x runs)")
+    if e.peak_buffers:
+        cols = [Col("live at the HBM peak", "name", "left", most=72), Col("bytes"), Col("buffers"), Col("kind", "name", "left")]
+        table(console, cols, [[b.where, fmt_bytes(b.bytes), str(b.count), b.kind] for b in e.peak_buffers[:_BUFFERS]],
+              title="Largest buffers at the HBM peak (by source line)")
     for f in e.findings:
         say(console, f"note: {f}", style="yellow")
     for x in e.leaves_out:
@@ -54,6 +61,10 @@ def render_estimate_markdown(e, **_) -> str:
         out += ["| op | time | share | bound by | limit | source |", "|---|---:|---:|---|---|---|"]
         out += [f"| {_esc(o.name)} | {fmt_runs(o.total_s / o.runs, o.runs)} | {fmt_pct(o.share)} | {_esc(o.bound_by)} | "
                 f"{_esc(o.limit)} | {_esc(short_source(o.source, 1))} |" for o in e.top_ops]
+        out.append("")
+    if e.peak_buffers:
+        out += ["| live at the HBM peak | bytes | buffers | kind |", "|---|---:|---:|---|"]
+        out += [f"| {_esc(b.where)} | {fmt_bytes(b.bytes)} | {b.count} | {b.kind} |" for b in e.peak_buffers[:_BUFFERS]]
         out.append("")
     out += [f"> {_esc(f)}" for f in e.findings]
     out += ["", *[f"- leaves out: {_esc(x)}" for x in e.leaves_out], ""]

@@ -35,6 +35,17 @@ class TopOp(Model):
 
 
 @dataclass(frozen=True)
+class PeakBuffer(Model):
+    """Buffers live at the step's HBM peak that one source line (or one parameter shape) made."""
+
+    bytes: int  # summed over `count` buffers
+    count: int
+    kind: str  # parameter | output | temporary
+    where: str  # "file:line op" or "parameters SHAPE"
+    shape: str
+
+
+@dataclass(frozen=True)
 class EstimateReport(Model):
     SCHEMA = SCHEMA
 
@@ -60,3 +71,5 @@ class EstimateReport(Model):
     findings: tuple[str, ...]
     leaves_out: tuple[str, ...]
     artifacts: dict[str, str] = field(default_factory=dict)
+    # the largest buffers live at the peak (XLA's live-range dump), by source line; () when not dumped
+    peak_buffers: tuple[PeakBuffer, ...] = ()

@@ -15,14 +15,18 @@ Pure: takes a `CompileReport`, what the lowering recorded, and the target; retur
 from __future__ import annotations
 
 
-from tpudiag.results.estimate import SCHEMA, StepBreakdown, TopOp, EstimateReport
+from tpudiag.results.estimate import SCHEMA, EstimateReport, PeakBuffer, StepBreakdown, TopOp
 
 _TOP = 10
 
 
 def model_flops(model: dict, tokens: int) -> tuple[float, dict[str, float]] | None:
     """(model FLOPs per step, {"weights", "attention"}) from the model's dimensions; None without a
-    parameter count."""
+    parameter count. A program that counts its own (`model.flops`, with `flops_detail`: MaxText's
+    count, which its published TFLOP/s/device use) is taken as it says."""
+    if isinstance(model.get("flops"), (int, float)) and model["flops"] > 0:
+        detail = model.get("flops_detail") or {}
+        return float(model["flops"]), {k: float(v) for k, v in detail.items() if isinstance(v, (int, float))}
     params = model.get("params")
     if not isinstance(params, (int, float)) or params <= 0:
         return None
@@ -53,7 +57,8 @@ LEAVES_OUT = (
 
 
 def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[str], libtpu_init_args: str | None,
-                   artifacts: dict[str, str]) -> EstimateReport:
+                   artifacts: dict[str, str], peak_buffers: tuple = ()) -> EstimateReport:
+    """`peak_buffers`: `peak_buffers.peak_buffers` rows of the step's dump (the caller reads the files)."""
     t = compile_report.target
     mesh = {a: int(n) for a, n in lowered.get("mesh", [])}
     tokens = int(lowered["tokens"])
@@ -63,7 +68,8 @@ def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[st
     base = dict(schema=SCHEMA, program=program, argv=tuple(argv), target=t.to_dict(), mesh=mesh,
                 libtpu_init_args=libtpu_init_args or None, tokens=tokens,
                 model_flops=flops[0] if flops else None, model_flops_detail=flops[1] if flops else None,
-                leaves_out=LEAVES_OUT, artifacts=artifacts)
+                leaves_out=LEAVES_OUT, artifacts=artifacts,
+                peak_buffers=tuple(PeakBuffer(**b) for b in peak_buffers))
     if m is None or not m.ok or m.totals is None or m.estimated_s is None:
         memory = m.memory if m is not None else {}
         findings = list(m.findings) if m is not None else []
