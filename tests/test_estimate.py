@@ -82,6 +82,29 @@ def test_estimate_a_tiny_step_on_a_slice(tmp_path, newest_leg):
     assert again.returncode == 0 and json.loads(again.stdout) == doc
 
 
+def test_compute_bound_matmuls_are_timed_by_the_compilers_cycles_alone(tmp_path, newest_leg):
+    run = tmp_path / "probed"
+    res = _run("-m", "tpudiag", "estimate", f"{LLAMA}:step", "--target", "v5e:2x2", "--json", "--out", str(run), "--",
+               "--layers", "2", "--d-model", "512", "--heads", "4", "--kv-heads", "2", "--head-dim", "128", "--d-ff",
+               "2048", "--vocab", "4096", "--seq", "512", "--batch-per-device", "4")
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    probed = [f for f in doc["findings"] if "each compiled alone (estimate/probes/)" in f]
+    assert len(probed) == 1, doc["findings"]
+    assert sorted((run / "estimate" / "probes").glob("probe*.hlo.txt"))
+    report = json.loads((run / "report.json").read_text())
+    timed = [o for o in report["modules"][0]["ops"] if o["cycles_source"] == "matmul_probe"]
+    assert timed
+    for o in timed:
+        assert o["bound_by"] == "static_cycles" and o["estimated_cycles"] > 0 and "alone (probe" in o["limit"]
+        assert o["estimated_s"] >= o["flops"] / doc["target"]["peak_bf16_flops_per_s"]
+    # --no-matmul-probes: the same step with its matmuls at the MXU peak, so never slower
+    off = _run("-m", "tpudiag", "estimate", f"{LLAMA}:step", "--target", "v5e:2x2", "--json", "--no-matmul-probes",
+               "--out", str(tmp_path / "peak"), "--", *res.args[res.args.index("--") + 1:])
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert json.loads(off.stdout)["step_s"] < doc["step_s"]
+
+
 def test_a_config_too_big_for_hbm_is_a_finding_not_a_crash(tmp_path, newest_leg):
     """Llama 3.1 8B at sequence 8192 with XLA's attention: the [batch, heads, seq, seq] scores do
     not fit a v6e's HBM. The TPU compiler's own figures come back as the finding; exit 0."""
