@@ -118,6 +118,16 @@ def test_errors_are_one_typed_line_listing_valid_targets(text):
         assert example in msg
 
 
+def test_megacore_v4_is_one_device_a_chip_and_round_trips(get_topology):
+    t = resolve_target("v4-128").megacore()
+    assert (t.topology, t.chips, t.devices, t.chip.devices_per_chip) == ("v4:4x4x4@megacore", 64, 64, 1)
+    assert resolve_target(t.topology) == t  # a run's recorded topology resolves to the same target
+    assert resolve_target("v5p-8").megacore() == resolve_target("v5p-8")  # already one device a chip
+    from tpudiag.targets import topology_desc
+
+    assert len(topology_desc(t.topology).devices) == 64
+
+
 def test_tpu7x_is_two_devices_a_chip():
     t = resolve_target("tpu7x-128")
     assert (t.chips, t.devices, t.chip.devices_per_chip) == (64, 128, 2)

@@ -23,7 +23,7 @@ does), and it measures nothing: every figure is a vendor peak, not an achieved r
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tpudiag.errors import InputError
 
@@ -255,6 +255,19 @@ CHIPS: dict[str, Chip] = {
 }
 
 
+MEGACORE_SUFFIX = "@megacore"
+
+
+def topology_desc(topology: str):
+    """jax's compile-only topology for a `Target.topology` (a `NAME@megacore` one with its two
+    cores a chip as one device). Imports jax: for the compile and lowering workers."""
+    from jax.experimental import topologies
+
+    name, sep, config = topology.partition("@")
+    return topologies.get_topology_desc(platform="tpu", topology_name=name,
+                                        **({"chip_config_name": config} if sep else {}))
+
+
 @dataclass(frozen=True)
 class Target:
     """A chip and a topology the TPU compiler accepts, resolved from what the user typed."""
@@ -272,6 +285,16 @@ class Target:
     def to_dict(self) -> dict:
         return {"chip": self.chip.name, "topology": self.topology, "chips": self.chips,
                 "devices": self.devices, "note": self.note}
+
+    def megacore(self) -> Target:
+        """The same slice with each chip's two TensorCores as one device (`chip_config_name
+        "megacore"`, as MaxText compiles for v4): one device a chip, with the whole chip's peak,
+        bandwidth and HBM. The topology becomes `NAME@megacore` (`topology_desc` reads it). A chip
+        that already has one device a chip is returned as it is."""
+        if self.chip.devices_per_chip == 1:
+            return self
+        chip = replace(self.chip, devices_per_chip=1)
+        return Target(chip, f"{self.topology}{MEGACORE_SUFFIX}", self.chips, self.note)
 
 
 class TargetError(InputError):
@@ -354,6 +377,8 @@ def resolve_target(text: str) -> Target:
     Raises TargetError (one line, listing the valid targets) for anything else.
     """
     raw = text if isinstance(text, str) else ""
+    if raw.strip().lower().endswith(MEGACORE_SUFFIX):  # a run's recorded megacore target (Target.megacore)
+        return resolve_target(raw.strip()[:-len(MEGACORE_SUFFIX)]).megacore()
     s = raw.strip().lower()
     if not s:
         raise _fail(raw, "empty target")

@@ -84,12 +84,12 @@ def _check(spec, where: str) -> dict:
 
 def lower(spec: dict) -> dict:
     import numpy as np
-    from jax.experimental import topologies
+    from tpudiag.targets import topology_desc
     from jax.sharding import Mesh
 
     where = f"{spec['file']}:{spec['func']}"
     fn = _func(spec["file"], spec["func"])
-    topo = topologies.get_topology_desc(platform="tpu", topology_name=spec["topology"])
+    topo = topology_desc(spec["topology"])
     devices = list(topo.devices)
     names = tuple(a for a, _ in spec["mesh"]) or ("fsdp",)
     sizes = tuple(int(n) for _, n in spec["mesh"]) or (len(devices),)

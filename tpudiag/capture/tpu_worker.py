@@ -46,10 +46,10 @@ def compile_one(spec: dict) -> dict:
     from jax._src import compiler
     from jax._src.interpreters import mlir
     from jax._src.lib import xla_client as xc
-    from jax.experimental import topologies
+    from tpudiag.targets import topology_desc
 
     t0 = time.perf_counter()
-    topo = topologies.get_topology_desc(platform="tpu", topology_name=spec["topology"])
+    topo = topology_desc(spec["topology"])
     with mlir.make_ir_context():
         module = _load_module_text(Path(spec["input"]), spec["kind"])
         replicas, partitions = _partitioning(module)
