@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from tpudiag.capture import rundir
@@ -107,6 +108,11 @@ def _lower_in_worker(path: Path, func: str, argv: list[str], target, mesh, out_d
 # targets.py); v4 has no static profile, TPU7x's cycles are not read against the peak.
 PROBED_CHIPS = ("v5e", "v5p", "v6e")
 PROBES_MAX = 16
+# Seconds all probes of a step may take (wall), and CPU seconds one probe's static profile may take:
+# a probe is one matmul, most profile in seconds; a few (a weight gradient as a windowed
+# convolution) run for minutes, and those stay at the peak.
+PROBE_BUDGET_S = 300.0
+PROBE_STATIC_S = 45.0
 
 
 def _probe_matmuls(report, run: Path, target, limits, progress=None):
@@ -130,18 +136,23 @@ def _probe_matmuls(report, run: Path, target, limits, progress=None):
         return report, None
     pdir = Path(run) / rundir.ESTIMATE_DIR / "probes"
     pdir.mkdir(parents=True, exist_ok=True)
-    inputs = []
+    if progress:
+        progress(f"timing up to {len(probes)} distinct matmul(s) with the compiler's static profile, each alone "
+                 f"(at most {PROBE_BUDGET_S:.0f} s)")
+    probe_limits = replace(limits, static_timeout_s=min(limits.static_timeout_s, PROBE_STATIC_S), scale_with_size=False)
+    clock = report.target.clock_hz
+    seconds, missing, skipped = {}, 0, 0
+    t0 = time.monotonic()
     for i, p in enumerate(probes):
+        if time.monotonic() - t0 > PROBE_BUDGET_S:  # the rest stay at the MXU peak
+            skipped = len(probes) - i
+            break
         path = pdir / f"probe{i:02d}-{p.key}.hlo.txt"
         path.write_text(p.text)
-        inputs.append(ModuleInput(name=f"probe{i:02d}", path=path, kind="hlo"))
-    if progress:
-        progress(f"timing {len(probes)} distinct matmul(s) with the compiler's static profile, each alone")
-    probed = compile_inputs(inputs, pdir, target, static_profile=True, jobs=1, limits=limits, suggestions=False,
-                            group_setup=False, with_llo=False)
-    clock = report.target.clock_hz
-    seconds, missing = {}, 0
-    for p, pm in zip(probes, probed.modules):
+        probed = compile_inputs([ModuleInput(name=f"probe{i:02d}", path=path, kind="hlo")], pdir, target,
+                                static_profile=True, jobs=1, limits=probe_limits, suggestions=False,
+                                group_setup=False, with_llo=False)
+        pm = probed.modules[0]
         cycles = max((o.estimated_cycles or 0 for o in pm.ops if o.flops > 0 and o.cycles_source == "static_profile"),
                      default=0)
         if not cycles:
@@ -158,9 +169,12 @@ def _probe_matmuls(report, run: Path, target, limits, progress=None):
             o = replace(o, estimated_s=round(got[0] / clock, 12), estimated_cycles=got[0], bound_by="static_cycles",
                         cycles_source="matmul_probe", limit=f"compiler cycles, alone ({got[1]})")
         ops.append(o)
-    note = (f"{len(seconds)} compute-bound matmul op(s) ({len(probes) - missing} distinct) timed by the TPU compiler's "
+    timed = len(probes) - missing - skipped
+    note = (f"{len(seconds)} compute-bound matmul op(s) ({timed} distinct) timed by the TPU compiler's "
             f"static cycles, each compiled alone (estimate/probes/): {slower} slower than the MXU peak, +{added:.4g} s "
-            f"per step" + (f"; {missing} probe(s) gave no cycles and stay at the peak" if missing else ""))
+            f"per step" + (f"; {missing} probe(s) gave no cycles" if missing else "")
+            + (f"; {skipped} not probed within {PROBE_BUDGET_S:.0f} s" if skipped else "")
+            + ("; their ops stay at the peak" if missing or skipped else ""))
     m = replace(m, ops=tuple(sorted(ops, key=lambda o: (-o.total_s, o.name))), findings=(*m.findings, note))
     return replace(report, modules=(m, *report.modules[1:])), note
 
