@@ -139,7 +139,9 @@ def _probe_matmuls(report, run: Path, target, limits, progress=None):
     if progress:
         progress(f"timing up to {len(probes)} distinct matmul(s) with the compiler's static profile, each alone "
                  f"(at most {PROBE_BUDGET_S:.0f} s)")
-    probe_limits = replace(limits, static_timeout_s=min(limits.static_timeout_s, PROBE_STATIC_S), scale_with_size=False)
+    # stepped through, not fast-forwarded: fast-forwarding inflates a large matmul's cycles (tpu_compile.Limits)
+    probe_limits = replace(limits, static_timeout_s=min(limits.static_timeout_s, PROBE_STATIC_S), scale_with_size=False,
+                           fast_forward=False)
     clock = report.target.clock_hz
     seconds, missing, skipped = {}, 0, 0
     t0 = time.monotonic()
@@ -159,7 +161,7 @@ def _probe_matmuls(report, run: Path, target, limits, progress=None):
             missing += 1
             continue
         for name in p.ops:
-            seconds[name] = (cycles, pm.name)
+            seconds[name] = (round(cycles * p.scale), pm.name)
     ops, added, slower = [], 0.0, 0
     for o in m.ops:
         got = seconds.get(o.name)
@@ -175,6 +177,42 @@ def _probe_matmuls(report, run: Path, target, limits, progress=None):
             f"per step" + (f"; {missing} probe(s) gave no cycles" if missing else "")
             + (f"; {skipped} not probed within {PROBE_BUDGET_S:.0f} s" if skipped else "")
             + ("; their ops stay at the peak" if missing or skipped else ""))
+    m = replace(m, ops=tuple(sorted(ops, key=lambda o: (-o.total_s, o.name))), findings=(*m.findings, note))
+    return replace(report, modules=(m, *report.modules[1:])), note
+
+
+def _hbm_outside_vmem(report, run: Path):
+    """(the report with each HBM-bound op's time taken from the bytes it moves in HBM only, a
+    finding or None): bytes in VMEM (`analyze/compile/memory_space.py`) are left out, and the op
+    takes the longer of that and its compute time."""
+    from dataclasses import replace
+
+    from tpudiag.analyze.compile.memory_space import vmem_bytes
+    from tpudiag.parse.hlo import read_hlo_file
+
+    m = report.modules[0] if report.modules else None
+    if m is None or not m.ok or not m.ops:
+        return report, None
+    hlo = read_hlo_file(Path(run) / rundir.MODULES_DIR / Path(m.artifacts).name / rundir.MODULE_HLO)
+    t = report.target
+    ops, saved, changed = [], 0.0, 0
+    for o in m.ops:
+        instr = hlo.instruction(o.name, o.computation) if o.bound_by == "hbm" else None
+        vmem = vmem_bytes(hlo, instr) if instr is not None else 0
+        if vmem:
+            hbm = max(0, o.bytes_accessed - vmem)
+            s, bound = max((hbm / t.hbm_bytes_per_s, "hbm"), (o.flops / t.peak_bf16_flops_per_s, "compute"))
+            if s < o.estimated_s:
+                saved += (o.estimated_s - s) * o.runs
+                changed += 1
+                o = replace(o, estimated_s=round(s, 12), bound_by=bound,
+                            limit=f"HBM, {hbm / 1e6:.3g} MB ({vmem / 1e6:.3g} MB in VMEM)" if bound == "hbm" else
+                            f"MXU, {o.flops / 1e9:.3g} GFLOP")
+        ops.append(o)
+    if not changed:
+        return report, None
+    note = (f"{changed} op(s) read or write buffers XLA placed in VMEM: their HBM time counts HBM bytes only "
+            f"(-{saved:.4g} s per step)")
     m = replace(m, ops=tuple(sorted(ops, key=lambda o: (-o.total_s, o.name))), findings=(*m.findings, note))
     return replace(report, modules=(m, *report.modules[1:])), note
 
@@ -255,6 +293,7 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
             step = ModuleInput(name="step", path=lowered_dir / "step.mlir", kind="mlir")
             report = compile_inputs([step], run, target, static_profile=static_profile, jobs=1, limits=step_limits,
                                     source=source)
+            report, _ = _hbm_outside_vmem(report, run)
             if matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS:
                 report, _ = _probe_matmuls(report, run, target, limits or Limits(), progress)
             report = _write_compile_report(report, rd)

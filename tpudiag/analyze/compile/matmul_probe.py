@@ -27,6 +27,13 @@ _MATMUL = ("convolution", "dot")
 _KEEP = ("window", "dim_labels", "feature_group_count", "batch_group_count", "lhs_batch_dims",
          "lhs_contracting_dims", "rhs_batch_dims", "rhs_contracting_dims", "operand_precision")
 _MEMORY_SPACE = re.compile(r"S\(\d+\)")
+_DIMS = re.compile(r"^(\w+)\[([\d,]*)\](.*)$", re.S)
+# A probe's rows (the convolution's batch dimension, times its window-1 spatial dimensions) are cut to
+# at most this many, and its cycles scaled back by the rows cut: the static profile steps through
+# every loop iteration (fast-forwarding loops inflates a large matmul's cycles 2.35x), and at the
+# step's full rows it runs past 8 GB. A matmul's cycles are linear in its rows once they are many
+# times the MXU's 128 or 256.
+PROBE_ROWS = 2048
 
 
 @dataclass(frozen=True)
@@ -35,11 +42,55 @@ class Probe:
     text: str  # an HLO module: the matmul(s) of one fusion, alone
     ops: tuple[str, ...]  # the step's ops it stands for
     total_s: float  # their estimated time x runs in the step (the ranking)
+    scale: float = 1.0  # the step's rows over the probe's: the probe's cycles x this are the op's
 
 
 def _shape(shape: str) -> str:
     """A shape with its layout and tiling, without memory-space annotations (`S(1)`: VMEM)."""
     return _MEMORY_SPACE.sub("", shape).replace(":}", "}")
+
+
+def _dims(shape: str) -> tuple[str, list[int], str]:
+    m = _DIMS.match(shape)
+    return m.group(1), [int(d) for d in m.group(2).split(",") if d], m.group(3)
+
+
+def _with_dims(dtype: str, dims: list[int], rest: str) -> str:
+    return f"{dtype}[{','.join(map(str, dims))}]{rest}"
+
+
+def _cut_rows(mm: Instruction, lhs: str, out: str) -> tuple[str, str, float]:
+    """(lhs shape, result shape, rows cut) with a convolution's rows cut to at most PROBE_ROWS: its
+    spatial dimensions with a plain size-1 window (batch-like) to 1, then its batch dimension to
+    PROBE_ROWS where that divides it. A shape it cannot read is left whole (factor 1)."""
+    attrs = mm.attributes
+    labels = attrs.get("dim_labels", "")
+    window = attrs.get("window", "{}").strip("{}").strip()
+    if mm.opcode != "convolution" or "->" not in labels or "_" not in labels:
+        return lhs, out, 1.0
+    lhs_l, rest = labels.split("_", 1)
+    out_l = rest.split("->", 1)[1]
+    plain = re.fullmatch(r"size=[\dx]+", window) is not None
+    sizes = [int(x) for x in window[5:].split("x")] if plain else []
+    try:
+        (ldt, ld, lrest), (odt, od, orest) = _dims(lhs), _dims(out)
+    except (AttributeError, ValueError):
+        return lhs, out, 1.0
+    if len(ld) != len(lhs_l) or len(od) != len(out_l):
+        return lhs, out, 1.0
+    factor = 1.0
+    for c in lhs_l:
+        if c.isdigit() and plain and int(c) < len(sizes) and sizes[int(c)] == 1 and c in out_l:
+            n = ld[lhs_l.index(c)]
+            if n > 1 and od[out_l.index(c)] == n:
+                ld[lhs_l.index(c)] = od[out_l.index(c)] = 1
+                factor *= n
+    if "b" in lhs_l and "b" in out_l:
+        n = ld[lhs_l.index("b")]
+        if n > PROBE_ROWS and n % PROBE_ROWS == 0 and od[out_l.index("b")] == n:
+            ld[lhs_l.index("b")] = od[out_l.index("b")] = PROBE_ROWS
+            factor *= n / PROBE_ROWS
+    return _with_dims(ldt, ld, lrest), _with_dims(odt, od, orest), factor
 
 
 def _matmuls(module: HloModule, instr: Instruction) -> list[Instruction]:
@@ -50,26 +101,40 @@ def _matmuls(module: HloModule, instr: Instruction) -> list[Instruction]:
     return [i for i in module.walk([instr.calls]) if i.opcode in _MATMUL]
 
 
-def probe_text(module: HloModule, instr: Instruction) -> str | None:
+def probe_text(module: HloModule, instr: Instruction, cut: bool = False) -> str | None:
     """The HLO module that is `instr`'s matmul(s) alone; None when it has none or an operand's shape
-    is not known."""
+    is not known. `cut`: rows cut as `probe` does (use `probe` for the factor)."""
+    got = probe(module, instr, cut)
+    return got[0] if got else None
+
+
+def probe(module: HloModule, instr: Instruction, cut: bool = True) -> tuple[str, float] | None:
+    """(the probe's HLO text, the rows cut: its cycles times this are the op's), or None. A fusion
+    with several matmuls is probed whole (factor 1)."""
     mms = _matmuls(module, instr)
     if not mms:
         return None
     params, body, roots = [], [], []
+    factor = 1.0
     for n, mm in enumerate(mms):
-        names = []
+        shapes = []
         for k in range(len(mm.operands)):
             op = module.operand(mm, k)
             if op is None or not op.shape:
                 return None
+            shapes.append(_shape(op.shape))
+        result = _shape(mm.shape)
+        if cut and len(mms) == 1 and len(shapes) == 2:
+            shapes[0], result, factor = _cut_rows(mm, shapes[0], result)
+        names = []
+        for sh in shapes:
             p = f"p{len(params)}"
-            params.append((p, _shape(op.shape)))
+            params.append((p, sh))
             names.append(f"%{p}")
         attrs = mm.attributes
         kept = ", ".join(f"{k}={attrs[k]}" for k in _KEEP if k in attrs)
-        body.append(f"  %m{n} = {_shape(mm.shape)} {mm.opcode}({', '.join(names)}){', ' + kept if kept else ''}")
-        roots.append((f"%m{n}", _shape(mm.shape)))
+        body.append(f"  %m{n} = {result} {mm.opcode}({', '.join(names)}){', ' + kept if kept else ''}")
+        roots.append((f"%m{n}", result))
     lines = [f"  %{p} = {s} parameter({i})" for i, (p, s) in enumerate(params)] + body
     if len(roots) == 1:
         lines[-1] = lines[-1].replace(f"  {roots[0][0]} =", f"  ROOT {roots[0][0]} =", 1)
@@ -78,21 +143,22 @@ def probe_text(module: HloModule, instr: Instruction) -> str | None:
         result = "(" + ", ".join(s for _, s in roots) + ")"
         lines.append(f"  ROOT %out = {result} tuple({', '.join(r for r, _ in roots)})")
     head = ", ".join(f"{p}: {s}" for p, s in params)
-    return "HloModule matmul_probe\n\nENTRY %main (" + head + ") -> " + result + " {\n" + "\n".join(lines) + "\n}\n"
+    text = "HloModule matmul_probe\n\nENTRY %main (" + head + ") -> " + result + " {\n" + "\n".join(lines) + "\n}\n"
+    return text, factor
 
 
 def select_probes(module: HloModule, ops, limit: int = 16) -> list[Probe]:
     """The distinct matmuls behind the step's compute-bound ops (taken at the MXU peak), largest
     share of the step first, at most `limit`."""
-    by_text: dict[str, list] = {}
+    by_text: dict[tuple[str, float], list] = {}
     for o in ops:
         if o.bound_by != "compute" or o.flops <= 0:
             continue
         instr = module.instruction(o.name, o.computation)
-        text = probe_text(module, instr) if instr is not None else None
-        if text is not None:
-            by_text.setdefault(text, []).append(o)
+        got = probe(module, instr) if instr is not None else None
+        if got is not None:
+            by_text.setdefault(got, []).append(o)
     probes = [Probe(key=hashlib.sha256(t.encode()).hexdigest()[:16], text=t, ops=tuple(o.name for o in group),
-                    total_s=sum(o.total_s for o in group)) for t, group in by_text.items()]
+                    total_s=sum(o.total_s for o in group), scale=f) for (t, f), group in by_text.items()]
     probes.sort(key=lambda p: -p.total_s)
     return probes[:limit]
