@@ -55,3 +55,38 @@ def test_ops_without_a_matmul_make_no_probe(step):
     module, ops = step
     plain = [o for o in ops if o.flops == 0][:5]
     assert select_probes(module, [replace(o, bound_by="compute") for o in plain]) == []
+
+
+def test_rows_are_cut_and_scaled_back(step, monkeypatch):
+    """A probe's rows are cut (the static profile steps through every row block), and the cut is
+    the factor its cycles are scaled by; the cut module still parses."""
+    hlo_parser = pytest.importorskip("jaxlib._hlo")
+    import tpudiag.analyze.compile.matmul_probe as mp
+
+    module, ops = step
+    whole = {p.ops: p for p in select_probes(module, ops)}
+    monkeypatch.setattr(mp, "PROBE_ROWS", 128)
+    cut = [p for p in select_probes(module, ops) if p.scale > 1]
+    assert cut, "some matmul has more than 128 rows"
+    for p in cut:
+        hlo_parser.hlo_module_from_text(p.text)
+        assert whole[p.ops].scale == 1.0 and len(p.text) <= len(whole[p.ops].text) + 8
+        flops_whole = sum(o.flops for o in ops if o.name in p.ops)
+        assert flops_whole > 0 and p.scale == int(p.scale)
+
+
+def test_vmem_bytes_count_only_buffers_outside_hbm(step):
+    from tpudiag.analyze.compile.memory_space import vmem_bytes
+
+    module, ops = step
+    seen = 0
+    for o in ops:
+        instr = module.instruction(o.name, o.computation)
+        v = vmem_bytes(module, instr)
+        shapes = [instr.shape] + [module.operand(instr, k).shape for k in range(len(instr.operands))]
+        if not any("S(" in s for s in shapes):
+            assert v == 0
+        else:
+            seen += v > 0
+        assert v >= 0
+    assert seen, "XLA placed some of this step's buffers in VMEM"
