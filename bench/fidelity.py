@@ -383,6 +383,7 @@ def main() -> None:
                   f"{(d.get('peak_hbm_bytes') or 0) / 2**30:.1f} GiB fits {d.get('fits')} "
                   f"wall {res['wall_s']:.0f} s RSS {res['peak_rss_bytes'] / 2**30:.2f} GiB"
                   f"{'  ' + res['error'] if 'error' in res else ''}", flush=True)
+            results = json.loads(results_path.read_text()) if results_path.is_file() else results  # another run may have written
             results = [r for r in results if (r["row"], r["kind"]) != (key, kind)] + [res]
             results_path.write_text(json.dumps(results, indent=1) + "\n")
     print()

@@ -209,11 +209,22 @@ def _hbm_outside_vmem(report, run: Path):
                             limit=f"HBM, {hbm / 1e6:.3g} MB ({vmem / 1e6:.3g} MB in VMEM)" if bound == "hbm" else
                             f"MXU, {o.flops / 1e9:.3g} GFLOP")
         ops.append(o)
+    from tpudiag.analyze.hlo.loops import loop_runs
+    from tpudiag.analyze.compile.memory_space import host_offload_bytes
+
+    to_host, from_host = host_offload_bytes(hlo, loop_runs(hlo).runs)
+    offload = (f"{(to_host + from_host) / 1e9:.3g} GB per step per device move between HBM and host memory "
+               f"({to_host / 1e9:.3g} GB out, {from_host / 1e9:.3g} GB back: activation offload); not timed, the "
+               "chip table has no host-link bandwidth") if to_host or from_host else None
     if not changed:
+        if offload:
+            m = replace(m, findings=(*m.findings, offload))
+            return replace(report, modules=(m, *report.modules[1:])), offload
         return report, None
     note = (f"{changed} op(s) read or write buffers XLA placed in VMEM: their HBM time counts HBM bytes only "
             f"(-{saved:.4g} s per step)")
-    m = replace(m, ops=tuple(sorted(ops, key=lambda o: (-o.total_s, o.name))), findings=(*m.findings, note))
+    m = replace(m, ops=tuple(sorted(ops, key=lambda o: (-o.total_s, o.name))),
+                findings=(*m.findings, note, *([offload] if offload else [])))
     return replace(report, modules=(m, *report.modules[1:])), note
 
 
