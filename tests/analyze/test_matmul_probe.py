@@ -97,5 +97,5 @@ def test_a_step_without_activation_offload_moves_nothing_to_host(step):
     from tpudiag.analyze.hlo.loops import loop_runs
 
     module, _ = step
-    assert "S(5)" not in "".join(i.shape or "" for i in module.instructions)
+    assert "S(5)" not in "".join(i.shape or "" for i in module.instructions())
     assert host_offload_bytes(module, loop_runs(module).runs) == (0, 0)
