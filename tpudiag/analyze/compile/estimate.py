@@ -51,6 +51,7 @@ def model_flops(model: dict, tokens: int) -> tuple[float, dict[str, float]] | No
 LEAVES_OUT = (
     "host overhead between steps (input pipeline, Python dispatch): the estimate is device time only",
     "collective latency: the ICI model is bandwidth only, and optimistic for small collectives",
+    "transfers to and from host memory (activation offload): their bytes are a finding, not timed",
     "the static cost model's known gaps (docs/compile.md, TPU notes): HBM-bound ops are taken at their "
     "roofline floor, fused kernels are not re-timed",
 )
