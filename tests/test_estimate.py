@@ -98,11 +98,10 @@ def test_compute_bound_matmuls_are_timed_by_the_compilers_cycles_alone(tmp_path,
     for o in timed:
         assert o["bound_by"] == "static_cycles" and o["estimated_cycles"] > 0 and "alone (probe" in o["limit"]
         assert o["estimated_s"] >= o["flops"] / doc["target"]["peak_bf16_flops_per_s"]
-    # --no-matmul-probes: the same step with its matmuls at the MXU peak, so never slower
-    off = _run("-m", "tpudiag", "estimate", f"{LLAMA}:step", "--target", "v5e:2x2", "--json", "--no-matmul-probes",
-               "--out", str(tmp_path / "peak"), "--", *res.args[res.args.index("--") + 1:])
-    assert off.returncode == 0, off.stderr[-3000:]
-    assert json.loads(off.stdout)["step_s"] < doc["step_s"]
+    # the probes' cycles only ever lengthen an op: the step is the sum of its ops' times x runs
+    ops = report["modules"][0]["ops"]
+    assert doc["step_s"] >= sum(o["estimated_s"] * o["runs"] for o in timed)
+    assert all(o["cycles_source"] != "matmul_probe" or o["bound_by"] == "static_cycles" for o in ops)
 
 
 def test_a_config_too_big_for_hbm_is_a_finding_not_a_crash(tmp_path, newest_leg):
@@ -180,9 +179,10 @@ def test_paged_decode_writes_the_cache_in_place_and_reads_it_with_the_kernel(tmp
     assert res.returncode == 0, res.stderr[-3000:]
     doc = json.loads(res.stdout)
     assert doc["status"] == "ok" and doc["fits"]
-    ops = [o["name"] for o in doc["top_ops"]]
-    assert any(n.startswith("tpudiag_paged_attention") for n in ops), ops
     hlo = next((tmp_path / "paged" / "modules").glob("*/hlo/*after_optimizations.txt")).read_text()
+    report = json.loads((tmp_path / "paged" / "report.json").read_text())
+    kernels = [o for o in report["modules"][0]["ops"] if o["name"].startswith("tpudiag_paged_attention")]
+    assert len(kernels) == 2 and all(o["bytes_accessed"] > 0 for o in kernels)  # one call a layer
     # the new token's K/V is scattered into its page of the donated pool, never a dynamic-update-slice
     # of a whole cache
     assert " scatter(" in hlo and "dynamic-update-slice(" not in hlo
