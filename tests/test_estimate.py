@@ -142,6 +142,10 @@ def test_bad_input_is_one_line(tmp_path):
     wrong.write_text("def step(argv, mesh):\n    return 42\n")
     code, line = _bad(f"{wrong}:step", "--target", "v5e:2x2", tmp_path=tmp_path)
     assert code == 2 and "returned int" in line and "'step', 'args' and 'tokens'" in line
+    # the program's own argument error (argparse inside FUNC): its message, in the one line
+    code, line = _bad(f"{PROGRAMS / 'llama_decode.py'}:step", "--target", "v5e:2x2", "--mesh", "tensor=4", "--",
+                      "--cache", "paged", "--max-len", "10", "--context", "64", tmp_path=tmp_path)
+    assert code == 1 and "--max-len 10 leaves no room after --context 64" in line and "lower.log" in line
 
 
 def test_estimate_a_tiny_decode_step(tmp_path, newest_leg):

@@ -101,7 +101,10 @@ def _lower_in_worker(path: Path, func: str, argv: list[str], target, mesh, out_d
         if doc.get("kind") == "input":
             raise InputError(doc["error"])
         return doc["error"]
-    return f"{path}:{func}: lowering failed (exit {code})"
+    # FUNC exited (an argparse error in the program's own arguments): its last words say why
+    lines = [x.strip() for x in (out_dir / "lower.log").read_text(errors="replace").splitlines() if x.strip()]
+    said = next((x for x in reversed(lines) if not x.startswith(("W0", "I0", "E0", "WARNING"))), "")
+    return f"{path}:{func}: lowering failed (exit {code})" + (f": {said[:300]}" if said else "")
 
 
 # Chips whose static cycle model was checked against the bf16 peak (a 4096^3 matmul at 94-97%:
