@@ -143,9 +143,12 @@ def test_bad_input_is_one_line(tmp_path):
     code, line = _bad(f"{wrong}:step", "--target", "v5e:2x2", tmp_path=tmp_path)
     assert code == 2 and "returned int" in line and "'step', 'args' and 'tokens'" in line
     # the program's own argument error (argparse inside FUNC): its message, in the one line
-    code, line = _bad(f"{PROGRAMS / 'llama_decode.py'}:step", "--target", "v5e:2x2", "--mesh", "tensor=4", "--",
-                      "--cache", "paged", "--max-len", "10", "--context", "64", tmp_path=tmp_path)
-    assert code == 1 and "--max-len 10 leaves no room after --context 64" in line and "lower.log" in line
+    res = _run("-m", "tpudiag", "estimate", f"{PROGRAMS / 'llama_decode.py'}:step", "--target", "v5e:2x2", "--mesh",
+               "tensor=4", "--out", str(tmp_path / "args"), "--", "--cache", "paged", "--max-len", "10", "--context",
+               "64", timeout=300)
+    said = [x for x in res.stderr.splitlines() if "lowering failed" in x]
+    assert res.returncode == 1 and len(said) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "--max-len 10 leaves no room after --context 64" in said[0] and "lower.log" in said[0]
 
 
 def test_estimate_a_tiny_decode_step(tmp_path, newest_leg):
