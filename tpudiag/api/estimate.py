@@ -269,7 +269,8 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
         if axes:
             raise InputError(f"--mesh: {entry} builds MaxText's own mesh from its settings; pass "
                              "ici_fsdp_parallelism=... (and the other ici_*/dcn_* keys) after --")
-        target = target.megacore()  # MaxText compiles v4 as megacore: one device a chip (a no-op elsewhere)
+        if target.chip.name == "v4":  # MaxText compiles v4 as megacore (one device a chip); TPU7x as two a chip
+            target = target.megacore()
         argv = [f"model_name={model_name}",
                 f"compile_topology={maxtext_topology(target.chip.name, target.chips, target.chip.tensorcores_per_chip)}",
                 *split_overrides(list(argv))]
