@@ -118,7 +118,25 @@ PROBE_BUDGET_S = 300.0
 PROBE_STATIC_S = 45.0
 
 
-def _probe_matmuls(report, run: Path, target, limits, progress=None):
+def _with_step(report, m):
+    """`report` with its first module (the step) replaced by `m`, ops ranked by time x runs."""
+    from dataclasses import replace
+
+    m = replace(m, ops=tuple(sorted(m.ops, key=lambda o: (-o.total_s, o.name))))
+    return replace(report, modules=(m, *report.modules[1:]))
+
+
+def _step_hlo(report, run: Path):
+    """The step's optimized HLO, parsed once for the passes below; None when it did not compile."""
+    from tpudiag.parse.hlo import read_hlo_file
+
+    m = report.modules[0] if report.modules else None
+    if m is None or not m.ok or not m.ops:
+        return None
+    return read_hlo_file(Path(run) / rundir.MODULES_DIR / Path(m.artifacts).name / rundir.MODULE_HLO)
+
+
+def _probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
     """(the report with the step's compute-bound matmul fusions timed by the compiler's static cycles
     of their probes, a finding or None). Each distinct matmul is compiled alone with the static
     profile (`analyze/compile/matmul_probe.py`) into `RUN/estimate/probes/`; an op takes its probe's
@@ -128,12 +146,8 @@ def _probe_matmuls(report, run: Path, target, limits, progress=None):
     from tpudiag.analyze.compile.matmul_probe import select_probes
     from tpudiag.api.pipeline import compile_inputs
     from tpudiag.capture.tpu_compile import ModuleInput
-    from tpudiag.parse.hlo import read_hlo_file
 
-    m = report.modules[0] if report.modules else None
-    if m is None or not m.ok or not m.ops:
-        return report, None
-    hlo = read_hlo_file(Path(run) / rundir.MODULES_DIR / Path(m.artifacts).name / rundir.MODULE_HLO)
+    m = report.modules[0]
     probes = select_probes(hlo, m.ops, PROBES_MAX)
     if not probes:
         return report, None
@@ -180,23 +194,18 @@ def _probe_matmuls(report, run: Path, target, limits, progress=None):
             f"per step" + (f"; {missing} probe(s) gave no cycles" if missing else "")
             + (f"; {skipped} not probed within {PROBE_BUDGET_S:.0f} s" if skipped else "")
             + ("; their ops stay at the peak" if missing or skipped else ""))
-    m = replace(m, ops=tuple(sorted(ops, key=lambda o: (-o.total_s, o.name))), findings=(*m.findings, note))
-    return replace(report, modules=(m, *report.modules[1:])), note
+    return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
 
 
-def _hbm_outside_vmem(report, run: Path):
+def _hbm_outside_vmem(report, hlo):
     """(the report with each HBM-bound op's time taken from the bytes it moves in HBM only, a
     finding or None): bytes in VMEM (`analyze/compile/memory_space.py`) are left out, and the op
     takes the longer of that and its compute time."""
     from dataclasses import replace
 
     from tpudiag.analyze.compile.memory_space import vmem_bytes
-    from tpudiag.parse.hlo import read_hlo_file
 
-    m = report.modules[0] if report.modules else None
-    if m is None or not m.ok or not m.ops:
-        return report, None
-    hlo = read_hlo_file(Path(run) / rundir.MODULES_DIR / Path(m.artifacts).name / rundir.MODULE_HLO)
+    m = report.modules[0]
     t = report.target
     ops, saved, changed = [], 0.0, 0
     for o in m.ops:
@@ -212,33 +221,39 @@ def _hbm_outside_vmem(report, run: Path):
                             limit=f"HBM, {hbm / 1e6:.3g} MB ({vmem / 1e6:.3g} MB in VMEM)" if bound == "hbm" else
                             f"MXU, {o.flops / 1e9:.3g} GFLOP")
         ops.append(o)
-    from tpudiag.analyze.hlo.loops import loop_runs
-    from tpudiag.analyze.compile.memory_space import host_offload_bytes
-
-    to_host, from_host = host_offload_bytes(hlo, loop_runs(hlo).runs)
-    offload = (f"{(to_host + from_host) / 1e9:.3g} GB per step per device move between HBM and host memory "
-               f"({to_host / 1e9:.3g} GB out, {from_host / 1e9:.3g} GB back: activation offload); not timed, the "
-               "chip table has no host-link bandwidth") if to_host or from_host else None
     if not changed:
-        if offload:
-            m = replace(m, findings=(*m.findings, offload))
-            return replace(report, modules=(m, *report.modules[1:])), offload
         return report, None
     note = (f"{changed} op(s) read or write buffers XLA placed in VMEM: their HBM time counts HBM bytes only "
             f"(-{saved:.4g} s per step)")
-    m = replace(m, ops=tuple(sorted(ops, key=lambda o: (-o.total_s, o.name))),
-                findings=(*m.findings, note, *([offload] if offload else [])))
-    return replace(report, modules=(m, *report.modules[1:])), note
+    return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
 
 
-def _peak_buffers(run: Path) -> list[dict]:
+def _host_offload(report, hlo):
+    """(the report with a finding on the bytes the step moves to and from host memory, the finding
+    or None): activation offload, not timed."""
+    from dataclasses import replace
+
+    from tpudiag.analyze.compile.memory_space import host_offload_bytes
+    from tpudiag.analyze.hlo.loops import loop_runs
+
+    to_host, from_host = host_offload_bytes(hlo, loop_runs(hlo).runs)
+    if not (to_host or from_host):
+        return report, None
+    note = (f"{(to_host + from_host) / 1e9:.3g} GB per step per device move between HBM and host memory "
+            f"({to_host / 1e9:.3g} GB out, {from_host / 1e9:.3g} GB back: activation offload); not timed, the "
+            "chip table has no host-link bandwidth")
+    m = report.modules[0]
+    return _with_step(report, replace(m, findings=(*m.findings, note))), note
+
+
+def _peak_buffers(run: Path, hlo) -> list[dict]:
     """The step's largest buffers at its HBM peak; none when the compile left no live-range dump
     (a compile that failed before scheduling)."""
     from tpudiag.analyze.compile.peak_buffers import peak_buffers_of_run
     from tpudiag.errors import TpudiagError
 
     try:
-        return peak_buffers_of_run(run)
+        return peak_buffers_of_run(run, module=hlo)
     except (TpudiagError, OSError):
         return []
 
@@ -308,16 +323,19 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
             step = ModuleInput(name="step", path=lowered_dir / "step.mlir", kind="mlir")
             report = compile_inputs([step], run, target, static_profile=static_profile, jobs=1, limits=step_limits,
                                     source=source)
-            report, _ = _hbm_outside_vmem(report, run)
-            if matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS:
-                report, _ = _probe_matmuls(report, run, target, limits or Limits(), progress)
+            hlo = _step_hlo(report, run)
+            if hlo is not None:
+                report, _ = _hbm_outside_vmem(report, hlo)
+                report, _ = _host_offload(report, hlo)
+                if matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS:
+                    report, _ = _probe_matmuls(report, hlo, run, target, limits or Limits(), progress)
             report = _write_compile_report(report, rd)
             est = build_estimate(report, lowered, program=program, argv=list(argv),
                                  libtpu_init_args=libtpu_args,
                                  artifacts={"run_dir": str(run), "estimate": rundir.ESTIMATE_REPORT,
                                             "compile_report": rundir.REPORT,
                                             "lowered": f"{rundir.ESTIMATE_DIR}/step.mlir"},
-                                 peak_buffers=_peak_buffers(run))
+                                 peak_buffers=_peak_buffers(run, hlo))
             rd.write_text(rundir.ESTIMATE_REPORT, render(est, "json"))
             rd.write_text(rundir.ESTIMATE_MD, render(est, "md"))
             rd.finish(est.status == "ok", reason=est.reason)
