@@ -246,14 +246,14 @@ def _host_offload(report, hlo):
     return _with_step(report, replace(m, findings=(*m.findings, note))), note
 
 
-def _peak_buffers(run: Path, hlo) -> list[dict]:
+def _peak_buffers(run: Path) -> list[dict]:
     """The step's largest buffers at its HBM peak; none when the compile left no live-range dump
     (a compile that failed before scheduling)."""
     from tpudiag.analyze.compile.peak_buffers import peak_buffers_of_run
     from tpudiag.errors import TpudiagError
 
     try:
-        return peak_buffers_of_run(run, module=hlo)
+        return peak_buffers_of_run(run)  # names as in XLA's dump, which the live ranges use
     except (TpudiagError, OSError):
         return []
 
@@ -335,7 +335,7 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
                                  artifacts={"run_dir": str(run), "estimate": rundir.ESTIMATE_REPORT,
                                             "compile_report": rundir.REPORT,
                                             "lowered": f"{rundir.ESTIMATE_DIR}/step.mlir"},
-                                 peak_buffers=_peak_buffers(run, hlo))
+                                 peak_buffers=_peak_buffers(run))
             rd.write_text(rundir.ESTIMATE_REPORT, render(est, "json"))
             rd.write_text(rundir.ESTIMATE_MD, render(est, "md"))
             rd.finish(est.status == "ok", reason=est.reason)

@@ -38,15 +38,14 @@ def live_at_peak(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def peak_buffers(live_range: Path, hlo_path: Path, top: int = 12, module=None) -> list[dict]:
-    """[{"bytes", "count", "kind" (parameter|output|temporary), "where", "shape"}], largest first.
-    `module`: the HLO at `hlo_path` where the caller has parsed it already."""
+def peak_buffers(live_range: Path, hlo_path: Path, top: int = 12) -> list[dict]:
+    """[{"bytes", "count", "kind" (parameter|output|temporary), "where", "shape"}], largest first."""
     from tpudiag.parse.hlo import read_hlo_file
 
     live = live_at_peak(live_range.read_text(errors="replace"))
     if not live:
         raise InputError(f"{live_range}: no 'Live ranges at N (peak)' section")
-    module = module or read_hlo_file(hlo_path)
+    module = read_hlo_file(hlo_path)
     root = module.entry.root if module.entry else None
     root_operands = set(root.operands) if root is not None else set()
     groups: dict[tuple[str, str], dict] = {}
@@ -71,14 +70,13 @@ def peak_buffers(live_range: Path, hlo_path: Path, top: int = 12, module=None) -
     return sorted(groups.values(), key=lambda g: -g["bytes"])[:top]
 
 
-def peak_buffers_of_run(run_dir: Path, top: int = 12, module=None) -> list[dict]:
-    """`peak_buffers` of a compile run's first module with a live-range dump (an estimate's step);
-    `module`: that module's optimized HLO, where the caller has parsed it already."""
+def peak_buffers_of_run(run_dir: Path, top: int = 12) -> list[dict]:
+    """`peak_buffers` of a compile run's first module with a live-range dump (an estimate's step)."""
     for hlo_dir in sorted(Path(run_dir).glob("modules/*/hlo")):
         ranges = sorted(hlo_dir.glob("*after_optimizations-live-range.txt"))
         if ranges:
             hlo = Path(str(ranges[0]).replace("-live-range.txt", ".txt"))
             if not hlo.is_file():
                 raise InputError(f"{hlo}: the optimized HLO beside {ranges[0].name} is missing")
-            return peak_buffers(ranges[0], hlo, top, module)
+            return peak_buffers(ranges[0], hlo, top)
     raise InputError(f"{run_dir}: no *after_optimizations-live-range.txt under modules/*/hlo")
