@@ -79,11 +79,21 @@ def test_collectives_are_modelled_not_free(in_root):
     assert any("collective times are a model" in f for f in step["findings"])
 
 
+def _default_space_total(module_doc) -> int:
+    """The default memory space's total in the module's XLA memory report, read here on its own."""
+    (report,) = Path(module_doc["artifacts"], "hlo").glob("*after_optimizations-memory-usage-report.txt")
+    text = report.read_text()
+    return int(re.search(r"Memory Space: default.*\nTotal bytes: (\d+)", text).group(1))
+
+
 def test_memory_totals(in_root):
     for m in _doc()["modules"]:
         mem = m["totals"]["memory"]
-        assert mem["peak_hbm_bytes"] == (mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"]
-                                         + mem["temp_bytes"] + mem["generated_code_bytes"])
+        # The compiler's own figure (its buffer assignment), never more than the memory analysis sums.
+        assert mem["peak_source"] == "buffer_assignment"
+        assert mem["peak_hbm_bytes"] == _default_space_total(m)
+        assert 0 < mem["peak_hbm_bytes"] <= (mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"]
+                                             + mem["temp_bytes"] + mem["generated_code_bytes"])
         assert mem["fits"] is True and mem["hbm_capacity_bytes"] == 16 * 2**30
 
 
@@ -194,6 +204,44 @@ def test_missing_libtpu_names_the_install_line(monkeypatch, capsys):
     assert e.value.code == 2 and "pip install 'jax[tpu]==0.10.2'" in err and len(err.strip().splitlines()) == 1
 
 
+def _compiled_in_a_subprocess(code: str) -> dict:
+    """The compile report `code` prints as its last line, run in its own Python (libtpu per process)."""
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", JAX_PLATFORMS="cpu"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_a_program_the_compiler_fits_is_reported_as_fitting(tmp_path):
+    """A remat'd 32-layer scan on a 16 GiB v5e whose memory analysis sums to 16.8 GiB: the compiler
+    compiles it (its buffer assignment needs 14.75 GiB), so it fits; the sum is not the peak. On the
+    newest jax leg only (CI time; the same figures on jax 0.10.2 and libtpu 0.0.42, checked by hand)."""
+    import importlib.metadata as md
+
+    if tuple(int(x) for x in md.version("jax").split(".")[:2]) < (0, 11) and not os.environ.get("TPUDIAG_ALL_LEGS"):
+        pytest.skip("a 10 s compile run on the newest jax leg only (CI time); TPUDIAG_ALL_LEGS=1 runs it")
+    code = f"""
+import jax, jax.numpy as jnp, json, tpudiag
+def loss(w, x):
+    def body(h, wl):
+        return jax.checkpoint(lambda h, wl: jnp.tanh(h @ wl) + h)(h, wl), None
+    h, _ = jax.lax.scan(body, x, w)
+    return jnp.sum(h.astype(jnp.float32))
+w = jax.ShapeDtypeStruct((32, 4096, 4096), jnp.bfloat16)
+x = jax.ShapeDtypeStruct((45056, 4096), jnp.bfloat16)
+step = jax.jit(jax.grad(loss), donate_argnums=0)
+r = tpudiag.compile(step, w, x, target="v5e", out={str(tmp_path / 'run')!r}, static_profile=False)
+print(json.dumps(r.report.to_dict()))
+"""
+    (m,) = _compiled_in_a_subprocess(code)["modules"]
+    mem = m["totals"]["memory"]
+    summed = (mem["argument_bytes"] + mem["output_bytes"] - mem["alias_bytes"] + mem["temp_bytes"]
+              + mem["generated_code_bytes"])
+    assert m["status"] == "ok" and summed > 16 * 2**30  # the sum alone would say it does not fit
+    assert mem["peak_hbm_bytes"] == _default_space_total(m) < 15.75 * 2**30
+    assert mem["fits"] is True and not any("needs" in f and "HBM" in f for f in m["findings"])
+
+
 def test_a_program_that_does_not_fit_is_a_finding(tmp_path):
     """24 GiB of arguments and outputs on a 16 GiB v5e: reported, not a crash."""
     code = f"""
@@ -202,10 +250,7 @@ spec = jax.ShapeDtypeStruct((3 * 2**30,), jnp.float32)
 r = tpudiag.compile(lambda x: x * 2.0, spec, target="v5e", out={str(tmp_path / 'run')!r}, static_profile=False)
 print(json.dumps(r.report.to_dict()))
 """
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", JAX_PLATFORMS="cpu"))
-    assert p.returncode == 0, p.stderr[-2000:]
-    (m,) = json.loads(p.stdout.strip().splitlines()[-1])["modules"]
+    (m,) = _compiled_in_a_subprocess(code)["modules"]
     # libtpu itself refuses it (RESOURCE_EXHAUSTED); tpudiag turns that into the finding.
     mem = m["totals"]["memory"]
     assert m["status"] == "failed" and mem["fits"] is False and mem["peak_hbm_bytes"] >= 24 * 2**30

@@ -319,7 +319,8 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
             lowered = json.loads((lowered_dir / "lowered.json").read_text())
             if progress:
                 progress(f"compiling the step for {target.topology}")
-            step_limits = replace(limits or Limits(), compile_timeout_s=compile_timeout_s)
+            # No LLO bundle dump: the estimate reads none of it, and a large step's is hundreds of MB.
+            step_limits = replace(limits or Limits(), compile_timeout_s=compile_timeout_s, llo_dump=False)
             step = ModuleInput(name="step", path=lowered_dir / "step.mlir", kind="mlir")
             report = compile_inputs([step], run, target, static_profile=static_profile, jobs=1, limits=step_limits,
                                     source=source)

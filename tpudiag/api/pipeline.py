@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tpudiag.capture import rundir
 from tpudiag.errors import TpudiagError
-from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
+from tpudiag.parse.hlo import find_memory_reports, find_optimized_modules, read_hbm_allocated_bytes, read_hlo_file
 
 
 def module_artifacts(mc, with_llo: bool = True):
@@ -25,14 +25,23 @@ def module_artifacts(mc, with_llo: bool = True):
     from tpudiag.analyze.compile.report import ModuleArtifacts
     from tpudiag.parse import llo
 
-    hlo = static = lframe = None
+    hlo = static = lframe = hbm = None
     notes = []
     if mc.status == "ok":
         # XLA's own dump keeps each custom call's backend config (a Pallas kernel's CostEstimate
         # lives there); the executable's to_string() drops it. Older runs have only the latter.
         dump = mc.dir / rundir.HLO_DIR
-        dumped = list(find_optimized_modules(dump).values()) if dump.is_dir() else []
-        hlo = read_hlo_file(dumped[0] if len(dumped) == 1 else mc.dir / rundir.MODULE_HLO)
+        dumped = find_optimized_modules(dump) if dump.is_dir() else {}
+        hlo = read_hlo_file(next(iter(dumped.values())) if len(dumped) == 1 else mc.dir / rundir.MODULE_HLO)
+        # The peak HBM the compiler itself checks against the device (its buffer assignment's
+        # default memory space); the worker's memory analysis sums more than that.
+        reports = find_memory_reports(dump) if len(dumped) == 1 else {}
+        report = reports.get(next(iter(dumped)) if dumped else -1)
+        if report is not None:
+            try:
+                hbm = read_hbm_allocated_bytes(report)
+            except TpudiagError as e:
+                notes.append(f"XLA memory report unreadable, peak HBM from the memory analysis: {e}")
         # The compiler's side dumps enrich the report; one it wrote in a shape we do not read
         # costs that module its cycles or utilization, not the whole report.
         if (mc.dir / rundir.STATIC_PROFILE_DIR).is_dir():
@@ -57,7 +66,7 @@ def module_artifacts(mc, with_llo: bool = True):
     return ModuleArtifacts(name=mc.name, status=mc.status, error=mc.error, static_profile=mc.static_profile,
                            result=mc.result, hlo=hlo, static=static, llo=lframe, artifacts_dir=str(mc.dir),
                            notes=tuple(notes), input_file=str(inputs[0]) if inputs else None, mesh=mesh,
-                           setup=mc.setup)
+                           setup=mc.setup, hbm_allocated_bytes=hbm)
 
 
 def _report(target, compiled, source: dict, with_llo: bool, suggestions: bool):

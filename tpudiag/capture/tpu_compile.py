@@ -101,6 +101,9 @@ class Limits:
     # exact: libtpu 0.0.50 fast-forwarded gives a 4096^3 bf16 matmul on v6e 654,563 cycles, stepped
     # through 279,025 (the peak's 94%, as libtpu 0.0.42 gives).
     fast_forward: bool = True
+    # The TPU compiler's LLO bundle dump (slot utilization and bundle counts in `compile`'s report).
+    # `estimate` reads none of it and turns it off: a MaxText-scale step writes 200-600 MB of it.
+    llo_dump: bool = True
 
 
 _MATMUL = re.compile(rb"stablehlo\.(?:dot_general|dot|convolution)\b|\s(?:dot|convolution)\(")
@@ -247,7 +250,7 @@ class _Worker:
 
 def _attempt(spec_path: Path, mdir: Path, static: bool, limit_s: float, memory_bytes: int,
              worker: _Worker | None = None, wall_per_cpu: float = Limits.wall_per_cpu,
-             fast_forward: bool = True) -> tuple[str, str | None]:
+             fast_forward: bool = True, llo_dump: bool = True) -> tuple[str, str | None]:
     """Run one worker. Returns (outcome, detail): "ok", "failed" (compiler said no), "timeout", "memory", "crashed".
 
     `limit_s` is CPU seconds (and `wall_per_cpu` times that in wall seconds): a busy machine slows a
@@ -258,7 +261,8 @@ def _attempt(spec_path: Path, mdir: Path, static: bool, limit_s: float, memory_b
     (mdir / rundir.MODULE_RESULT).unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="tpudiag-dump-") as tmp:
         try:
-            outcome = _run_worker([spec_path], mdir / "compile.log", _env(mdir, Path(tmp), static, fast_forward), limit_s,
+            outcome = _run_worker([spec_path], mdir / "compile.log", _env(mdir, Path(tmp), static, fast_forward, llo_dump),
+                                  limit_s,
                                   limit_s * wall_per_cpu, memory_bytes, worker or _Worker())
             return _outcome(outcome, mdir)
         finally:
@@ -310,11 +314,12 @@ def _run_worker(spec_paths: list[Path], log_path: Path, env: dict, cpu_limit_s: 
     return "ok", None
 
 
-def _env(mdir: Path | None, dump: Path | None, static: bool, fast_forward: bool = True) -> dict:
-    """The worker's environment: the TPU compiler's dumps into `dump` and XLA's into `mdir`; neither
-    for None (a group of setup modules)."""
+def _env(mdir: Path | None, dump: Path | None, static: bool, fast_forward: bool = True,
+         llo_dump: bool = True) -> dict:
+    """The worker's environment: the TPU compiler's dumps into `dump` (its LLO bundles only with
+    `llo_dump`) and XLA's into `mdir`; neither for None (a group of setup modules)."""
     env = dict(os.environ)
-    libtpu = _LLO_FLAGS.format(llo=dump / rundir.LLO_DIR) if dump is not None else ""
+    libtpu = _LLO_FLAGS.format(llo=dump / rundir.LLO_DIR) if dump is not None and llo_dump else ""
     if static:
         libtpu += " " + _static_flags(fast_forward).format(static=dump / rundir.STATIC_PROFILE_DIR)
     env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") + " " + libtpu).strip()
@@ -369,7 +374,8 @@ def compile_module(inp: ModuleInput, mdir: Path, topology: str, static_profile: 
     limit_s = static_limit_s(local, limits)
     # The user's LIBTPU_INIT_ARGS change what the compiler makes (async collectives, VMEM limits):
     # part of the key, with ours.
-    flags = " ".join((os.environ.get("LIBTPU_INIT_ARGS", ""), _LLO_FLAGS, _static_flags(limits.fast_forward))).strip()
+    flags = " ".join((os.environ.get("LIBTPU_INIT_ARGS", ""), _LLO_FLAGS if limits.llo_dump else "",
+                      _static_flags(limits.fast_forward))).strip()
     key = cache.key(local, inp.kind, topology, static_profile, flags) if cache else None
     res = _from_cache(cache, key, inp, mdir, limit_s, limits)
     hit = res is not None
@@ -436,7 +442,7 @@ def _compile_module(inp: ModuleInput, mdir: Path, spec: Path, static_profile: bo
     if static_profile:
         shown_limit = limit_s
         outcome, detail = _attempt(spec, mdir, True, limit_s, limits.memory_bytes, worker, limits.wall_per_cpu,
-                                   limits.fast_forward)
+                                   limits.fast_forward, limits.llo_dump)
         if outcome == "ok":
             return _done(inp, mdir, "ok", shown_limit)
         # The compiler rejected the module itself: no point retrying, unless it ran out of VMEM, which
@@ -458,7 +464,8 @@ def _compile_module(inp: ModuleInput, mdir: Path, spec: Path, static_profile: bo
         # The plain compile never balloons as the static profile does: a smaller static-profile limit
         # does not apply to it.
         outcome, detail = _attempt(spec, mdir, False, compile_limit_s(Path(json.loads(spec.read_text())["input"]), limits),
-                                   max(limits.memory_bytes, Limits.memory_bytes), worker, limits.wall_per_cpu)
+                                   max(limits.memory_bytes, Limits.memory_bytes), worker, limits.wall_per_cpu,
+                                   llo_dump=limits.llo_dump)
         if outcome != "ok":
             return ModuleCompile(inp.name, mdir, "failed", detail, static_note, {}, None, shown_limit)
         if partial and _optimized_text(mdir / rundir.HLO_DIR) == partial[1]:

@@ -279,3 +279,19 @@ def read_allocated_bytes(path: Path) -> int:
     if not totals:
         raise ParseError(path, "no 'Total bytes:' line: not an XLA memory-usage report")
     return sum(totals)
+
+
+_DEFAULT_SPACE = re.compile(r"^Memory Space: default\b.*\n\s*Total bytes: (\d+)\b", re.M)
+
+
+def read_hbm_allocated_bytes(path: Path) -> int | None:
+    """The bytes XLA's buffer assignment gives the default memory space (HBM on a TPU) in a module's
+    memory report: the figure the TPU compiler's out-of-memory check compares with the device's usable
+    HBM (a module needing more fails with this number as "HLO temporaries (N G)"). None for a report
+    without a default space; an unreadable file is a ParseError naming it."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        raise ParseError(path, f"cannot read: {e.strerror}") from None
+    m = _DEFAULT_SPACE.search(text)
+    return int(m.group(1)) if m else None

@@ -3,7 +3,8 @@
 XLA's dump (`XLA_FLAGS=--xla_dump_to`, which `tpudiag compile` and `estimate` set) writes
 `*after_optimizations-live-range.txt`: the buffer live ranges of the scheduled module and, under
 "Live ranges at N (peak):", every buffer live at the peak with its size. This module reads that
-list and the optimized HLO beside it, and names each buffer: a parameter (its number and shape: a
+list and the optimized HLO beside it, leaves out buffers in host memory or VMEM (the dump lists
+them with HBM's), and names each buffer: a parameter (its number and shape: a
 weight, an optimizer state, a batch), or an instruction's output, by the model's own `file:line`
 (`HloModule.call_site`) and op name. Buffers from one line are summed, largest first: what to read
 when two programs of one model differ in peak HBM.
@@ -38,6 +39,19 @@ def live_at_peak(text: str) -> list[tuple[str, int]]:
     return out
 
 
+def _outside_hbm(instr) -> bool:
+    """An array buffer XLA placed in another memory space (`S(5)` host, `S(1)` VMEM in its layout).
+    The live ranges list them with HBM's: an 8B step offloading its layer inputs lists 21 GiB of
+    them at a 22.6 GiB HBM peak."""
+    if instr is None or "S(" not in (instr.shape or ""):
+        return False
+    try:
+        leaves = instr.parsed_shape.leaves()
+    except ValueError:
+        return False
+    return len(leaves) == 1 and bool(leaves[0].memory_space)
+
+
 def peak_buffers(live_range: Path, hlo_path: Path, top: int = 12) -> list[dict]:
     """[{"bytes", "count", "kind" (parameter|output|temporary), "where", "shape"}], largest first."""
     from tpudiag.parse.hlo import read_hlo_file
@@ -51,6 +65,8 @@ def peak_buffers(live_range: Path, hlo_path: Path, top: int = 12) -> list[dict]:
     groups: dict[tuple[str, str], dict] = {}
     for name, size in live:
         instr = module.instruction(name)
+        if _outside_hbm(instr):  # a buffer in host memory (activation offload) or VMEM: not HBM's peak
+            continue
         if instr is None:
             kind, where, shape = "temporary", name, ""
         elif instr.opcode == "parameter" and instr.computation == (module.entry.name if module.entry else None):
