@@ -156,9 +156,10 @@ def _probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
     if progress:
         progress(f"timing up to {len(probes)} distinct matmul(s) with the compiler's static profile, each alone "
                  f"(at most {PROBE_BUDGET_S:.0f} s)")
-    # stepped through, not fast-forwarded: fast-forwarding inflates a large matmul's cycles (tpu_compile.Limits)
+    # stepped through, not fast-forwarded: fast-forwarding inflates a large matmul's cycles (tpu_compile.Limits);
+    # no LLO bundle dump (only the static profile is read)
     probe_limits = replace(limits, static_timeout_s=min(limits.static_timeout_s, PROBE_STATIC_S), scale_with_size=False,
-                           fast_forward=False)
+                           fast_forward=False, llo_dump=False)
     clock = report.target.clock_hz
     seconds, missing, skipped = {}, 0, 0
     t0 = time.monotonic()
