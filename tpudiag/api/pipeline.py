@@ -35,8 +35,7 @@ def module_artifacts(mc, with_llo: bool = True):
         hlo = read_hlo_file(next(iter(dumped.values())) if len(dumped) == 1 else mc.dir / rundir.MODULE_HLO)
         # The peak HBM the compiler itself checks against the device (its buffer assignment's
         # default memory space); the worker's memory analysis sums more than that.
-        reports = find_memory_reports(dump) if len(dumped) == 1 else {}
-        report = reports.get(next(iter(dumped)) if dumped else -1)
+        report = find_memory_reports(dump).get(next(iter(dumped))) if len(dumped) == 1 else None
         if report is not None:
             try:
                 hbm = read_hbm_allocated_bytes(report)

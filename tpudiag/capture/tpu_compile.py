@@ -261,9 +261,9 @@ def _attempt(spec_path: Path, mdir: Path, static: bool, limit_s: float, memory_b
     (mdir / rundir.MODULE_RESULT).unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="tpudiag-dump-") as tmp:
         try:
-            outcome = _run_worker([spec_path], mdir / "compile.log", _env(mdir, Path(tmp), static, fast_forward, llo_dump),
-                                  limit_s,
-                                  limit_s * wall_per_cpu, memory_bytes, worker or _Worker())
+            env = _env(mdir, Path(tmp), static, fast_forward, llo_dump)
+            outcome = _run_worker([spec_path], mdir / "compile.log", env, limit_s, limit_s * wall_per_cpu, memory_bytes,
+                                  worker or _Worker())
             return _outcome(outcome, mdir)
         finally:
             for sub in (rundir.LLO_DIR, rundir.STATIC_PROFILE_DIR):

@@ -11,20 +11,25 @@ Pure: takes the parsed module and an instruction.
 from __future__ import annotations
 
 
-def _outside_hbm(instr) -> int:
+def outside_hbm_bytes(instr, whole: bool = False) -> int:
+    """Bytes of `instr`'s result in a memory space other than HBM; with `whole`, only where the
+    result is a single array (a tuple counts 0: the live ranges list its elements apart)."""
     if instr is None or "S(" not in (instr.shape or ""):  # the common case: nothing outside HBM
         return 0
     try:
         shape = instr.parsed_shape
     except ValueError:
         return 0
-    return sum(leaf.bytes for leaf in shape.leaves() if leaf.memory_space)
+    leaves = shape.leaves()
+    if whole and len(leaves) != 1:
+        return 0
+    return sum(leaf.bytes for leaf in leaves if leaf.memory_space)
 
 
 def vmem_bytes(module, instr) -> int:
     """Bytes of `instr`'s operands and results in a memory space other than HBM, each operand once."""
-    return (sum(_outside_hbm(module.operand(instr, k)) for k in range(len(instr.operands)))
-            + _outside_hbm(instr))
+    return (sum(outside_hbm_bytes(module.operand(instr, k)) for k in range(len(instr.operands)))
+            + outside_hbm_bytes(instr))
 
 
 HOST = 5  # S(5): pinned host memory (activation offload)

@@ -39,21 +39,9 @@ def live_at_peak(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def _outside_hbm(instr) -> bool:
-    """An array buffer XLA placed in another memory space (`S(5)` host, `S(1)` VMEM in its layout).
-    The live ranges list them with HBM's: an 8B step offloading its layer inputs lists 21 GiB of
-    them at a 22.6 GiB HBM peak."""
-    if instr is None or "S(" not in (instr.shape or ""):
-        return False
-    try:
-        leaves = instr.parsed_shape.leaves()
-    except ValueError:
-        return False
-    return len(leaves) == 1 and bool(leaves[0].memory_space)
-
-
 def peak_buffers(live_range: Path, hlo_path: Path, top: int = 12) -> list[dict]:
     """[{"bytes", "count", "kind" (parameter|output|temporary), "where", "shape"}], largest first."""
+    from tpudiag.analyze.compile.memory_space import outside_hbm_bytes
     from tpudiag.parse.hlo import read_hlo_file
 
     live = live_at_peak(live_range.read_text(errors="replace"))
@@ -65,7 +53,9 @@ def peak_buffers(live_range: Path, hlo_path: Path, top: int = 12) -> list[dict]:
     groups: dict[tuple[str, str], dict] = {}
     for name, size in live:
         instr = module.instruction(name)
-        if _outside_hbm(instr):  # a buffer in host memory (activation offload) or VMEM: not HBM's peak
+        # A buffer in host memory (activation offload) or VMEM is listed with HBM's: an 8B step
+        # offloading its layer inputs lists 21 GiB of them at a 22.6 GiB HBM peak.
+        if outside_hbm_bytes(instr, whole=True):
             continue
         if instr is None:
             kind, where, shape = "temporary", name, ""
