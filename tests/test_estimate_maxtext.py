@@ -76,3 +76,21 @@ def test_maxtext_step_is_estimated_with_maxtexts_flop_count(tmp_path):
     assert doc["model_flops"] == pytest.approx(sum(doc["model_flops_detail"].values()))
     res = _run("maxtext:llama3.1-8bb", "--target", "v6e-8", "--out", str(tmp_path / "bad"))
     assert res.returncode == 2 and "did you mean llama3.1-8b" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.skipif(not HAVE_MAXTEXT, reason="needs the maxtext package (Python >= 3.12: pip install '.[maxtext]')")
+def test_a_moe_step_with_tokamax_kernels_lowers_for_tpu_on_cpu(tmp_path):
+    """tokamax's grouped matmul checks the default device (the CPU here), and its gradient calls a
+    kernel that checks again: the step lowers with tokamax's own cross-compile switch, and the
+    compiled program runs tokamax's Mosaic kernel, not XLA's ragged dot."""
+    res = _run("maxtext:qwen3-235b-a22b", "--target", "tpu7x-8", "--out", str(tmp_path / "moe"), "--json", "--",
+               "override_model_config=True", "base_num_decoder_layers=1", "base_emb_dim=512", "base_moe_mlp_dim=256",
+               "num_experts=8", "num_experts_per_tok=2", "base_num_query_heads=4", "base_num_kv_heads=2",
+               "head_dim=128", "vocab_size=4096", "per_device_batch_size=1", "max_target_length=512",
+               "megablox=False", "sparse_matmul=True", "use_tokamax_gmm=True", "remat_policy=full")
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "ok" and doc["fits"]
+    (hlo,) = (tmp_path / "moe" / "modules").glob("*/optimized.hlo.txt")
+    kernels = [line for line in hlo.read_text().splitlines() if 'custom_call_target="tpu_custom_call"' in line]
+    assert any("pallas_tpu_ragged_dot_gmm" in line for line in kernels), len(kernels)

@@ -20,6 +20,7 @@ file before it knows it will call it.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
@@ -81,6 +82,17 @@ def _config(argv: list[str]):
         raise InputError(f"maxtext: MaxText refused the configuration: {first}") from None
 
 
+def _tokamax_cross_compile():
+    """tokamax's kernels check the default device before they lower (and their gradients call
+    kernels that check again), which is the CPU here: its `cross_compile` setting is its own switch
+    for lowering on one machine what runs on another. Without tokamax, nothing to switch."""
+    try:
+        from tokamax import config as tokamax_config
+    except ImportError:
+        return contextlib.nullcontext()
+    return tokamax_config.cross_compile(True)
+
+
 def step(argv, mesh):
     """FUNC(argv, mesh) for the estimate worker: MaxText's lowered train step. `mesh` (tpudiag's)
     is not used: MaxText builds its own from the topology and its parallelism settings."""
@@ -107,7 +119,7 @@ def step(argv, mesh):
     data_sharding = sharding.get_input_data_sharding(config, mesh)
     func, in_shard, out_shard, static_argnums, donate_argnums = maxtext_utils.get_functional_train_with_signature(
         train.train_step, data_sharding, input_state_shardings, model_graph, config, params_shardings)
-    with jax.set_mesh(mesh), axis_rules(config.logical_axis_rules):
+    with jax.set_mesh(mesh), axis_rules(config.logical_axis_rules), _tokamax_cross_compile():
         jitted = jax.jit(func, in_shardings=in_shard, out_shardings=out_shard, static_argnums=static_argnums,
                          donate_argnums=donate_argnums)
         lowered = jitted.trace(*shaped_args, **shaped_kwargs).lower(lowering_platforms=("tpu",))
