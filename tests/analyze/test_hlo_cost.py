@@ -292,6 +292,36 @@ def test_convolution_counts_only_taps_on_real_input():
     assert sum(op_cost(module, d).flops for d in _matmul_ops(module)) == 2 * 24 * 40 * 8 * 5
 
 
+
+def _xla_loop(w, in_size, out_size, k_size):
+    """XLA's GetConvolutionFlops loop over (kernel tap, output position), as written there."""
+    count = 0
+    for k in range(k_size):
+        for o in range(out_size):
+            u = o * w.stride - w.pad_lo + k * w.rhs_dilate
+            if u % w.lhs_dilate == 0 and 0 <= u // w.lhs_dilate < in_size:
+                count += 1
+    return count
+
+
+def test_convolution_taps_in_closed_form_match_xlas_loop():
+    import random
+
+    from tpudiag.analyze.hlo.cost import _valid_positions
+    from tpudiag.parse.hlo import WindowDim
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        w = WindowDim(size=rng.randint(1, 7), stride=rng.randint(1, 6), pad_lo=rng.randint(-5, 12),
+                      lhs_dilate=rng.randint(1, 6), rhs_dilate=rng.randint(1, 5))
+        i, o = rng.randint(0, 30), rng.randint(0, 40)
+        assert _valid_positions(w, i, o, w.size) == _xla_loop(w, i, o, w.size), (w, i, o)
+    # The TPU compiler writes a batched dot (MaxText's MoE weight sum, BKE,BK -> BE over 65,536
+    # tokens) as this base-dilated convolution: tap k meets output o only at k == o, on input o.
+    w = WindowDim(size=65536, stride=65535, lhs_dilate=65536)
+    assert _valid_positions(w, 65536, 65536, 65536) == 65536
+    assert _valid_positions(w, 1000, 65536, 65536) == 1000
+
 # -- one convention per module, against XLA's HloCostAnalysis on the same text --------------------
 
 _REGIONS = """

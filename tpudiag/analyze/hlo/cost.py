@@ -74,19 +74,37 @@ def arithmetic_intensity(cost: Cost) -> float | None:
 
 
 def _valid_positions(w: WindowDim, in_size: int, out_size: int, k_size: int) -> int:
-    """(output position, kernel tap) pairs of one spatial dim that read a real input element:
-    XLA's GetConvolutionFlops loop, without its shortcuts (they give the same count)."""
+    """(output position, kernel tap) pairs of one spatial dim that read a real input element: the
+    count XLA's GetConvolutionFlops loop makes, in closed form per kernel tap (the loop over output
+    positions is a Python loop of out_size x k_size steps: a strided window over a 65,536-long
+    dimension, as a training step's cumulative sums compile to, took minutes)."""
     count = 0
     for k in range(k_size):
-        if w.stride == 1 and w.lhs_dilate == 1:
-            base = w.pad_lo - k * w.rhs_dilate
-            count += max(min(in_size + base, out_size) - max(base, 0), 0)
-            continue
-        for o in range(out_size):
-            undilated = o * w.stride - w.pad_lo + k * w.rhs_dilate
-            if undilated % w.lhs_dilate == 0 and 0 <= undilated // w.lhs_dilate < in_size:
-                count += 1
+        count += _taps_on_input(w.stride, w.lhs_dilate, k * w.rhs_dilate - w.pad_lo, in_size, out_size)
     return count
+
+
+def _taps_on_input(stride: int, lhs_dilate: int, offset: int, in_size: int, out_size: int) -> int:
+    """Output positions o in [0, out_size) whose input index u = o * stride + offset lands on a real
+    element of the lhs-dilated input: 0 <= u <= (in_size - 1) * lhs_dilate and u % lhs_dilate == 0."""
+    if in_size <= 0 or out_size <= 0:
+        return 0
+    top = (in_size - 1) * lhs_dilate
+    lo = max(0, -(offset // stride))  # the first o with u >= 0: ceil(-offset / stride)
+    hi = min(out_size - 1, (top - offset) // stride)  # the last with u <= top (floor division)
+    if hi < lo:
+        return 0
+    if lhs_dilate == 1:
+        return hi - lo + 1
+    # o * stride = -offset (mod lhs_dilate): solvable iff g = gcd(stride, lhs_dilate) divides offset,
+    # then o = o0 (mod lhs_dilate / g).
+    g = math.gcd(stride, lhs_dilate)
+    if offset % g:
+        return 0
+    m = lhs_dilate // g
+    o0 = (-offset // g) * pow(stride // g, -1, m) % m if m > 1 else 0
+    first = lo + (o0 - lo) % m
+    return 0 if first > hi else (hi - first) // m + 1
 
 
 class _Coster:
