@@ -68,7 +68,7 @@ def module_artifacts(mc, with_llo: bool = True):
                            setup=mc.setup, hbm_allocated_bytes=hbm)
 
 
-def _report(target, compiled, source: dict, with_llo: bool, suggestions: bool):
+def report_from_modules(target, compiled, source: dict, with_llo: bool = True, suggestions: bool = True):
     """(each module's parsed artifacts, the compile report built from them): each artifact parsed once."""
     from tpudiag.analyze.compile.report import build_compile_report
     from tpudiag.analyze.suggest.build import unpriced_report
@@ -101,7 +101,7 @@ def compile_inputs(inputs, run: Path, target, *, static_profile=True, jobs=2, li
     results = compile_modules([inputs[k] for k in keep], run / rundir.MODULES_DIR, target.topology,
                               static_profile=static_profile, limits=limits or Limits(), jobs=jobs, progress=progress,
                               group_setup=group_setup and not selection, numbers=keep)
-    return _report(target, results, source, with_llo, suggestions)[1]
+    return report_from_modules(target, results, source, with_llo, suggestions)[1]
 
 
 def compile_run_artifacts(run: Path, with_llo: bool = True, suggestions: bool = True, manifest=None):
@@ -119,7 +119,7 @@ def compile_run_artifacts(run: Path, with_llo: bool = True, suggestions: bool = 
     source = dict(manifest.source or {})
     if "input" not in source and manifest.program:  # a run stopped before its manifest had a source
         source["input"] = manifest.program
-    arts, report = _report(target, [load_module(d) for d in mdirs], source, with_llo, suggestions)
+    arts, report = report_from_modules(target, [load_module(d) for d in mdirs], source, with_llo, suggestions)
     return arts, report.with_artifacts(compile_artifacts(run))
 
 

@@ -1,4 +1,5 @@
-"""`tpudiag kernels list | show | verify | bench`: the bundled Pallas TPU kernels.
+"""`tpudiag kernels list | show | verify | bench | tune`: the bundled Pallas TPU kernels, and a
+search of any kernel's block sizes.
 
 Options in, one api call, `emit` out; a failed verify or bench is `GateFailed` (exit 1).
 """
@@ -30,7 +31,7 @@ def _text_options(f):
 
 @cli.group()
 def kernels():
-    """The bundled Pallas TPU kernels: list, show, verify (CPU, interpret mode), bench (TPU compiler)."""
+    """Pallas TPU kernels: list, show, verify (CPU, interpret mode), bench and tune (TPU compiler)."""
     check_versions()
     _cpu_jax()
 
@@ -120,3 +121,51 @@ def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, static_m
     emit(result, fmt, no_color=no_color, width=width)
     if result.failed:
         raise GateFailed(f"kernels bench: {', '.join(result.failed)} failed to lower or compile (run directory {run})")
+
+
+@kernels.command(name="tune")
+@click.option("--target", "target_text", required=True, help="TPU target: v5e, v6e, v5p, v4.")
+@click.option("--space", "space_text", required=True, metavar="NAME=V1,V2,... ...",
+              help="The choices to search: each NAME a keyword argument of FUNC, with its values (LOW..HIGH: every "
+                   "integer between), e.g. \"block_q=128,256,512 block_k=128,256,512\". Every combination is a point.")
+@click.option("--inputs", "inputs_text", required=True, metavar="SPEC",
+              help="The kernel's arguments: NAME=DTYPE[D0,D1,...] each, as validate reads them "
+                   "(\"q=bf16[1,8,2048,128] k=bf16[1,8,2048,128] v=bf16[1,8,2048,128]\").")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default: tpudiag-runs/<timestamp>-kernels-tune).")
+@click.option("--jobs", type=click.IntRange(1, 256), default=None,
+              help="Compiles at once on this machine (default: one per two cores).")
+@click.option("--ray", "ray_address", default=None, metavar="auto|HOST:PORT",
+              help="Run the points on a Ray cluster instead (`ray start --head` starts one; auto finds the one on "
+                   "this machine). Needs the ray extra.")
+@click.option("--no-static-profile", is_flag=True, help="Skip the static cycle profile (roofline floors only).")
+@static_profile_options(120)
+@compile_timeout_option
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels-tune/1).")
+@click.option("--md", "as_md", is_flag=True, help="Print GitHub Markdown.")
+@_text_options
+@cache_options
+@click.argument("entry", metavar="FILE.py:FUNC")
+def kernels_tune(target_text, space_text, inputs_text, out, jobs, ray_address, no_static_profile, timeout_s,
+                 static_memory_gib, compile_timeout_s, as_json, as_md, no_color, width, cache_dir, no_cache, entry):
+    """Search a Pallas kernel's block sizes on the TPU compiler, without a TPU.
+
+    FUNC(**choice) builds the kernel for one point of --space and returns the function to compile
+    at --inputs. Each point is lowered and compiled for the target with the static cycle profile and
+    ranked by corrected estimated cycles (as kernels bench counts them); a point that does not lower,
+    runs out of VMEM or fails to compile is a row. Exit 1 if no point compiled."""
+    from rich.console import Console
+
+    from tpudiag import api
+
+    fmt = output_format(as_json, as_md)
+    check_outputs(out)
+    use_cache_options(cache_dir, no_cache)
+    err = Console(stderr=True, highlight=False, markup=False, emoji=False)
+    result, run = api.kernels_tune(entry, target_text, space_text, inputs_text, out, jobs=jobs,
+                                   ray_address=ray_address, static_profile=not no_static_profile,
+                                   limits=static_limits(timeout_s, static_memory_gib, compile_timeout_s),
+                                   progress=(lambda line: err.print(line)) if err.is_terminal else None)
+    emit(result, fmt, no_color=no_color, width=width)
+    if result.status != "ok":
+        raise GateFailed(f"kernels tune: no point of the space compiled (run directory {run})")

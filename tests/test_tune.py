@@ -1,0 +1,169 @@
+"""`tpudiag kernels tune`: the search space, the sweep on this machine's processes and on a Ray
+cluster started here (the same rows), JAX's own flash attention searched as a user would (points out
+of VMEM are rows), and the bad inputs (one line, exit 2, no run directory)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from tests.conftest import PROGRAMS, ROOT
+from tpudiag.analyze.compile.tune import MAX_POINTS, parse_space, space_points
+from tpudiag.errors import InputError
+
+HAVE_RAY = importlib.util.find_spec("ray") is not None
+OURS = f"{PROGRAMS}/tune_flash_attention.py:kernel"
+JAXS = f"{PROGRAMS}/thirdparty/jax_flash_attention.py:kernel"
+SMALL = "q=bf16[1,2,256,128] k=bf16[1,2,256,128] v=bf16[1,2,256,128]"
+
+
+def _tune(*args, timeout=600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    return subprocess.run([sys.executable, "-m", "tpudiag", "kernels", "tune", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_space_is_every_combination_first_name_slowest():
+    space = parse_space("block_q=128,256 block_k=64..66 layout=SEQ_MINOR,HEAD_DIM_MINOR fused=True")
+    assert space == {"block_q": [128, 256], "block_k": [64, 65, 66], "layout": ["SEQ_MINOR", "HEAD_DIM_MINOR"],
+                     "fused": [True]}
+    points = space_points(space)
+    assert len(points) == 12
+    assert points[0] == {"block_q": 128, "block_k": 64, "layout": "SEQ_MINOR", "fused": True}
+    assert points[1]["layout"] == "HEAD_DIM_MINOR" and points[-1]["block_q"] == 256
+
+
+@pytest.mark.parametrize("text,says", [
+    ("", "the search space is empty"),
+    ("block_q=", "'block_q' has no values"),
+    ("block_q", "is not NAME=V1,V2"),
+    ("2x=1", "is not NAME=V1,V2"),
+    ("a=1 a=2", "'a' is given twice"),
+    ("a=1,1", "'a' lists a value twice"),
+    ("a=9..3", "low end is above its high end"),
+    (f"a=1..{MAX_POINTS} b=1,2", f"over the {MAX_POINTS:,} one search may compile"),
+])
+def test_a_bad_space_names_what_is_wrong(text, says):
+    with pytest.raises(InputError, match=says):
+        parse_space(text)
+
+
+def test_bad_inputs_are_one_line_and_leave_nothing(tmp_path):
+    out = tmp_path / "r"
+    cases = [
+        ((OURS, "--space", "", "--inputs", SMALL), "--space: the search space is empty"),
+        ((OURS, "--space", "nope=1,2", "--inputs", SMALL), "takes no argument 'nope' from --space"),
+        ((f"{PROGRAMS}/tune_flash_attention.py:kernal", "--space", "block_q=128", "--inputs", SMALL),
+         "no function 'kernal'"),
+        ((OURS, "--space", "block_q=128", "--inputs", "q=bf16[1,x]"), "--inputs: 'q=bf16[1,x]' is not"),
+        ((OURS, "--space", "block_q=128", "--inputs", SMALL, "--ray", "127.0.0.1:1"),
+         "no Ray cluster answers there" if HAVE_RAY else "the ray package is not importable here"),
+    ]
+    for args, says in cases:
+        res = _tune(*args, "--target", "v5e", "--out", str(out), timeout=120)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and says in lines[0], (args, res.stderr)
+        assert lines[0].startswith("tpudiag: error: ") and not out.exists()
+
+
+def test_points_the_kernel_refuses_are_rows_and_none_compiling_exits_1(tmp_path):
+    res = _tune(OURS, "--target", "v5e", "--space", "block_q=100,200", "--inputs", SMALL, "--out",
+                str(tmp_path / "r"), "--json", timeout=120)
+    assert res.returncode == 1 and "no point of the space compiled" in res.stderr, res.stderr[-2000:]
+    assert json.loads(res.stdout)["status"] == "failed"
+    doc = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert doc["status"] == "failed" and doc["best"] is None
+    assert [p["status"] for p in doc["points"]] == ["error", "error"]
+    assert "must be a multiple of 128" in doc["points"][0]["error"]
+    assert json.loads((tmp_path / "r" / "manifest.json").read_text())["status"] == "failed"
+
+
+def test_jax_flash_attention_is_searched_and_blocks_past_vmem_are_rows(tmp_path):
+    """JAX's own kernel (not ours) at one 2048-token head: its 2048-row query blocks overflow the
+    16 MiB of scoped VMEM it keeps on v5e, which the compiler refuses; the rest are ranked by their
+    corrected cycles."""
+    run = tmp_path / "jax"
+    res = _tune(JAXS, "--target", "v5e", "--space", "block_q=256,2048 block_k_major=2048 block_k=256,2048",
+                "--inputs", "q=bf16[1,1,2048,128] k=bf16[1,1,2048,128] v=bf16[1,1,2048,128]", "--out", str(run),
+                "--no-cache", "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    assert doc["schema"] == "tpudiag.kernels-tune/1" and doc["status"] == "ok"
+    by = {(p["choice"]["block_q"], p["choice"]["block_k"]): p for p in doc["points"]}
+    assert {by[(2048, k)]["status"] for k in (256, 2048)} == {"out_of_vmem"}
+    assert "vmem" in by[(2048, 256)]["error"].lower()
+    ok = sorted((p for p in doc["points"] if p["status"] == "ok"), key=lambda p: p["rank"])
+    assert [p["rank"] for p in ok] == [1, 2] and ok[0]["corrected_cycles"] <= ok[1]["corrected_cycles"]
+    assert doc["best"] == ok[0]["choice"]
+    assert all(p["static_profile"] == "ok" and p["static_cycles"] for p in ok)
+    # the report re-renders from the run directory, not recompiled
+    again = subprocess.run([sys.executable, "-m", "tpudiag", "report", "--json", str(run)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and json.loads(again.stdout) == doc, again.stderr[-2000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_cluster():
+    """A one-node Ray cluster on 127.0.0.1, started with Ray's own `ray start --head` (held in the
+    foreground with --block, so stopping it stops only this cluster). Its temporary directory is a
+    short one under /tmp: Ray's sockets live there, and a socket path has at most 107 characters."""
+    if not HAVE_RAY:
+        pytest.skip("needs the ray package (pip install '.[ray]')")
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    port = _free_port()
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.Popen([ray_bin, "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+                             "--include-dashboard=false", "--disable-usage-stats",
+                             f"--temp-dir={temp}"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        os.killpg(proc.pid, signal.SIGTERM)
+        shutil.rmtree(temp, ignore_errors=True)
+        pytest.fail("ray start --head did not listen within 120 s")
+    yield f"127.0.0.1:{port}"
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_the_local_pool_and_a_ray_cluster_give_the_same_rows(tmp_path, ray_cluster):
+    docs = {}
+    for how, extra in (("local", ["--jobs", "2"]), ("ray", ["--ray", ray_cluster])):
+        res = _tune(OURS, "--target", "v5e", "--space", "block_q=128,256 block_k=256", "--inputs", SMALL,
+                    "--out", str(tmp_path / how), "--no-cache", "--json", *extra)
+        assert res.returncode == 0, res.stderr[-3000:]
+        docs[how] = json.loads(res.stdout)
+    rows = {how: [{k: v for k, v in p.items() if k != "module"} for p in d["points"]] for how, d in docs.items()}
+    assert rows["local"] == rows["ray"]
+    assert docs["ray"]["runner"].startswith("ray (127.0.0.1:") and docs["local"]["runner"] == "local (2 processes)"
+    assert all(p["status"] == "ok" for p in docs["ray"]["points"])
+    # each point's compiled module came back into the run directory
+    assert all((tmp_path / "ray" / p["module"] / "module.json").is_file() for p in docs["ray"]["points"])

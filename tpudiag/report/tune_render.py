@@ -1,0 +1,83 @@
+"""Renders a `KernelTune` (tpudiag.kernels-tune/1) for the terminal (rich) and as GitHub Markdown:
+the points fastest first (each choice, its corrected cycles and how far behind the best it is),
+then the ones that did not compile with why, the winner and where the run is. Choices and error
+texts reach rich as `plain` text and Markdown through `markdown._esc`. It computes nothing: ranks
+and the winner are the model's."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from tpudiag.report.markdown import _esc
+from tpudiag.report.registry import renders
+from tpudiag.report.rich_text import plain
+from tpudiag.report.units import fmt_cycles, fmt_ghz, printable
+
+_STATUS = {"ok": "ok", "error": "refused", "out_of_vmem": "out of VMEM", "failed": "failed"}
+
+
+def _behind(p, best) -> str:
+    if p.corrected_cycles is None or not best:
+        return "-"
+    return f"{p.corrected_cycles / best:.2f}x"
+
+
+def _note(p) -> str:
+    if p.status != "ok":
+        return f"{_STATUS[p.status]}: {p.error or ''}"
+    notes = []
+    if p.ops_floor_only:
+        notes.append(f"{p.ops_floor_only}/{p.ops} ops at floor")
+    if p.cached:
+        notes.append("cached")
+    return ", ".join(notes)
+
+
+def _best_cycles(tune) -> int | None:
+    return next((p.corrected_cycles for p in tune.ranked if p.rank == 1), None)
+
+
+def _winner(tune) -> str:
+    if tune.best is None:
+        return "no point compiled"
+    return "best: " + " ".join(f"{k}={v}" for k, v in tune.best.items())
+
+
+@renders("tpudiag.kernels-tune", "terminal")
+def render_tune(tune, console: Console) -> None:
+    t = tune.target
+    n_ok = sum(p.rank is not None for p in tune.points)
+    console.print(plain(f"kernels tune {tune.program} on {t['chip']} ({t['topology']}): {len(tune.points)} points, "
+                        f"{n_ok} compiled, on {tune.runner}; corrected estimated cycles per call (largest of static "
+                        f"estimate, HBM floor, compute floor; clock {fmt_ghz(t['clock_hz'])})"))
+    console.print(plain(f"inputs: {tune.inputs}"))
+    best = _best_cycles(tune)
+    table = Table(show_edge=False)
+    names = list(tune.space)
+    for col in ("rank", *names, "cycles", "vs best", "note"):
+        table.add_column(col, overflow="fold", justify="left" if col == "note" else "right")
+    for p in tune.ranked:
+        table.add_row(str(p.rank) if p.rank else "-", *(plain(str(p.choice.get(n))) for n in names),
+                      fmt_cycles(p.corrected_cycles), _behind(p, best), plain(_note(p)))
+    console.print(table)
+    console.print(plain(_winner(tune)))
+    console.print(plain(f"run directory: {(tune.artifacts or {}).get('run_dir', '')}"))
+
+
+@renders("tpudiag.kernels-tune", "md")
+def render_tune_markdown(tune) -> str:
+    t = tune.target
+    names = list(tune.space)
+    best = _best_cycles(tune)
+    lines = [f"### tpudiag kernels tune: {_esc(tune.program)} on {_esc(t['chip'])} ({_esc(t['topology'])})", "",
+             f"Inputs `{_esc(tune.inputs)}`; {len(tune.points)} points on {_esc(tune.runner)}. Corrected estimated "
+             "cycles per call: per op, the largest of the TPU compiler's static estimate, the HBM floor and the "
+             "compute floor, summed. Estimates, not TPU measurements.", "",
+             "| rank | " + " | ".join(_esc(n) for n in names) + " | cycles | vs best | note |",
+             "|---:|" + "---:|" * len(names) + "---:|---:|---|"]
+    for p in tune.ranked:
+        lines.append(f"| {p.rank or '-'} | " + " | ".join(_esc(str(p.choice.get(n))) for n in names)
+                     + f" | {fmt_cycles(p.corrected_cycles)} | {_behind(p, best)} | {_esc(_note(p))} |")
+    lines += ["", f"**{_esc(_winner(tune))}**"]
+    return printable("\n".join(lines) + "\n", newlines=True)
