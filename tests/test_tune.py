@@ -154,13 +154,38 @@ def ray_cluster():
     shutil.rmtree(temp, ignore_errors=True)
 
 
+def _kill_one_ray_task_once_a_point_is_back(run, proc) -> bool:
+    """While the sweep runs: once one point's module is back in the run, SIGKILL one Ray worker that
+    is compiling another (Ray names them `ray::_compile_task`). True if one was killed."""
+    while proc.poll() is None:
+        if (run / "modules").is_dir() and any((run / "modules").iterdir()):
+            found = subprocess.run(["pgrep", "-f", "ray::_compile_task"], capture_output=True, text=True).stdout.split()
+            if found:
+                os.kill(int(found[0]), signal.SIGKILL)
+                return True
+        time.sleep(0.1)
+    return False
+
+
 def test_the_local_pool_and_a_ray_cluster_give_the_same_rows(tmp_path, ray_cluster):
-    docs = {}
-    for how, extra in (("local", ["--jobs", "2"]), ("ray", ["--ray", ray_cluster])):
-        res = _tune(OURS, "--target", "v5e", "--space", "block_q=128,256 block_k=256", "--inputs", SMALL,
-                    "--out", str(tmp_path / how), "--no-cache", "--json", *extra)
-        assert res.returncode == 0, res.stderr[-3000:]
-        docs[how] = json.loads(res.stdout)
+    """The same sweep on this machine's processes and on a Ray cluster, where one Ray worker is
+    killed mid-compile once a point is back: Ray reruns the lost task, no finished point is lost,
+    and the rows are the same."""
+    args = [OURS, "--target", "v5e", "--space", "block_q=128,256 block_k=128,256", "--inputs", SMALL, "--no-cache",
+            "--json"]
+    local = _tune(*args, "--out", str(tmp_path / "local"), "--jobs", "2")
+    assert local.returncode == 0, local.stderr[-3000:]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    with open(tmp_path / "ray.json", "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tpudiag", "kernels", "tune", *args, "--out",
+                                 str(tmp_path / "ray"), "--ray", ray_cluster], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.PIPE, text=True)
+        killed = _kill_one_ray_task_once_a_point_is_back(tmp_path / "ray", proc)
+        _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert killed, "the sweep ended before a Ray worker could be killed"
+    docs = {"local": json.loads(local.stdout), "ray": json.loads((tmp_path / "ray.json").read_text())}
     rows = {how: [{k: v for k, v in p.items() if k != "module"} for p in d["points"]] for how, d in docs.items()}
     assert rows["local"] == rows["ray"]
     assert docs["ray"]["runner"].startswith("ray (127.0.0.1:") and docs["local"]["runner"] == "local (2 processes)"

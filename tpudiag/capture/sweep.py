@@ -23,6 +23,7 @@ and the KeyboardInterrupt goes on up.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
@@ -134,7 +135,8 @@ class RayRunner:
             _check_reachable(address)
         self.address = address
         try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False, ignore_reinit_error=True)
+            with contextlib.redirect_stdout(sys.stderr):  # as in compile: stdout is the document's
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False, ignore_reinit_error=True)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise InputError(f"--ray {address}: could not join the Ray cluster ({one_line(e, 200)}); start one with "
                              "`ray start --head` or give its address") from None
@@ -147,9 +149,23 @@ class RayRunner:
 
     def compile(self, inputs: list[ModuleInput], modules_dir: Path, topology: str, *, static_profile: bool,
                 limits: Limits, progress: Progress | None = None, cache=None) -> list[ModuleCompile]:
+        # Ray's driver prints what its cluster reports (a worker that died: "(raylet) A worker died
+        # or was killed ...") on sys.stdout, where --json writes the document: it goes to stderr,
+        # and the connection is closed before the document is written, so nothing comes later.
+        with contextlib.redirect_stdout(sys.stderr):
+            try:
+                return self._compile(inputs, modules_dir, topology, static_profile=static_profile, limits=limits,
+                                     progress=progress)
+            finally:
+                import ray
+
+                ray.shutdown()
+
+    def _compile(self, inputs: list[ModuleInput], modules_dir: Path, topology: str, *, static_profile: bool,
+                 limits: Limits, progress: Progress | None) -> list[ModuleCompile]:
         import ray
 
-        del cache  # each node uses the compile cache its environment names (sent with the task)
+        # each node uses the compile cache its environment names (sent with the task)
         env = {k: os.environ[k] for k in _TASK_ENV if k in os.environ}
         dirs = module_dirs(inputs, modules_dir)
         refs = {}
