@@ -16,15 +16,6 @@ from tests.conftest import PROGRAMS, ROOT
 LLAMA = PROGRAMS / "llama_train.py"
 
 
-@pytest.fixture
-def newest_leg():
-    """The real runs and compiles below take two minutes on a 2-core runner: they run on the newest
-    jax leg only, which has the time (CI's oldest leg is the long one); checked on jax 0.10.2 by hand."""
-    import importlib.metadata as md
-
-    major, minor = (int(x) for x in md.version("jax").split(".")[:2])
-    if (major, minor) < (0, 11) and not os.environ.get("TPUDIAG_ALL_LEGS"):
-        pytest.skip("estimate's real compiles run on the newest jax leg only (CI time); TPUDIAG_ALL_LEGS=1 runs them")
 TINY = ["--layers", "2", "--d-model", "256", "--heads", "4", "--kv-heads", "2", "--head-dim", "64", "--d-ff", "512",
         "--vocab", "1024", "--seq", "128", "--batch-per-device", "2"]
 

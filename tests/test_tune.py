@@ -156,10 +156,10 @@ def ray_cluster():
 
 def _kill_one_ray_task_once_a_point_is_back(run, proc) -> bool:
     """While the sweep runs: once one point's module is back in the run, SIGKILL one Ray worker that
-    is compiling another (Ray names them `ray::_compile_task`). True if one was killed."""
+    is compiling another (Ray names them `ray::_on_node`). True if one was killed."""
     while proc.poll() is None:
         if (run / "modules").is_dir() and any((run / "modules").iterdir()):
-            found = subprocess.run(["pgrep", "-f", "ray::_compile_task"], capture_output=True, text=True).stdout.split()
+            found = subprocess.run(["pgrep", "-f", "ray::_on_node"], capture_output=True, text=True).stdout.split()
             if found:
                 os.kill(int(found[0]), signal.SIGKILL)
                 return True
@@ -188,7 +188,7 @@ def test_the_local_pool_and_a_ray_cluster_give_the_same_rows(tmp_path, ray_clust
     docs = {"local": json.loads(local.stdout), "ray": json.loads((tmp_path / "ray.json").read_text())}
     rows = {how: [{k: v for k, v in p.items() if k != "module"} for p in d["points"]] for how, d in docs.items()}
     assert rows["local"] == rows["ray"]
-    assert docs["ray"]["runner"].startswith("ray (127.0.0.1:") and docs["local"]["runner"] == "local (2 processes)"
+    assert docs["ray"]["runner"].startswith("ray (127.0.0.1:") and docs["local"]["runner"] == "local (2 at once)"
     assert all(p["status"] == "ok" for p in docs["ray"]["points"])
     # each point's compiled module came back into the run directory
     assert all((tmp_path / "ray" / p["module"] / "module.json").is_file() for p in docs["ray"]["points"])

@@ -11,7 +11,7 @@ Each module wires capture -> parse -> analyze for one command and does the file 
 pod's traces), `pipeline` (the one compile pipeline: compiled modules -> CompileReport), `compile`
 (compile, the Python-function compile, the TPU compile of a profile run), `hlo` (fusions,
 hlo-diff), `compare`, `export`, `suggest`, `estimate`, `kernels` (kernels list/show/verify/bench),
-`tune` (kernels tune, through the sweep engine), `validate`. Every run directory they write goes
+`tune` (kernels tune, through the sweep engine), `plan`, `validate`. Every run directory they write goes
 through `capture.rundir.RunDir`. Imports among
 them go one way, with `runs` and `pipeline` at the bottom: no circle (tests/test_layering.py).
 """
@@ -34,6 +34,7 @@ _WHERE = {
     "kernels_bench": "kernels", "kernels_list": "kernels", "kernel_card": "kernels", "kernels_verify": "kernels",
     "specs_named": "kernels",
     "kernels_tune": "tune",
+    "plan": "plan",
     "ProfileResult": "profiling", "analyze_run": "profiling", "analyze_xplane": "profiling", "empty_trace": "profiling",
     "finish_capture": "profiling", "hlo_index": "profiling", "hlo_modules": "profiling", "html_report": "profiling",
     "profile": "profiling", "write_html": "profiling", "write_report": "profiling",

@@ -2,9 +2,10 @@
 artifacts without re-running or recompiling anything.
 
 Reads a profile run (`profiling.analyze_run`), a compile run (`pipeline.analyze_compile_run`), an
-estimate's `estimate.json` or a kernels bench or tune run's `report.json` (as written), a `profile --processes N` job or a pod's traces
-(`distributed`), or a bare `.xplane.pb`; returns its `ProfileReport`, `CompileReport`,
-`EstimateReport` or `DistributedReport`. It does not render or write.
+estimate's `estimate.json` or a kernels bench, kernels tune or plan run's `report.json` (as
+written), a `profile --processes N` job or a pod's traces (`distributed`), or a bare `.xplane.pb`;
+returns its `ProfileReport`, `CompileReport`, `EstimateReport`, `DistributedReport`, `KernelBench`,
+`KernelTune` or `Plan`. It does not render or write.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def load_report(target, align: str = "auto"):
 
         path = run.path / ESTIMATE_REPORT
         return EstimateReport.from_dict(json.loads(path.read_text()), str(path))
-    if run.kind == runs.KERNELS:
-        return _kernels_report(run.path)
+    if run.kind == runs.SEARCH:
+        return _search_report(run.path)
     if run.kind == runs.COMPILE:
         from tpudiag.api.pipeline import analyze_compile_run
 
@@ -52,19 +53,20 @@ def load_report(target, align: str = "auto"):
     return analyze_run(run.run, run.path) if run.run is not None else analyze_xplane(run.path)
 
 
-def _kernels_report(run):
-    """A `kernels bench` or `kernels tune` run's report.json, as written (its figures came from the
-    compile report beside it)."""
+def _search_report(run):
+    """A `kernels bench`, `kernels tune` or `plan` run's report.json, as written (its figures came from
+    the compile reports and estimates beside it)."""
     from tpudiag.capture.rundir import REPORT
     from tpudiag.errors import ParseError
     from tpudiag.results.kernels import KernelBench
+    from tpudiag.results.plan import Plan
     from tpudiag.results.tune import KernelTune
 
     path = run / REPORT
     if not path.is_file():
         raise InputError(f"{run}: the run has no {REPORT} (it stopped before its report was written)")
     doc = json.loads(path.read_text())
-    model = {KernelBench.SCHEMA: KernelBench, KernelTune.SCHEMA: KernelTune}.get(doc.get("schema"))
+    model = {m.SCHEMA: m for m in (KernelBench, KernelTune, Plan)}.get(doc.get("schema"))
     if model is None:
-        raise ParseError(path, f"not a kernels bench or tune report (schema {doc.get('schema')!r})")
+        raise ParseError(path, f"not a kernels bench, kernels tune or plan report (schema {doc.get('schema')!r})")
     return model.from_dict(doc, str(path))

@@ -20,15 +20,15 @@ PROFILE = "profile"  # a run directory of one process (`profile`; also a shadow 
 COMPILE = "compile"  # a compile run (`compile`, `tpudiag.compile(fn)`)
 ESTIMATE = "estimate"  # a compile run that holds `tpudiag estimate`'s estimate.json
 JOB = "job"  # a `profile --processes N` run: its manifest lists the processes
-KERNELS = "kernels"  # a `kernels bench` or `kernels tune` run: its report.json is the whole document
+SEARCH = "search"  # a `kernels bench`, `kernels tune` or `plan` run: its report.json is the whole document
 POD = "pod"  # a directory with several hosts' traces of one profiling session
 XPLANE = "xplane"  # a `.xplane.pb` file (inside a tpudiag run or captured elsewhere)
 FILE = "file"  # any other file: HLO text, a report JSON, ...
 DIR = "dir"  # any other directory: an XLA dump, an xprof log directory with one trace, an empty one
 
-RUN_KINDS = (PROFILE, COMPILE, ESTIMATE, JOB, KERNELS)
-# The manifest kinds of KERNELS runs.
-KERNELS_MANIFESTS = ("kernels-bench", "kernels-tune")
+RUN_KINDS = (PROFILE, COMPILE, ESTIMATE, JOB, SEARCH)
+# The manifest kinds of SEARCH runs.
+SEARCH_MANIFESTS = ("kernels-bench", "kernels-tune", "plan")
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,8 @@ def open_run(path) -> RunHandle:
         manifest = rundir.read_manifest(path)
         if manifest.processes is not None:
             return RunHandle(JOB, path, manifest)
-        if manifest.kind in KERNELS_MANIFESTS:
-            return RunHandle(KERNELS, path, manifest)
+        if manifest.kind in SEARCH_MANIFESTS:
+            return RunHandle(SEARCH, path, manifest)
         if manifest.is_compile:
             kind = ESTIMATE if (path / rundir.ESTIMATE_REPORT).is_file() else COMPILE
             return RunHandle(kind, path, manifest)

@@ -51,8 +51,7 @@ def kernels_tune(entry: str, target_text: str, space_text: str, inputs_text: str
     `KernelTune` result, the run directory). Everything the command line gave is checked before a
     run directory exists: the space, the inputs, the target, FUNC and its arguments, the Ray cluster."""
     from tpudiag.analyze.compile.tune import choice_text, parse_space, space_points, tune_document, tune_point
-    from tpudiag.capture.compile_cache import CompileCache
-    from tpudiag.capture.sweep import runner_for
+    from tpudiag.capture.sweep import compile_modules, runner_for
     from tpudiag.capture.tpu_compile import Limits, ModuleCompile, ModuleInput
     from tpudiag.parity.inputs import parse_spec
     from tpudiag.parity.sides import load_function
@@ -98,8 +97,8 @@ def kernels_tune(entry: str, target_text: str, space_text: str, inputs_text: str
                 progress(f"[{done[0]}/{len(inputs)}] {choice_text(points[i])}: {how}"
                          + ("" if mc.status == "ok" else f" ({(mc.error or '')[:80]})"))
 
-        compiled = runner.compile(inputs, run / rundir.MODULES_DIR, target.topology, static_profile=static_profile,
-                                  limits=limits or Limits(), progress=on_compiled, cache=CompileCache.from_env())
+        compiled = compile_modules(runner, inputs, run / rundir.MODULES_DIR, target.topology,
+                                   static_profile=static_profile, limits=limits or Limits(), progress=on_compiled)
         from tpudiag.api.pipeline import report_from_modules
 
         _, report = report_from_modules(target, compiled, {"input": entry, "kind": "kernels-tune"}, with_llo=False,

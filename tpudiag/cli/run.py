@@ -296,3 +296,44 @@ def estimate(target_text, mesh_text, out, static_profile, no_probes, compile_tim
     emit(report, fmt, no_color=no_color, width=width)
     if report.status != "ok" and report.fits is not False:  # a step too big for HBM is a finding, not a failure
         raise GateFailed(f"the step did not compile for {report.target['topology']}: {report.reason}")
+
+
+@cli.command(cls=PassThroughCommand, context_settings=_PASS_THROUGH)
+@click.option("--target", "target_text", required=True,
+              help="TPU slice: v5e:2x4, v6e-256, v5p-128, ... (tpudiag targets).")
+@click.option("--mesh-axes", "mesh_axes", default="fsdp", show_default=True,
+              help="Mesh axes to split the slice over, e.g. fsdp,tensor: every split of the devices is a candidate. "
+                   "Checked against FUNC's MESH_AXES (or MaxText's ici_*_parallelism settings).")
+@click.option("--search", "search", default=None, metavar="NAME=V1,V2,... ...",
+              help="Other choices, each passed to the program as --NAME VALUE (maxtext: NAME=VALUE), e.g. "
+                   "\"remat=full,minimal batch-per-device=2..4\". Every combination, on every mesh, is a candidate.")
+@click.option("--jobs", type=click.IntRange(1, 64), default=None,
+              help="Candidates estimated at once on this machine (default: one per two cores).")
+@click.option("--ray", "ray_address", default=None, metavar="auto|HOST:PORT",
+              help="Estimate the candidates as tasks on a Ray cluster instead (`ray start --head`; auto finds the "
+                   "one on this machine). Needs the ray extra; the program must be at the same path on every node.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default tpudiag-runs/<timestamp>-plan-<file>). Never overwritten.")
+@click.option("--compile-timeout", "compile_timeout_s", type=click.FloatRange(1), default=1800, show_default=True,
+              help="CPU seconds each candidate's compile may take.")
+@output_options("tpudiag.plan/1")
+@click.argument("entry", metavar="FILE.py:FUNC|maxtext:MODEL")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def plan(target_text, mesh_axes, search, jobs, ray_address, out, compile_timeout_s, as_json, as_md, no_color, width,
+         entry, args):
+    """Rank a training step's meshes and choices on a slice by estimated tokens/s, without a TPU.
+
+    Each candidate (a split of the slice's devices over --mesh-axes, times the --search choices) is
+    estimated as `tpudiag estimate` does; one the compiler says does not fit in HBM is listed, never
+    ranked. Prints the ranked table and the estimate command of the winner. Exit 1 if nothing fits."""
+    from tpudiag import api
+
+    fmt = output_format(as_json, as_md)
+    check_outputs(out)
+    check_versions()
+    progress_cb = (lambda line: click.echo(f"tpudiag: {line}", err=True))
+    run, doc = api.plan(entry, target_text, program_args(args), out, mesh_axes=mesh_axes, search=search, jobs=jobs,
+                        ray_address=ray_address, compile_timeout_s=compile_timeout_s, progress=progress_cb)
+    emit(doc, fmt, no_color=no_color, width=width)
+    if doc.status != "ok":
+        raise GateFailed(f"plan: no candidate fits {doc.target['topology']} (run directory {run})")

@@ -43,7 +43,7 @@ class KernelTune(Model):
     inputs: str  # the --inputs spec, as parsed
     target: dict[str, Any]  # the compile report's target section
     space: dict[str, list[Any]]  # name -> the values tried, in order
-    runner: str  # "local (N processes)" or "ray (ADDRESS, N nodes)"
+    runner: str  # "local (N at once)" or "ray (ADDRESS, N nodes)"
     static_profile: bool
     metric: str
     status: str  # ok (every point has a row and one compiled) | failed (none compiled)

@@ -21,7 +21,7 @@ from tpudiag.errors import InputError
 from tpudiag.results.compile import CompileTarget, ModuleReport
 from tpudiag.results.tune import TUNE_SCHEMA, KernelTune, TunePoint
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")  # a keyword, or a program option (batch-per-device)
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 # The most points one space may have: each is a compile of seconds to minutes.
 MAX_POINTS = 4096

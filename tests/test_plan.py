@@ -1,0 +1,85 @@
+"""`tpudiag plan`: the meshes of a slice, how a candidate's choice reaches the program, a real plan of
+the bundled training step on a small slice (a batch that fits is ranked, one the compiler says does
+not fit is listed below it), and the bad inputs (one line, exit 2, no run directory)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import PROGRAMS, ROOT
+from tpudiag.analyze.plan import candidate_argv, mesh_shapes
+from tpudiag.api.plan import declared_axes
+
+LLAMA = f"{PROGRAMS}/llama_train.py:step"
+
+
+def _plan(*args, timeout=900) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    return subprocess.run([sys.executable, "-m", "tpudiag", "plan", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_every_split_of_the_devices_over_the_axes():
+    assert mesh_shapes(8, ["fsdp"]) == [{"fsdp": 8}]
+    assert mesh_shapes(8, ["fsdp", "tensor"]) == [{"fsdp": 8, "tensor": 1}, {"fsdp": 4, "tensor": 2},
+                                                  {"fsdp": 2, "tensor": 4}, {"fsdp": 1, "tensor": 8}]
+    shapes = mesh_shapes(64, ["fsdp", "tensor", "sequence"])
+    assert len(shapes) == 28 and all(s["fsdp"] * s["tensor"] * s["sequence"] == 64 for s in shapes)
+    assert len({tuple(s.values()) for s in shapes}) == 28
+
+
+def test_a_choice_reaches_the_program_as_its_own_arguments():
+    assert candidate_argv(["--seq", "512"], {"remat": "full", "batch-per-device": 2}, {"fsdp": 4}, maxtext=False) == \
+        ["--seq", "512", "--remat", "full", "--batch-per-device", "2"]
+    assert candidate_argv(["max_target_length=8192"], {"remat_policy": "full"}, {"fsdp": 4, "tensor": 2},
+                          maxtext=True) == ["max_target_length=8192", "ici_fsdp_parallelism=4",
+                                            "ici_tensor_parallelism=2", "remat_policy=full"]
+
+
+def test_the_bundled_step_declares_its_mesh_axes():
+    assert declared_axes(PROGRAMS / "llama_train.py") == ("fsdp", "tensor")
+    assert declared_axes(PROGRAMS / "mlp.py") is None
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--mesh-axes", "fsdp,expert"], "takes no mesh axis 'expert' (it takes: fsdp, tensor)"),
+    (["--mesh-axes", "fsdp,fsdp"], "an axis is given twice"),
+    (["--search", ""], "--search: the search space is empty"),
+    (["--search", "batch-per-device="], "'batch-per-device' has no values"),
+])
+def test_bad_inputs_are_one_line_and_leave_nothing(tmp_path, args, says):
+    out = tmp_path / "r"
+    res = _plan(LLAMA, "--target", "v5e:2x2", "--out", str(out), *args, timeout=120)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and says in lines[0], res.stderr
+    assert not out.exists()
+
+
+def test_a_batch_that_fits_is_ranked_above_one_that_does_not(tmp_path, newest_leg):
+    """The bundled step at sequence 512 and a 32k vocabulary on v5e:2x2: one sequence a device
+    fits; 512 a device needs more HBM than a v5e has (the compiler's own refusal), so it is listed
+    as not fitting and never ranked."""
+    run = tmp_path / "plan"
+    res = _plan(LLAMA, "--target", "v5e:2x2", "--search", "batch-per-device=1,512", "--out", str(run), "--json",
+                "--", "--seq", "512", "--vocab", "32768")
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    assert doc["schema"] == "tpudiag.plan/1" and doc["status"] == "ok"
+    fits, big = doc["candidates"]
+    assert fits["choice"] == {"batch-per-device": 1} and fits["status"] == "ok" and fits["rank"] == 1
+    assert fits["tokens_per_s_per_device"] > 0 and fits["peak_hbm_bytes"] < fits["hbm_capacity_bytes"]
+    assert big["status"] == "does_not_fit" and big["rank"] is None
+    assert big["peak_hbm_bytes"] > big["hbm_capacity_bytes"] and "exceeds available HBM" in big["reason"]
+    assert doc["best"] == 0 and doc["reproduce"].startswith("tpudiag estimate ")
+    assert "--mesh fsdp=4" in doc["reproduce"] and doc["reproduce"].endswith("--batch-per-device 1")
+    # each candidate is a whole estimate run, and the plan re-renders without re-estimating
+    assert json.loads((run / fits["estimate_run"] / "estimate.json").read_text())["status"] == "ok"
+    again = subprocess.run([sys.executable, "-m", "tpudiag", "report", "--json", str(run)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and json.loads(again.stdout) == doc, again.stderr[-2000:]

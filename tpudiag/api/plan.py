@@ -1,0 +1,171 @@
+"""`tpudiag plan FILE.py:FUNC --target v5e:2x4 --mesh-axes fsdp,tensor --search "remat=full,minimal"`:
+the meshes that divide a slice over the given axes, times the choices FUNC exposes, each estimated
+as `tpudiag estimate` would (capture/estimate_worker.py lowers it, the compile-only client compiles
+it), ranked by tokens/s per device.
+
+A candidate's choice reaches the program as arguments (`--remat full` after a FILE.py:FUNC program's
+own; `remat_policy=full` and `ici_fsdp_parallelism=N` for `maxtext:MODEL`). A candidate the compiler
+says does not fit in HBM is a row ("does_not_fit", with the compiler's figures) and is never ranked
+above one that fits; one whose FUNC, lowering or compile fails is a row too ("failed"). Candidates are
+estimated without matmul probes (the step's compute-bound matmuls at the MXU peak): the ranking
+compares configurations of one program, and the winner's `tpudiag estimate` command (`reproduce`)
+times it with probes.
+
+Writes a run directory: `candidates/NNN/` (each candidate's whole estimate run) and `report.json`
+(tpudiag.plan/1). Everything the command line gave is checked before it exists: the space, the mesh
+axes (against what FUNC declares, or MaxText's `ici_*_parallelism` settings), the entry, the target.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import shlex
+from pathlib import Path
+from typing import Callable
+
+from tpudiag.capture import rundir
+from tpudiag.capture.rundir import RunDir
+from tpudiag.errors import InputError, TpudiagError, one_line
+from tpudiag.outputs import check_run_dir
+
+MANIFEST_KIND = "plan"
+CANDIDATES_DIR = "candidates"
+_AXIS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_axes(text: str) -> list[str]:
+    axes = [a.strip() for a in (text or "").split(",") if a.strip()]
+    if not axes:
+        raise InputError("--mesh-axes: no axis given (e.g. fsdp,tensor)")
+    for a in axes:
+        if not _AXIS.match(a):
+            raise InputError(f"--mesh-axes: {a!r} is not an axis name")
+    if len(set(axes)) != len(axes):
+        raise InputError(f"--mesh-axes {text}: an axis is given twice")
+    return axes
+
+
+def declared_axes(path: Path) -> tuple[str, ...] | None:
+    """The mesh axes a FUNC program declares (`MESH_AXES = ("fsdp", "tensor")` at module level),
+    read without running it; None when it declares none."""
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (SyntaxError, UnicodeDecodeError, OSError) as e:
+        raise InputError(f"{path}: cannot be read as Python ({one_line(e, 200)})") from None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "MESH_AXES" for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            return tuple(str(v) for v in value)
+    return None
+
+
+def maxtext_axes() -> tuple[str, ...] | None:
+    """The mesh axes MaxText takes (`ici_AXIS_parallelism` in its base.yml), without importing it;
+    None when maxtext is not installed (its estimate then says so)."""
+    spec = importlib.util.find_spec("maxtext")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    base = Path(next(iter(spec.submodule_search_locations))) / "configs" / "base.yml"
+    if not base.is_file():
+        return None
+    return tuple(re.findall(r"^ici_([a-z_]+)_parallelism:", base.read_text(), re.M))
+
+
+def _check_axes(axes: list[str], accepted: tuple[str, ...] | None, entry: str) -> None:
+    if accepted is None:
+        return
+    unknown = [a for a in axes if a not in accepted]
+    if unknown:
+        raise InputError(f"--mesh-axes: {entry} takes no mesh axis {', '.join(map(repr, unknown))} "
+                         f"(it takes: {', '.join(accepted)})")
+
+
+def _reproduce(entry: str, target_text: str, mesh: dict[str, int], argv: list[str], maxtext: bool) -> str:
+    from tpudiag.analyze.plan import mesh_text
+
+    cmd = ["tpudiag", "estimate", entry, "--target", target_text]
+    if not maxtext:
+        cmd += ["--mesh", mesh_text(mesh)]
+    return shlex.join(cmd + (["--", *argv] if argv else []))
+
+
+def estimate_into(out_dir: Path, entry: str, target_text: str, argv: list[str], mesh: str | None,
+                  compile_timeout_s: float) -> dict:
+    """A sweep task: one candidate's whole estimate run in `out_dir`; its document, or
+    {"error": why} when FUNC refused or raised (the run keeps its log)."""
+    from tpudiag.api.estimate import estimate
+
+    try:
+        _, est = estimate(entry, target_text, argv, out_dir, mesh=mesh, compile_timeout_s=compile_timeout_s,
+                          matmul_probes=False)
+    except TpudiagError as e:
+        return {"error": str(e).splitlines()[0][:300]}
+    return est.to_dict()
+
+
+def plan(entry: str, target_text: str, argv=(), out: Path | None = None, *, mesh_axes: str = "fsdp",
+         search: str | None = None, jobs: int | None = None, ray_address: str | None = None,
+         compile_timeout_s: float = 1800.0, progress: Callable[[str], None] | None = None):
+    """Plan `entry` on `target_text`; returns (the run directory, the `Plan`)."""
+    from tpudiag.analyze.compile.tune import parse_space, space_points
+    from tpudiag.analyze.plan import MAX_CANDIDATES, candidate_argv, candidate_row, mesh_shapes, mesh_text, plan_document
+    from tpudiag.api.estimate import maxtext_model, parse_entry
+    from tpudiag.capture.sweep import Task, runner_for
+    from tpudiag.results.estimate import EstimateReport
+    from tpudiag.targets import require_libtpu, resolve_target
+
+    space = parse_space(search, "--search") if search is not None else {}
+    axes = parse_axes(mesh_axes)
+    path, _func = parse_entry(entry)
+    maxtext = maxtext_model(entry) is not None
+    _check_axes(axes, maxtext_axes() if maxtext else declared_axes(path), entry)
+    target = resolve_target(target_text)
+    devices = (target.megacore() if maxtext and target.chip.name == "v4" else target).devices
+    meshes = mesh_shapes(devices, axes)
+    choices = space_points(space) if space else [{}]
+    points = [(m, c) for m in meshes for c in choices]
+    if len(points) > MAX_CANDIDATES:
+        raise InputError(f"plan: {len(meshes)} meshes x {len(choices)} choices = {len(points):,} candidates, over the "
+                         f"{MAX_CANDIDATES} one plan may estimate; narrow --mesh-axes or --search")
+    require_libtpu()
+    runner = runner_for(ray_address, jobs)
+    run = check_run_dir(Path(out) if out else rundir.default_run_dir(Path(f"plan-{path.stem}")))
+    argv = list(argv)
+    program = entry if maxtext else f"{path.resolve()}:{_func}"  # by its absolute path: a Ray node runs it too
+    with RunDir(run, MANIFEST_KIND, (CANDIDATES_DIR,), program=entry, argv=[entry, *argv],
+                target=target.to_dict()) as rd:
+        tasks = [Task(f"{k:03d}", estimate_into,
+                      (program, target_text, candidate_argv(argv, c, m, maxtext), None if maxtext else mesh_text(m),
+                       compile_timeout_s), run / CANDIDATES_DIR / f"{k:03d}")
+                 for k, (m, c) in enumerate(points)]
+        rows: dict[int, object] = {}
+
+        def done(k: int, result) -> None:
+            mesh, choice = points[k]
+            rel = f"{CANDIDATES_DIR}/{k:03d}"
+            if isinstance(result, BaseException):
+                rows[k] = candidate_row(mesh, choice, None, rel, f"task failed: {one_line(result, 300)}")
+            elif "error" in result:
+                rows[k] = candidate_row(mesh, choice, None, rel, result["error"])
+            else:
+                rows[k] = candidate_row(mesh, choice, EstimateReport.from_dict(result, rel), rel)
+            if progress:
+                row = rows[k]
+                how = row.status if row.status != "ok" else f"{row.tokens_per_s_per_device:,.0f} tokens/s/device"
+                shown = " ".join(f"{a}={b}" for a, b in choice.items())
+                progress(f"[{len(rows)}/{len(points)}] {mesh_text(mesh)} {shown}: {how}")
+
+        runner.run(tasks, on_done=done)
+        ordered = [rows[k] for k in range(len(points))]
+        doc = plan_document(entry, argv, target.to_dict(), axes, space, ordered, runner.description,
+                            lambda c: _reproduce(entry, target_text, c.mesh,
+                                                 candidate_argv(argv, c.choice, c.mesh, maxtext), maxtext))
+        doc = doc.with_artifacts({"run_dir": str(run), "report": rundir.REPORT, "candidates": CANDIDATES_DIR})
+        rd.write_json(rundir.REPORT, doc.to_dict())
+        rd.finish(doc.status == "ok", reason=None if doc.status == "ok" else "no candidate fits")
+    return run, doc
