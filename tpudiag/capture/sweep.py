@@ -136,6 +136,22 @@ def _unpack(archive: bytes, out_dir: Path) -> None:
             tar.extractall(out_dir)
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Ray's C++ client logs each failed attempt to reach a cluster on file descriptor 2 (twenty lines
+    of "Failed to get cluster ID from GCS server" before it gives up on a port that answers but is
+    not Ray); the refusal is one line of ours. Descriptor 2 goes to a scratch file while Ray connects."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as scratch:
+        os.dup2(scratch.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 class RayRunner:
     def __init__(self, address: str):
         try:
@@ -146,7 +162,7 @@ class RayRunner:
             _check_reachable(address)
         self.address = address
         try:
-            with contextlib.redirect_stdout(sys.stderr):  # as in run: stdout is the document's
+            with contextlib.redirect_stdout(sys.stderr), _quiet_stderr():  # stdout is the document's (see run)
                 ray.init(address=address, logging_level="ERROR", log_to_driver=False, ignore_reinit_error=True)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise InputError(f"--ray {address}: could not join the Ray cluster ({one_line(e, 200)}); start one with "
