@@ -32,6 +32,8 @@ EXPECTED = {
     "tpudiag.kernels": ("terminal", "json"),
     "tpudiag.kernels-verify": ("terminal", "json", "junit"),
     "tpudiag.kernels-bench": ("terminal", "md", "json"),
+    "tpudiag.kernels-tune": ("terminal", "md", "json"),
+    "tpudiag.plan": ("terminal", "md", "json"),
     "tpudiag.targets": ("terminal", "json"),
 }
 
