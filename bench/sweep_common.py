@@ -62,7 +62,9 @@ def measure(fn, args, target: str, out_dir, static_profile: bool = True, timeout
         import tpudiag
         from tpudiag.capture.tpu_compile import Limits
 
-        limits = {}
+        # every loop iteration stepped through, as `kernels tune` does: fast-forwarded loops inflate a
+        # gridded kernel's cycles (api/tune.py)
+        limits = {"fast_forward": False}
         if timeout_s is not None:
             limits["static_timeout_s"] = timeout_s
         if memory_gib is not None:
@@ -210,6 +212,24 @@ def print_ratio(kernel, xla) -> None:
         print(f"     ratio kernel/xla = {kernel / xla:.3f}", flush=True)
 
 
+def tune_blocks(kernel: str, target: str, out, static_timeout_s: float = STATIC_TIMEOUT_S) -> list[dict]:
+    """A bundled kernel's block candidates on `target` through `tpudiag kernels tune KERNEL`
+    (api.kernels_tune: the command's lowering, compiles, ranking and run directory, every grid step
+    stepped through), at the kernel's production shape. Prints the tune's table (Markdown) and
+    returns one row per candidate: `blocks` (its choice as text), `corrected` (None where it did not
+    compile), `status`, `rank`, `chosen` (the kernel's own blocks) and `error`."""
+    from tpudiag.api.tune import kernels_tune
+    from tpudiag.capture.tpu_compile import Limits
+    from tpudiag.report.registry import render
+
+    result, run = kernels_tune(kernel, target, None, None, Path(out), jobs=1,
+                               limits=Limits(static_timeout_s=static_timeout_s))
+    print(render(result, "md"), flush=True)
+    return [{"blocks": " ".join(f"{k}={v}" for k, v in p.choice.items()), "corrected": p.corrected_cycles,
+             "status": p.status, "rank": p.rank, "chosen": p.choice == result.default, "error": p.error,
+             "mb": p.bytes_accessed / 1e6, "target": target} for p in result.points]
+
+
 # Sweeps with one label per compile (cross-entropy, sampling).
 
 class LabelledSweep(Sweep):
@@ -247,9 +267,9 @@ def add_mode_args(ap) -> None:
 def run_modes(a, prefix: str, kernel, step, step_args, title: str) -> int:
     """Per mode (a.mode: "fwd", "step": step(f) over step_args(args), or "both") and target: the plain-JAX
     version, then the kernel at each of kernel.SPEC.block_candidates on the first target (unless
-    a.default_only) and at kernel.DEFAULT_BLOCKS on the others; then title and the table, with each
-    kernel's ratio to the plain-JAX version of its mode. Run directories under a.out or a fresh prefix...
-    folder."""
+    a.default_only; the forward's through `tpudiag kernels tune`, tune_blocks) and at kernel.DEFAULT_BLOCKS
+    on the others; then title and the table, with each kernel's ratio to the plain-JAX version of its
+    mode. Run directories under a.out or a fresh prefix... folder."""
     out = run_root(a.out, prefix)
     sw = Sweep(out, line=_mode_line, timeout_s=a.static_timeout)
     modes = []
@@ -262,6 +282,12 @@ def run_modes(a, prefix: str, kernel, step, step_args, title: str) -> int:
             base = kernel.bench()
             sw(wrap(base.xla), wargs(base.args), target, f"{target}-{m}-xla", mode=m, what="xla", blocks="")
             sweep = ti == 0 and not a.default_only
+            if sweep and m == "fwd":
+                for r in tune_blocks(kernel.SPEC.name, target, out / f"{target}-{m}-tune", a.static_timeout):
+                    sw.rows.append({"target": target, "mode": m, "what": "kernel", "blocks": r["blocks"],
+                                    "corrected": r["corrected"], "status": "ok" if r["corrected"] else "failed",
+                                    "error": r["error"], "mb": r["mb"], "static_kernel": 0, "sources": "tune"})
+                continue
             for i, bs in enumerate(kernel.SPEC.block_candidates if sweep else (kernel.DEFAULT_BLOCKS,)):
                 setup = kernel.bench(bs)
                 sw(wrap(setup.kernel), wargs(setup.args), target, f"{target}-{m}-k{i}", mode=m, what="kernel",

@@ -1,6 +1,6 @@
 """Block sweep for the large-vocabulary cross-entropy kernel at its production shape (N2048 x V131072 bf16).
 
-For each of `SPEC.block_candidates` it AOT-compiles the forward kernel for the first target (v5e) on this
+Its `SPEC.block_candidates` go through `tpudiag kernels tune` (sweep_common.tune_blocks, the forward only). It AOT-compiles the forward kernel for the first target (v5e) on this
 CPU machine with the TPU compiler's static cycle profile, then the plain-JAX version once, and prints per
 compiled module the corrected cycles exactly as `tpudiag kernels bench` computes them
 (sweep_common.measure: per op max(static estimated cycles, HBM floor, compute floor), where a
@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sweep_common import LabelledSweep, add_sweep_args, print_ratio
+from sweep_common import LabelledSweep, add_sweep_args, print_ratio, tune_blocks
 
 WIDTH = 70  # of the label column
 
@@ -40,8 +40,11 @@ def main(argv=None):
     for mode, make in setups:
         base = make()
         xla = measure(first, f"{mode} xla (plain JAX)", base.xla, base.args)
-        candidates = () if a.only_default else ce.SPEC.block_candidates
-        for bs in candidates:
+        if mode == "fwd" and not a.only_default:  # the forward's candidates: `tpudiag kernels tune cross_entropy`
+            for r in tune_blocks("cross_entropy", first, sw.out / f"{first}-tune", a.static_timeout):
+                print(f"{mode} kernel {r['blocks']}{' (default)' if r['chosen'] else ''}", flush=True)
+                print_ratio(r["corrected"], xla)
+        for bs in () if a.only_default or mode == "fwd" else ce.SPEC.block_candidates:
             s = make(bs)
             print_ratio(measure(first, f"{mode} kernel {s.blocks}", s.kernel, s.args), xla)
         if a.only_default:

@@ -1,7 +1,8 @@
 """Block sweep for the flash attention kernel at its production shape (B1 H8 S2048 D128 bf16, causal).
 
-For each of `SPEC.block_candidates` it AOT-compiles the forward kernel for the first target on this CPU
-machine with the TPU compiler's static cycle profile, then the plain-JAX attention (f32 scores and softmax,
+The forward kernel's `SPEC.block_candidates` on the first target are `tpudiag kernels tune flash_attention`
+(sweep_common.tune_blocks: AOT-compiled on this CPU machine with the TPU compiler's static cycle profile,
+every grid step stepped through); then the plain-JAX attention (f32 scores and softmax,
 as users write it) and JAX's own Pallas flash attention at several of its block sizes (its 128 default
 among them), and prints per compiled module the corrected cycles as `tpudiag kernels bench` computes them
 (sweep_common.measure: the sum over ops of max(static estimated_cycles, HBM floor, compute floor)), where a
@@ -20,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sweep_common import Sweep, add_sweep_args
+from sweep_common import Sweep, add_sweep_args, tune_blocks
 
 # JAX's kernel: (block_q, block_k_major, block_k). 2048 blocks do not compile: its kernel keeps the
 # default 16 MiB scoped VMEM ("CompileTimeScopedVmemOom: 20.47M > 16.00M" on v5e).
@@ -119,11 +120,12 @@ def main(argv=None):
                 jax_cyc[(target, jb)] = measure(f"JAX flash_attention q{jb[0]} k_major{jb[1]} k{jb[2]}", "jax",
                                                 wrap(jax_kernel(jb)), args, target, tag)
                 jax_src[(target, jb)] = rows[-1]["src"]
-            sweep = target == first and not a.skip_sweep and mode == "fwd"
-            cands = tuple(fa.SPEC.block_candidates) if sweep else (chosen,)
-            if chosen not in cands:
-                cands = cands + (chosen,)
-            for bs in cands:
+            if target == first and not a.skip_sweep and mode == "fwd":  # `tpudiag kernels tune flash_attention`
+                for r in tune_blocks("flash_attention", target, sw.out / f"tune-{target}", a.static_timeout):
+                    rows.append(dict(r, variant="kernel", label=r["blocks"] + (" (chosen)" if r["chosen"] else ""),
+                                     cycles=r["corrected"] if r["corrected"] is not None else float("nan")))
+                continue
+            for bs in (chosen,):
                 mark = " (chosen)" if bs == chosen else ""
                 measure(bs.text() + mark, "kernel", wrap(ours(bs)), args, target, f"{mode}-ours-{len(rows)}")
         print(f"-- {mode}: ratios (corrected cycles; <= 0.7x plain JAX and <= 1.0x JAX's best kernel is the goal)")

@@ -1,6 +1,6 @@
 """Block-size sweep for the grouped matmul kernel (tpudiag/kernels/grouped_matmul.py).
 
-For each candidate in `SPEC.block_candidates` it AOT-compiles the kernel at the production shape
+Its `SPEC.block_candidates` go through `tpudiag kernels tune` (sweep_common.tune_blocks) on the first target. It AOT-compiles the kernel at the production shape
 (`SPEC.tuned_for`) for v5e with the static LLO profile, then, once each, the two plain-JAX versions
 (`jax.lax.ragged_dot`, the spec's `xla`; and the dense "every expert on every row, masked" version)
 and JAX's megablox `gmm` at a few tilings. One compile at a time (each in tpudiag's worker process).
@@ -26,7 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sweep_common import add_sweep_args, measure, run_root
+from sweep_common import add_sweep_args, measure, run_root, tune_blocks
 
 import jax  # after sweep_common, which sets ALLOW_MULTIPLE_LIBTPU_LOAD
 import jax.numpy as jnp
@@ -108,7 +108,13 @@ def main() -> None:
             lines.append(row(f"jax megablox gmm tiling={tiling}", r, xla))
             if r["corrected"] is not None and (best_mb is None or r["corrected"] < best_mb["corrected"]):
                 best_mb, best_mb_tiling = r, tiling
-        for blocks in G.BLOCK_CANDIDATES if first else (G.BlockSizes(),):
+        if first:  # the kernel's candidates: `tpudiag kernels tune grouped_matmul`
+            for t in tune_blocks("grouped_matmul", target, out / f"tune-{target}", a.static_timeout):
+                r = {"corrected": t["corrected"], "roofline": None, "status": t["status"], "profile": "tune"}
+                lines.append(row(f"kernel {t['blocks']}{' *' if t['chosen'] else ''}", r, xla))
+                if best_mb:
+                    lines.append(row(f"  vs megablox {best_mb_tiling}", r, best_mb))
+        for blocks in () if first else (G.BlockSizes(),):
             r = go(G.bench(blocks).kernel, target)
             mark = " *" if blocks == G.BlockSizes() else ""
             lines.append(row(f"kernel {blocks.text()}{mark}", r, xla))

@@ -1,7 +1,7 @@
 """Block sweep for tpudiag's int8 weight-only matmul against what XLA does with the same math.
 
 For each M (decode 64 and prefill 2048 by default; K 4096, N 14336, x bf16, w int8, scales f32) and
-each block size in SPEC.block_candidates (or --blocks), it AOT-compiles the kernel for the target on
+each block size in SPEC.block_candidates (at M 64 through `tpudiag kernels tune`, sweep_common.tune_blocks; or --blocks), it AOT-compiles the kernel for the target on
 this CPU machine, then the plain-JAX version `x @ (w.astype(bf16) * scales.astype(bf16))` once per M.
 Per op, corrected cycles = max(static estimated_cycles, HBM floor), or for an op the static profile
 did not estimate the larger of its HBM and compute floors (tpudiag.analyze.compile.kernel_bench.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from sweep_common import Sweep, bound_note, print_table, rounded, run_root
+from sweep_common import Sweep, bound_note, print_table, rounded, run_root, tune_blocks
 
 
 def main():
@@ -45,7 +45,10 @@ def main():
     for m in (int(v) for v in a.m.split(",")):
         setup = im.bench(m=m)
         print(f"shape {setup.shape}")
-        for bs in blocks:
+        tuned = m == im.PROD["m_decode"] and not a.blocks  # the production shape: `tpudiag kernels tune int8_matmul`
+        for r in tune_blocks("int8_matmul", a.target, out / "tune", a.timeout) if tuned else ():
+            sw.rows.append({"m": m, "label": f"tpudiag {r['blocks']}", "corrected": r["corrected"]})
+        for bs in () if tuned else blocks:
             sw(im.bench(bs, m=m).kernel, setup.args, a.target, f"m{m}-kernel-{bs.block_m}x{bs.block_n}x{bs.block_k}",
                m=m, label=f"tpudiag {bs}")
         if not a.no_xla:

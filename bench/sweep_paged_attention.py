@@ -1,6 +1,6 @@
 """Block sweep for tpudiag's paged attention kernel against XLA and JAX's own paged attention kernel.
 
-For each `pages_per_block` in SPEC.block_candidates it AOT-compiles the kernel at the production
+Its `pages_per_block` candidates (SPEC.block_candidates) go through `tpudiag kernels tune` (sweep_common.tune_blocks). It AOT-compiles the kernel at the production
 shape (B32 H32 KVH8 D128, page 16, context 2048, bf16, full lengths) for the target on this CPU
 machine, then the plain-JAX version once and JAX's kernel at each `pages_per_compute_block` in
 JAX_PPCB. Per op of the compiled module, corrected cycles = max(static estimated_cycles,
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from sweep_common import Sweep, bound_note, print_table, rounded, run_root
+from sweep_common import Sweep, bound_note, print_table, rounded, run_root, tune_blocks
 
 JAX_PPCB = (4, 8, 16, 32)
 
@@ -47,8 +47,12 @@ def main():
     def measure(label, fn, tag):
         sw(fn, setup.args, a.target, tag, label=label)
 
-    for bs in blocks:
-        measure(f"tpudiag {bs}", pa.bench(bs).kernel, f"kernel-{bs.pages_per_block}")
+    if a.blocks:
+        for bs in blocks:
+            measure(f"tpudiag {bs}", pa.bench(bs).kernel, f"kernel-{bs.pages_per_block}")
+    else:  # the kernel's candidates: `tpudiag kernels tune paged_attention`
+        for r in tune_blocks("paged_attention", a.target, out / "tune"):
+            sw.rows.append({"label": f"tpudiag {r['blocks']}", "corrected": r["corrected"]})
     if not a.no_xla:
         measure("xla (gather + masked softmax)", setup.xla, "xla")
     if a.jax_ppcb:

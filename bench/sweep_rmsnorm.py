@@ -1,6 +1,6 @@
 """Block sweep for the fused residual RMSNorm kernel at its production shape ([8192, 4096] bf16).
 
-For each of `SPEC.block_candidates` it AOT-compiles the kernel for v5e on this CPU machine with the TPU compiler's
+Its `SPEC.block_candidates` go through `tpudiag kernels tune` (sweep_common.tune_blocks, the forward only). It AOT-compiles the kernel for v5e on this CPU machine with the TPU compiler's
 static cycle profile, then the plain-JAX version (`SPEC.bench().xla`) once, and prints per compiled module the
 corrected cycles as `tpudiag kernels bench` computes them (sweep_common.measure: the sum over ops of max(static
 estimated_cycles, HBM floor, compute floor)), where a Pallas call's bytes come from its pl.CostEstimate. It also

@@ -1,7 +1,7 @@
 """Block sweep for the top-k / top-p sampling kernel at its production shape (B64 x V131072 f32,
 k=64, p=0.9, temperature=0.8).
 
-For each of `SPEC.block_candidates` it AOT-compiles the kernel for the first target (v5e) on this CPU
+Its `SPEC.block_candidates` go through `tpudiag kernels tune` (sweep_common.tune_blocks, the forward only). It AOT-compiles the kernel for the first target (v5e) on this CPU
 machine with the TPU compiler's static cycle profile, then the plain-JAX version (lax.top_k, softmax,
 cumsum, pick) once, and prints per compiled module the corrected cycles exactly as `tpudiag kernels bench`
 computes them (sweep_common.measure: per op max(static estimated cycles, HBM floor, compute
@@ -22,7 +22,7 @@ import argparse
 import functools
 import sys
 
-from sweep_common import LabelledSweep, add_sweep_args, print_ratio
+from sweep_common import LabelledSweep, add_sweep_args, print_ratio, tune_blocks
 
 WIDTH = 52  # of the label column
 
@@ -43,9 +43,9 @@ def main(argv=None):
     base = sm.bench()
     first, others = a.targets[0], a.targets[1:]
     xla = measure(first, "xla (lax.top_k, softmax, cumsum)", base.xla, base.args)
-    for bs in (() if a.only_default else sm.SPEC.block_candidates):
-        s = sm.bench(bs)
-        print_ratio(measure(first, f"kernel {s.blocks}", s.kernel, s.args), xla)
+    for r in () if a.only_default else tune_blocks("sampling", first, sw.out / f"{first}-tune", a.static_timeout):
+        print(f"kernel {r['blocks']}{' (default)' if r['chosen'] else ''}", flush=True)  # `kernels tune sampling`
+        print_ratio(r["corrected"], xla)
     if a.only_default:
         print_ratio(measure(first, f"kernel {base.blocks} (default)", base.kernel, base.args), xla)
     for target in others:

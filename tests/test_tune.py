@@ -67,6 +67,13 @@ def test_bad_inputs_are_one_line_and_leave_nothing(tmp_path):
         ((f"{PROGRAMS}/tune_flash_attention.py:kernal", "--space", "block_q=128", "--inputs", SMALL),
          "no function 'kernal'"),
         ((OURS, "--space", "block_q=128", "--inputs", "q=bf16[1,x]"), "--inputs: 'q=bf16[1,x]' is not"),
+        ((OURS, "--inputs", SMALL), "--space: required for FILE.py:FUNC"),
+        (("flash_attention", "--inputs", SMALL), "--inputs: flash_attention is a bundled kernel"),
+        (("flash_attention", "--space", "block_z=1"), "flash_attention's block sizes have no 'block_z'"),
+        (("flash_atention",), "no bundled kernel named 'flash_atention'"),
+        (("flash_attention", "--reference", f"{PROGRAMS}/tune_flash_attention.py:reference"),
+         "--reference: flash_attention is a bundled kernel"),
+        ((OURS, "--space", "block_q=128", "--inputs", SMALL, "--reference", f"{PROGRAMS}/nope.py:f"), "nope.py"),
         ((OURS, "--space", "block_q=128", "--inputs", SMALL, "--ray", "127.0.0.1:1"),
          "no Ray cluster answers there" if HAVE_RAY else "the ray package is not importable here"),
     ]
@@ -111,6 +118,50 @@ def test_jax_flash_attention_is_searched_and_blocks_past_vmem_are_rows(tmp_path)
     again = subprocess.run([sys.executable, "-m", "tpudiag", "report", "--json", str(run)], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and json.loads(again.stdout) == doc, again.stderr[-2000:]
+
+
+def test_each_point_is_checked_against_a_reference_and_one_that_differs_is_never_ranked(tmp_path):
+    """--reference runs every compiled point on this CPU (interpret mode) against the reference by
+    validate's rule. Against the fixture's causal reference both points match; against a non-causal
+    one (a reference written for another mask) neither does, and nothing is ranked."""
+    space = ("--space", "block_q=128,256 block_k=128")
+    res = _tune(OURS, "--target", "v5e", *space, "--inputs", SMALL, "--reference",
+                f"{PROGRAMS}/tune_flash_attention.py:reference", "--seed", "3", "--out", str(tmp_path / "ok"), "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    assert doc["reference"].endswith("tune_flash_attention.py:reference (seed 3)")
+    assert [p["verified"] for p in doc["points"]] == ["pass", "pass"] and doc["best"] is not None
+    other = tmp_path / "noncausal.py"
+    other.write_text("from tpudiag.kernels.flash_attention import xla_attention\n\n\n"
+                     "def reference(q, k, v):\n    return xla_attention(q, k, v, causal=False)\n")
+    res = _tune(OURS, "--target", "v5e", *space, "--inputs", SMALL, "--reference", f"{other}:reference",
+                "--out", str(tmp_path / "bad"), "--json")
+    assert res.returncode == 1 and "no point of the space compiled and matched the reference" in res.stderr
+    doc = json.loads(res.stdout)
+    assert {p["status"] for p in doc["points"]} == {"mismatch"} and doc["best"] is None
+    assert all(p["rank"] is None and p["corrected_cycles"] and "candidate vs float64" in p["error"]
+               for p in doc["points"])
+
+
+def test_the_bundled_flash_attention_tunes_to_its_own_blocks(tmp_path, newest_leg):
+    """A bundled kernel by name: its block candidates at its production shape (B1 H8 S2048 D128,
+    causal), each grid step stepped through by the static profile. The winner is the kernel's own
+    blocks, as the block sweep found (bench/RESULTS.md); whole-sequence blocks beat 1024-row ones."""
+    from tpudiag.kernels.flash_attention import DEFAULT_BLOCKS, SPEC
+
+    res = _tune("flash_attention", "--target", "v5e", "--out", str(tmp_path / "r"), "--no-cache", "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    assert doc["program"] == "flash_attention" and doc["inputs"].startswith("B1 H8 KVH8 S2048 D128")
+    assert len(doc["points"]) == len(SPEC.block_candidates)
+    own = {k: getattr(DEFAULT_BLOCKS, k) for k in doc["space"]}
+    assert doc["default"] == own and doc["best"] == own
+    cycles = {(p["choice"]["block_q"], p["choice"]["block_k"], p["choice"]["compute_k"]): p["corrected_cycles"]
+              for p in doc["points"]}
+    assert cycles[(2048, 2048, 256)] < cycles[(2048, 1024, 256)] < cycles[(1024, 1024, 256)] < cycles[(512, 512, 256)]
+    shown = _tune("flash_attention", "--target", "v5e", "--out", str(tmp_path / "again"))
+    assert shown.returncode == 0 and "the kernel's own blocks (block_q=2048 block_k=2048 compute_q=128 " \
+        "compute_k=256): rank 1, 1.00x the best" in shown.stdout, shown.stdout[-2000:]
 
 
 def _free_port() -> int:

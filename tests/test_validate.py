@@ -92,6 +92,23 @@ def test_a_pallas_kernel_against_a_numpy_reference():
     assert ref_err and all(m.stats.normwise == 0 for m in ref_err)
 
 
+def test_a_reference_that_calls_a_library_built_on_jax_is_a_jax_side():
+    """fixtures/programs/tune_flash_attention.py:reference imports only tpudiag's kernel module (which
+    imports jax): it is a JAX side, so its float64 run is a real one and the reference's own bf16
+    error is measured, not taken as zero (as a NumPy reference's would be)."""
+    from tpudiag.kernels.flash_attention import flash_attention
+
+    def causal(q, k, v, interpret=False):
+        return flash_attention(q, k, v, causal=True, interpret=interpret)
+
+    res = tpudiag.validate(f"{PROGRAMS}/tune_flash_attention.py:reference", causal,
+                           "q=bf16[1,2,128,128] k=bf16[1,2,128,128] v=bf16[1,2,128,128]", seed=5)
+    assert res.kinds == {"reference": "jax", "candidate": "jax"}
+    assert res.ok, res.summary()
+    ref_err = [m for c in res.cases for m in c.measures if m.what.endswith("reference vs float64")]
+    assert ref_err and all(m.stats.normwise > 1e-4 for m in ref_err)
+
+
 def test_a_generator_makes_the_regimes_it_knows_and_skips_the_rest():
     res = _v("numpy_refs.py:softmax_xent", "xent_port.py:softmax_xent", f"{P}/gen.py:make_inputs", regimes="all")
     assert res.ok, res.summary()

@@ -3,7 +3,9 @@ the TPU compiler, without a TPU.
 
 `FILE.py:FUNC` is called once per point of the search space with that point's choice as keyword
 arguments (`FUNC(block_q=256, block_k=512)`) and returns the function to compile; `--inputs` gives
-its arguments' shapes and dtypes (`q=bf16[1,8,2048,128] ...`, as `validate` reads them). Each point
+its arguments' shapes and dtypes (`q=bf16[1,8,2048,128] ...`, as `validate` reads them). A bundled
+kernel's name instead (`flash_attention`) searches its block candidates (or `--space` over its
+block-size fields) at its production shape, and the result says where the kernel's own blocks rank. Each point
 is lowered here (Pallas -> Mosaic happens at lowering: block sizes the kernel refuses fail here, as
 a row) and compiled for the target by the sweep engine (`capture/sweep.py`: this machine's
 processes, or a Ray cluster), with the static cycle profile; the points are ranked by the figure
@@ -44,44 +46,152 @@ def _check_accepts(fn: Callable, entry: str, names: list[str]) -> None:
                          f"(it takes: {', '.join(accepted) or 'none'})")
 
 
-def kernels_tune(entry: str, target_text: str, space_text: str, inputs_text: str, out: Path | None = None, *,
-                 jobs: int | None = None, ray_address: str | None = None, static_profile: bool = True, limits=None,
-                 progress: Callable[[str], None] | None = None):
-    """Search `space_text` for `entry` (FILE.py:FUNC) at `inputs_text` on `target_text`; returns (the
-    `KernelTune` result, the run directory). Everything the command line gave is checked before a
-    run directory exists: the space, the inputs, the target, FUNC and its arguments, the Ray cluster."""
-    from tpudiag.analyze.compile.tune import choice_text, parse_space, space_points, tune_document, tune_point
-    from tpudiag.capture.sweep import compile_modules, runner_for
-    from tpudiag.capture.tpu_compile import Limits, ModuleCompile, ModuleInput
+def _is_bundled(entry: str) -> bool:
+    """A bundled kernel's name (`flash_attention`), not FILE.py:FUNC."""
+    return ":" not in entry and not entry.endswith(".py")
+
+
+def _bundled_points(name: str, space_text: str | None, inputs_text: str | None):
+    """A bundled kernel's search: (space, points, build(i, choice) -> function, args, inputs shown,
+    the kernel's own choice). Without --space the points are the kernel's block candidates (the
+    fields that differ between them are the choice); with one, every combination of the kernel's
+    block-size fields, the others at their defaults. The shape is the kernel's production shape."""
+    import dataclasses
+
+    from tpudiag.analyze.compile.tune import parse_space, space_points
+    from tpudiag.kernels.registry import get_spec
+
+    spec = get_spec(name)
+    setup = spec.bench()
+    if inputs_text:
+        raise InputError(f"--inputs: {name} is a bundled kernel, tuned at its production shape ({setup.shape}); "
+                         "--inputs is for FILE.py:FUNC")
+    if not spec.block_candidates:
+        raise InputError(f"{name}: has no block sizes to tune")
+    cls = type(spec.block_candidates[0])
+    fields = [f.name for f in dataclasses.fields(cls)]
+    default = dataclasses.asdict(cls())
+    if space_text is not None:
+        space = parse_space(space_text)
+        unknown = [n for n in space if n not in fields]
+        if unknown:
+            raise InputError(f"--space: {name}'s block sizes have no {', '.join(map(repr, unknown))} "
+                             f"(they have: {', '.join(fields)})")
+        points = space_points(space)
+
+        def blocks(i, choice):
+            return dataclasses.replace(cls(), **choice)
+    else:
+        cands = list(spec.block_candidates)
+        rows = [dataclasses.asdict(c) for c in cands]
+        varying = [f for f in fields if len({repr(r[f]) for r in rows}) > 1] or fields[:1]
+        space = {f: list(dict.fromkeys(r[f] for r in rows)) for f in varying}
+        points = [{f: r[f] for f in varying} for r in rows]
+
+        def blocks(i, choice):
+            return cands[i]
+    own = {n: default[n] for n in space}
+    args = list(setup.args)
+    shown = f"{setup.shape}: " + " ".join(f"{a.dtype}[{','.join(map(str, a.shape))}]" for a in args)
+    return space, points, (lambda i, choice: spec.bench(blocks(i, choice)).kernel), args, shown, own
+
+
+def _func_points(entry: str, space_text: str | None, inputs_text: str | None):
+    """FILE.py:FUNC's search: the same tuple as `_bundled_points`, FUNC(**choice) the function."""
+    from tpudiag.analyze.compile.tune import parse_space, space_points
     from tpudiag.parity.inputs import parse_spec
     from tpudiag.parity.sides import load_function
-    from tpudiag.targets import require_libtpu, resolve_target
 
+    for option, text in (("--space", space_text), ("--inputs", inputs_text)):
+        if text is None:
+            raise InputError(f"{option}: required for FILE.py:FUNC ({entry}); a bundled kernel's name needs neither")
     space = parse_space(space_text)
     specs = parse_spec(inputs_text)
-    target = resolve_target(target_text)
-    require_libtpu()
     func = load_function(entry, "kernel builder")
     _check_accepts(func, entry, list(space))
+    import jax
+
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in specs]
+    return space, space_points(space), (lambda i, choice: func(**choice)), args, " ".join(a.text() for a in specs), None
+
+
+def _check_against(reference: str, rows: list, points: list[dict], build, inputs_text: str, seed: int,
+                   progress) -> list:
+    """Each compiled point's function against `reference` by validate's rule (analyze.compile.tune.
+    verified_point)."""
+    from tpudiag.analyze.compile.tune import choice_text, verified_point
+    from tpudiag.api.validate import validate
+
+    todo = [i for i, r in enumerate(rows) if r.status == "ok"]
+    out = list(rows)
+    for k, i in enumerate(todo):
+        if progress:
+            progress(f"checking [{k + 1}/{len(todo)}] {choice_text(points[i])} against {reference}")
+        try:
+            result = validate(reference, build(i, points[i]), inputs_text, seed=seed, shrink=False)
+        except Exception as e:  # the inputs do not fit the reference, the kernel raised on this CPU
+            result = one_line(e, 300)
+        out[i] = verified_point(rows[i], result)
+    return out
+
+
+def kernels_tune(entry: str, target_text: str, space_text: str | None, inputs_text: str | None,
+                 out: Path | None = None, *, jobs: int | None = None, ray_address: str | None = None,
+                 static_profile: bool = True, limits=None, fast_forward: bool = False,
+                 reference: str | None = None, seed: int | None = None,
+                 progress: Callable[[str], None] | None = None):
+    """Search `space_text` for `entry` at `inputs_text` on `target_text`; returns (the `KernelTune`
+    result, the run directory). `entry` is FILE.py:FUNC (FUNC(**choice) returns the function to
+    compile; --space and --inputs required) or a bundled kernel's name (its block candidates, or
+    --space over its block-size fields, at its production shape). Everything the command line gave
+    is checked before a run directory exists: the space, the inputs, the target, FUNC and its
+    arguments, the Ray cluster.
+
+    The static profile steps through every iteration of a kernel's grid unless `fast_forward`:
+    libtpu's fast-forwarded loops inflate a gridded kernel's cycles (the bundled flash attention at
+    1024-row blocks: 539.7k fast-forwarded, 115.5k stepped through) and can reorder the points; a
+    kernel's module is small, so stepping through costs little (8 flash-attention points: 51 s).
+
+    `reference` (FILE.py:FUNC, as `validate` takes it): every point that compiled is then run on
+    this CPU (Pallas interpret mode, when the built function takes `interpret`) at fresh inputs of
+    --inputs' shapes, one seed for all, against the reference by validate's rule; a point that does
+    not match is a row ("mismatch") and is never ranked."""
+    from tpudiag.analyze.compile.tune import choice_text, tune_document, tune_point
+    from tpudiag.capture.sweep import compile_modules, runner_for
+    from tpudiag.capture.tpu_compile import Limits, ModuleCompile, ModuleInput
+    from tpudiag.targets import require_libtpu, resolve_target
+
+    if _is_bundled(entry):
+        if reference is not None:
+            raise InputError(f"--reference: {entry} is a bundled kernel; `tpudiag kernels verify {entry}` checks it "
+                             "against its own reference")
+        space, points, build, args, inputs_shown, own = _bundled_points(entry, space_text, inputs_text)
+    else:
+        space, points, build, args, inputs_shown, own = _func_points(entry, space_text, inputs_text)
+    if reference is not None:
+        import secrets
+
+        from tpudiag.parity.sides import load_function
+
+        load_function(reference, "reference")  # a missing file or function: refused before the run
+        seed = secrets.randbelow(2**31) if seed is None else seed
+    target = resolve_target(target_text)
+    require_libtpu()
     runner = runner_for(ray_address, jobs)
     run = check_run_dir(Path(out) if out else rundir.default_run_dir(Path("kernels-tune")))
-    points = space_points(space)
-    inputs_shown = " ".join(a.text() for a in specs)
+    argv = [entry] + (["--space", space_text] if space_text is not None else []) + \
+        (["--inputs", inputs_shown] if inputs_text is not None else [])
     with RunDir(run, MANIFEST_KIND, rundir.COMPILE_SUBDIRS + (rundir.LOWERED_DIR,), program=entry,
-                argv=[entry, "--space", space_text, "--inputs", inputs_shown], target=target.to_dict(),
-                static_profile=static_profile) as rd:
-        import jax
-
+                argv=argv, target=target.to_dict(), static_profile=static_profile) as rd:
         from tpudiag.capture.lower import lower_for_tpu
 
-        args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in specs]
         inputs, index, errors = [], {}, {}
         for i, choice in enumerate(points):
             if progress:
                 progress(f"lowering [{i + 1}/{len(points)}] {choice_text(choice)}")
             path = run / rundir.LOWERED_DIR / f"point{i:03d}.mlir"
             try:
-                lower_for_tpu(func(**choice), args, path, debug_info=False)
+                lower_for_tpu(build(i, choice), args, path, debug_info=False)
             except Exception as e:  # block sizes the kernel refuses, shapes they do not divide
                 errors[i] = one_line(e, 300)
                 continue
@@ -97,8 +207,11 @@ def kernels_tune(entry: str, target_text: str, space_text: str, inputs_text: str
                 progress(f"[{done[0]}/{len(inputs)}] {choice_text(points[i])}: {how}"
                          + ("" if mc.status == "ok" else f" ({(mc.error or '')[:80]})"))
 
+        import dataclasses
+
+        limits = dataclasses.replace(limits or Limits(), fast_forward=fast_forward)
         compiled = compile_modules(runner, inputs, run / rundir.MODULES_DIR, target.topology,
-                                   static_profile=static_profile, limits=limits or Limits(), progress=on_compiled)
+                                   static_profile=static_profile, limits=limits, progress=on_compiled)
         from tpudiag.api.pipeline import report_from_modules
 
         _, report = report_from_modules(target, compiled, {"input": entry, "kind": "kernels-tune"}, with_llo=False,
@@ -109,8 +222,11 @@ def kernels_tune(entry: str, target_text: str, space_text: str, inputs_text: str
         by_point = {i: inputs[k].name for k, i in index.items()}
         rows = [tune_point(choice, modules.get(by_point.get(i)), report.target, errors.get(i),
                            cached.get(by_point.get(i), False)) for i, choice in enumerate(points)]
+        if reference is not None:
+            rows = _check_against(reference, rows, points, build, inputs_text, seed, progress)
         result = tune_document(entry, inputs_shown, report.to_dict()["target"], space, rows, runner.description,
-                               static_profile).with_artifacts(
+                               static_profile, own, f"{reference} (seed {seed})" if reference else None
+                               ).with_artifacts(
             {"run_dir": str(run), "report": rundir.REPORT, "compile_report": rundir.KERNELS_COMPILE_REPORT})
         rd.write_json(rundir.REPORT, result.to_dict())
         rd.finish(result.status == "ok", reason="no point compiled" if result.status != "ok" else None)

@@ -125,12 +125,15 @@ def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, static_m
 
 @kernels.command(name="tune")
 @click.option("--target", "target_text", required=True, help="TPU target: v5e, v6e, v5p, v4.")
-@click.option("--space", "space_text", required=True, metavar="NAME=V1,V2,... ...",
-              help="The choices to search: each NAME a keyword argument of FUNC, with its values (LOW..HIGH: every "
-                   "integer between), e.g. \"block_q=128,256,512 block_k=128,256,512\". Every combination is a point.")
-@click.option("--inputs", "inputs_text", required=True, metavar="SPEC",
-              help="The kernel's arguments: NAME=DTYPE[D0,D1,...] each, as validate reads them "
-                   "(\"q=bf16[1,8,2048,128] k=bf16[1,8,2048,128] v=bf16[1,8,2048,128]\").")
+@click.option("--space", "space_text", default=None, metavar="NAME=V1,V2,... ...",
+              help="The choices to search: each NAME a keyword argument of FUNC (or a block-size field of a bundled "
+                   "kernel), with its values (LOW..HIGH: every integer between), e.g. \"block_q=128,256,512 "
+                   "block_k=128,256,512\". Every combination is a point. A bundled kernel without it: its block "
+                   "candidates.")
+@click.option("--inputs", "inputs_text", default=None, metavar="SPEC",
+              help="FUNC's arguments: NAME=DTYPE[D0,D1,...] each, as validate reads them "
+                   "(\"q=bf16[1,8,2048,128] k=bf16[1,8,2048,128] v=bf16[1,8,2048,128]\"). A bundled kernel is "
+                   "tuned at its production shape.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run directory (default: tpudiag-runs/<timestamp>-kernels-tune).")
 @click.option("--jobs", type=click.IntRange(1, 256), default=None,
@@ -139,21 +142,33 @@ def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, static_m
               help="Run the points on a Ray cluster instead (`ray start --head` starts one; auto finds the one on "
                    "this machine). Needs the ray extra.")
 @click.option("--no-static-profile", is_flag=True, help="Skip the static cycle profile (roofline floors only).")
+@click.option("--fast-forward-loops", is_flag=True,
+              help="Let the static profile fast-forward loops (libtpu >= 0.0.50): quicker for a huge kernel, but a "
+                   "gridded kernel's cycles come out inflated, up to 5x (docs/kernels.md). Default: every grid "
+                   "step is stepped through.")
+@click.option("--reference", default=None, metavar="FILE.py:FUNC",
+              help="Also check every point that compiled against this reference on this CPU (Pallas interpret "
+                   "mode where the built function takes interpret=), at fresh inputs of --inputs' shapes, by "
+                   "validate's rule; a point that does not match is never ranked.")
+@click.option("--seed", type=int, default=None, help="--reference: the inputs' seed (default: a fresh one, shown).")
 @static_profile_options(120)
 @compile_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels-tune/1).")
 @click.option("--md", "as_md", is_flag=True, help="Print GitHub Markdown.")
 @_text_options
 @cache_options
-@click.argument("entry", metavar="FILE.py:FUNC")
-def kernels_tune(target_text, space_text, inputs_text, out, jobs, ray_address, no_static_profile, timeout_s,
+@click.argument("entry", metavar="FILE.py:FUNC|KERNEL")
+def kernels_tune(target_text, space_text, inputs_text, out, jobs, ray_address, no_static_profile, fast_forward_loops,
+                 reference, seed, timeout_s,
                  static_memory_gib, compile_timeout_s, as_json, as_md, no_color, width, cache_dir, no_cache, entry):
     """Search a Pallas kernel's block sizes on the TPU compiler, without a TPU.
 
     FUNC(**choice) builds the kernel for one point of --space and returns the function to compile
-    at --inputs. Each point is lowered and compiled for the target with the static cycle profile and
-    ranked by corrected estimated cycles (as kernels bench counts them); a point that does not lower,
-    runs out of VMEM or fails to compile is a row. Exit 1 if no point compiled."""
+    at --inputs; a bundled kernel's name (tpudiag kernels list) searches its block candidates, or
+    --space over its block sizes, at its production shape. Each point is lowered and compiled for
+    the target with the static cycle profile (every grid step stepped through) and ranked by
+    corrected estimated cycles (as kernels bench counts them); a point that does not lower, runs
+    out of VMEM or fails to compile is a row. Exit 1 if no point compiled."""
     from rich.console import Console
 
     from tpudiag import api
@@ -165,7 +180,9 @@ def kernels_tune(target_text, space_text, inputs_text, out, jobs, ray_address, n
     result, run = api.kernels_tune(entry, target_text, space_text, inputs_text, out, jobs=jobs,
                                    ray_address=ray_address, static_profile=not no_static_profile,
                                    limits=static_limits(timeout_s, static_memory_gib, compile_timeout_s),
+                                   fast_forward=fast_forward_loops, reference=reference, seed=seed,
                                    progress=(lambda line: err.print(line)) if err.is_terminal else None)
     emit(result, fmt, no_color=no_color, width=width)
     if result.status != "ok":
-        raise GateFailed(f"kernels tune: no point of the space compiled (run directory {run})")
+        raise GateFailed(f"kernels tune: no point of the space compiled{' and matched the reference' if reference else ''}"
+                         f" (run directory {run})")

@@ -104,10 +104,21 @@ def _kind(fn: Callable) -> str:
     return "numpy"
 
 
-def _frameworks(values) -> set[str]:
-    return ({getattr(v, "__name__", "").split(".")[0] for v in values if inspect.ismodule(v)}
-            | {(getattr(v, "__module__", None) or "").split(".")[0] for v in values
-               if callable(v) and not inspect.ismodule(v)})
+def _frameworks(values, depth: int = 1) -> set[str]:
+    """The top-level packages of the modules and callables in `values`. A callable from a library
+    built on one (a kernel from tpudiag.kernels, a Flax model's function) counts as what its own
+    module holds, one level down: jax or torch, not the library's name."""
+    values = list(values)
+    names = ({getattr(v, "__name__", "").split(".")[0] for v in values if inspect.ismodule(v)}
+             | {(getattr(v, "__module__", None) or "").split(".")[0] for v in values
+                if callable(v) and not inspect.ismodule(v)})
+    if depth and not names & {"jax", "torch"}:
+        for v in values:
+            mod = sys.modules.get(getattr(v, "__module__", None) or "") if callable(v) and not inspect.ismodule(v) \
+                else None
+            if mod is not None and mod.__name__.split(".")[0] not in ("builtins", "numpy"):
+                names |= _frameworks(vars(mod).values(), depth - 1) & {"jax", "torch"}
+    return names
 
 
 def _filled(cell) -> bool:

@@ -14,7 +14,8 @@ from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
 from tpudiag.report.units import fmt_cycles, fmt_ghz, printable
 
-_STATUS = {"ok": "ok", "error": "refused", "out_of_vmem": "out of VMEM", "failed": "failed"}
+_STATUS = {"ok": "ok", "error": "refused", "out_of_vmem": "out of VMEM", "failed": "failed",
+           "mismatch": "does not match the reference"}
 
 
 def _behind(p, best) -> str:
@@ -31,6 +32,8 @@ def _note(p) -> str:
         notes.append(f"{p.ops_floor_only}/{p.ops} ops at floor")
     if p.cached:
         notes.append("cached")
+    if p.verified == "pass":
+        notes.append("matches the reference")
     return ", ".join(notes)
 
 
@@ -40,8 +43,24 @@ def _best_cycles(tune) -> int | None:
 
 def _winner(tune) -> str:
     if tune.best is None:
-        return "no point compiled"
+        return "no point compiled and matched the reference" if tune.reference else "no point compiled"
     return "best: " + " ".join(f"{k}={v}" for k, v in tune.best.items())
+
+
+def _own(tune) -> str | None:
+    """Where a bundled kernel's own blocks rank (None for FILE.py:FUNC)."""
+    if tune.default is None:
+        return None
+    text = " ".join(f"{k}={v}" for k, v in tune.default.items())
+    p = next((p for p in tune.points if p.choice == tune.default), None)
+    if p is None:
+        return f"the kernel's own blocks ({text}) are not a point of this space"
+    if p.rank is None:
+        return f"the kernel's own blocks ({text}): {_STATUS[p.status]}"
+    best = _best_cycles(tune)
+    if p.rank > 1 and p.corrected_cycles == best:
+        return f"the kernel's own blocks ({text}): tie the best at {fmt_cycles(best)} (rank {p.rank} by the space's order)"
+    return f"the kernel's own blocks ({text}): rank {p.rank}, {_behind(p, best)} the best"
 
 
 @renders("tpudiag.kernels-tune", "terminal")
@@ -49,9 +68,11 @@ def render_tune(tune, console: Console) -> None:
     t = tune.target
     n_ok = sum(p.rank is not None for p in tune.points)
     console.print(plain(f"kernels tune {tune.program} on {t['chip']} ({t['topology']}): {len(tune.points)} points, "
-                        f"{n_ok} compiled, on {tune.runner}; corrected estimated cycles per call (largest of static "
+                        f"{n_ok} ranked, on {tune.runner}; corrected estimated cycles per call (largest of static "
                         f"estimate, HBM floor, compute floor; clock {fmt_ghz(t['clock_hz'])})"))
     console.print(plain(f"inputs: {tune.inputs}"))
+    if tune.reference:
+        console.print(plain(f"each compiled point checked against {tune.reference} (validate's rule, this CPU)"))
     best = _best_cycles(tune)
     table = Table(show_edge=False)
     names = list(tune.space)
@@ -62,6 +83,8 @@ def render_tune(tune, console: Console) -> None:
                       fmt_cycles(p.corrected_cycles), _behind(p, best), plain(_note(p)))
     console.print(table)
     console.print(plain(_winner(tune)))
+    if _own(tune):
+        console.print(plain(_own(tune)))
     console.print(plain(f"run directory: {(tune.artifacts or {}).get('run_dir', '')}"))
 
 
@@ -71,7 +94,8 @@ def render_tune_markdown(tune) -> str:
     names = list(tune.space)
     best = _best_cycles(tune)
     lines = [f"### tpudiag kernels tune: {_esc(tune.program)} on {_esc(t['chip'])} ({_esc(t['topology'])})", "",
-             f"Inputs `{_esc(tune.inputs)}`; {len(tune.points)} points on {_esc(tune.runner)}. Corrected estimated "
+             f"Inputs `{_esc(tune.inputs)}`; {len(tune.points)} points on {_esc(tune.runner)}"
+             + (f", each checked against `{_esc(tune.reference)}`" if tune.reference else "") + ". Corrected estimated "
              "cycles per call: per op, the largest of the TPU compiler's static estimate, the HBM floor and the "
              "compute floor, summed. Estimates, not TPU measurements.", "",
              "| rank | " + " | ".join(_esc(n) for n in names) + " | cycles | vs best | note |",
@@ -80,4 +104,6 @@ def render_tune_markdown(tune) -> str:
         lines.append(f"| {p.rank or '-'} | " + " | ".join(_esc(str(p.choice.get(n))) for n in names)
                      + f" | {fmt_cycles(p.corrected_cycles)} | {_behind(p, best)} | {_esc(_note(p))} |")
     lines += ["", f"**{_esc(_winner(tune))}**"]
+    if _own(tune):
+        lines += ["", _esc(_own(tune))]
     return printable("\n".join(lines) + "\n", newlines=True)

@@ -13,8 +13,9 @@ TUNE_SCHEMA = "tpudiag.kernels-tune/1"
 
 # A point's status: it compiled ("ok"); FUNC or the lowering refused the choice ("error": block
 # sizes the kernel rejects, shapes they do not divide); the compiler ran out of VMEM for it
-# ("out_of_vmem"); the compile failed otherwise ("failed": a crash, a timeout, another error).
-POINT_STATUSES = ("ok", "error", "out_of_vmem", "failed")
+# ("out_of_vmem"); the compile failed otherwise ("failed": a crash, a timeout, another error); it
+# compiled but its output does not match the reference by validate's rule ("mismatch", --reference).
+POINT_STATUSES = ("ok", "error", "out_of_vmem", "failed", "mismatch")
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,10 @@ class TunePoint(Model):
     static_profile: str | None  # the module's static-profile outcome ("ok", or why not)
     cached: bool  # the compile came from the compile cache
     module: str | None  # the point's module directory in the run
-    rank: int | None  # 1 = fastest; None for a point that did not compile
+    rank: int | None  # 1 = fastest; None for a point that did not compile (or did not match)
+    # --reference: "pass" (validate's rule, interpret mode on this CPU), "fail" (status "mismatch",
+    # `error` says which output), None when not checked
+    verified: str | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class KernelTune(Model):
     SCHEMA = TUNE_SCHEMA
 
     schema: str
-    program: str  # FILE.py:FUNC
+    program: str  # FILE.py:FUNC, or a bundled kernel's name
     inputs: str  # the --inputs spec, as parsed
     target: dict[str, Any]  # the compile report's target section
     space: dict[str, list[Any]]  # name -> the values tried, in order
@@ -49,6 +53,9 @@ class KernelTune(Model):
     status: str  # ok (every point has a row and one compiled) | failed (none compiled)
     best: dict[str, Any] | None  # the winning choice
     points: tuple[TunePoint, ...]  # in the space's order
+    reference: str | None = field(default=None, metadata={"omit_none": True})  # --reference, as given
+    # a bundled kernel's own blocks, as a choice over the space's names (None for FILE.py:FUNC)
+    default: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})
     artifacts: dict[str, str] | None = field(default=None, metadata={"omit_none": True})
 
     def with_artifacts(self, artifacts: dict[str, str]) -> KernelTune:

@@ -106,9 +106,26 @@ def tune_point(choice: dict, module: ModuleReport | None, target: CompileTarget,
                      cached=cached, module=f.module, rank=None)
 
 
+def verified_point(point: TunePoint, result) -> TunePoint:
+    """A compiled point after `validate` (its `ValidateResult`, or the one-line error of a check that
+    could not run): "pass", or status "mismatch" with the first failure's why."""
+    import dataclasses
+
+    if isinstance(result, str):
+        return dataclasses.replace(point, status="mismatch", verified="fail", error=f"not checked: {result}")
+    if result.ok:
+        return dataclasses.replace(point, verified="pass")
+    bad = result.failures[0] if result.failures else None
+    why = bad.why if bad is not None else "no case was judged"
+    return dataclasses.replace(point, status="mismatch", verified="fail",
+                               error=f"{result.passed}/{len(result.cases)} cases passed; {why}"[:400])
+
+
 def tune_document(program: str, inputs: str, target_doc: dict, space: dict[str, list], points: list[TunePoint],
-                  runner: str, static_profile: bool) -> KernelTune:
-    """Rank the points (fewest corrected cycles first, ties in the space's order) into the document."""
+                  runner: str, static_profile: bool, default: dict | None = None,
+                  reference: str | None = None) -> KernelTune:
+    """Rank the points (fewest corrected cycles first, ties in the space's order) into the document.
+    `default`: the kernel's own choice (a bundled kernel's blocks), shown beside the winner."""
     ok = sorted((i for i, p in enumerate(points) if p.status == "ok" and p.corrected_cycles is not None),
                 key=lambda i: (points[i].corrected_cycles, i))
     rank = {i: r + 1 for r, i in enumerate(ok)}
@@ -117,4 +134,4 @@ def tune_document(program: str, inputs: str, target_doc: dict, space: dict[str, 
     return KernelTune(schema=TUNE_SCHEMA, program=program, inputs=inputs, target=target_doc,
                       space={k: list(v) for k, v in space.items()}, runner=runner, static_profile=static_profile,
                       metric="corrected_cycles: per op max(static estimated cycles, HBM floor, compute floor), summed",
-                      status="ok" if ok else "failed", best=best, points=ranked)
+                      status="ok" if ok else "failed", best=best, points=ranked, default=default, reference=reference)
