@@ -69,9 +69,15 @@ def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path:
 
 
 def kernels_bench(names, target_text: str, out: Path | None = None, *, static_profile: bool = True,
-                  jobs: int = 2, limits=None, progress: Callable[[str], None] | None = None):
+                  jobs: int = 2, limits=None, fast_forward: bool = False,
+                  progress: Callable[[str], None] | None = None):
     """Bench the named kernels (or KernelSpecs; all for none) for `target_text`; returns (the
-    `KernelBench` result, the run directory)."""
+    `KernelBench` result, the run directory). The static profile steps through every loop
+    iteration unless `fast_forward` (as `kernels tune`: fast-forwarded loops inflate a gridded
+    kernel's cycles)."""
+    import dataclasses
+
+    from tpudiag.capture.tpu_compile import Limits
     from tpudiag.api.pipeline import compile_inputs
     from tpudiag.capture.lower import lower_for_tpu
     from tpudiag.capture.tpu_compile import ModuleCompile, ModuleInput
@@ -112,6 +118,7 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
                 progress(f"[{done[0]}/{len(inputs)}] {mc.name} {mc.status}{note}")
 
         # Every variant is measured as itself: a plain-JAX variant with no matmul is no setup module.
+        limits = dataclasses.replace(limits or Limits(), fast_forward=fast_forward)
         compiled = compile_inputs(inputs, run, target, static_profile=static_profile, jobs=jobs, limits=limits,
                                   progress=on_compiled, source={"input": "tpudiag kernels bench", "kind": "kernels"},
                                   group_setup=False)

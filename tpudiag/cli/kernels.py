@@ -24,6 +24,13 @@ def _cpu_jax():
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
+def _fast_forward_option(f):
+    return click.option("--fast-forward-loops", is_flag=True,
+                        help="Let the static profile fast-forward loops (libtpu >= 0.0.50): quicker for a huge kernel, "
+                             "but a gridded kernel's cycles come out inflated, up to 5x (docs/kernels.md). Default: "
+                             "every grid step is stepped through.")(f)
+
+
 def _text_options(f):
     f = click.option("--width", type=click.IntRange(60, 400), default=None)(f)
     return click.option("--no-color", is_flag=True)(f)
@@ -93,6 +100,7 @@ def kernels_verify(seed, junit_path, force, as_json, no_color, width, names):
               help="Run directory (default: tpudiag-runs/<timestamp>-kernels-bench).")
 @click.option("--no-static-profile", is_flag=True, help="Skip the static cycle profile (roofline floors only).")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Compiles at once.")
+@_fast_forward_option
 @static_profile_options(120)
 @compile_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels-bench/1).")
@@ -100,8 +108,8 @@ def kernels_verify(seed, junit_path, force, as_json, no_color, width, names):
 @_text_options
 @cache_options
 @click.argument("names", nargs=-1)
-def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, static_memory_gib, compile_timeout_s, as_json,
-                  as_md, no_color, width, names, cache_dir, no_cache):
+def kernels_bench(target_text, out, no_static_profile, jobs, fast_forward_loops, timeout_s, static_memory_gib,
+                  compile_timeout_s, as_json, as_md, no_color, width, names, cache_dir, no_cache):
     """Compile kernels, their plain-JAX versions and JAX's own kernels for TPU; compare estimated cycles.
 
     Exit 1 if a variant failed to lower or compile (the others are still reported)."""
@@ -117,6 +125,7 @@ def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, static_m
     err = Console(stderr=True, highlight=False, markup=False, emoji=False)
     result, run = api.kernels_bench(names, target_text, out, static_profile=not no_static_profile, jobs=jobs,
                                     limits=static_limits(timeout_s, static_memory_gib, compile_timeout_s),
+                                    fast_forward=fast_forward_loops,
                                     progress=(lambda line: err.print(line)) if err.is_terminal else None)
     emit(result, fmt, no_color=no_color, width=width)
     if result.failed:
@@ -142,10 +151,7 @@ def kernels_bench(target_text, out, no_static_profile, jobs, timeout_s, static_m
               help="Run the points on a Ray cluster instead (`ray start --head` starts one; auto finds the one on "
                    "this machine). Needs the ray extra.")
 @click.option("--no-static-profile", is_flag=True, help="Skip the static cycle profile (roofline floors only).")
-@click.option("--fast-forward-loops", is_flag=True,
-              help="Let the static profile fast-forward loops (libtpu >= 0.0.50): quicker for a huge kernel, but a "
-                   "gridded kernel's cycles come out inflated, up to 5x (docs/kernels.md). Default: every grid "
-                   "step is stepped through.")
+@_fast_forward_option
 @click.option("--reference", default=None, metavar="FILE.py:FUNC",
               help="Also check every point that compiled against this reference on this CPU (Pallas interpret "
                    "mode where the built function takes interpret=), at fresh inputs of --inputs' shapes, by "
