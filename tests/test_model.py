@@ -75,18 +75,23 @@ def test_comparison_round_trips_and_reads_typed(in_root):
 
 @pytest.mark.parametrize("chip", ["v5e", "v6e"])
 def test_kernel_bench_results_round_trip(chip):
-    """The bench documents recorded in bench/results/ (all eight kernels, with and without JAX's own)."""
+    """The bench documents recorded in bench/results/ (every bundled kernel, with and without JAX's
+    own), each one `tpudiag kernels bench --json` as printed."""
     from tpudiag.results.kernels import KernelBench
 
     path = ROOT / "bench" / "results" / f"kernels-bench-{chip}.json"
     doc = json.loads(path.read_text())
-    doc.pop("runs")  # these files merge three bench runs and name them; a single run has no such key
     bench = KernelBench.from_dict(doc, str(path))
     assert bench.to_dict() == doc
     with_jax = [k for k in bench.kernels if k.jax_name]
     assert with_jax and all(k.jax_cycles is not None for k in with_jax)
     assert all("ratio_vs_jax" not in k for k in doc["kernels"] if "jax_name" not in k)
     assert bench.worst_ratio_vs_xla == max(k["ratio_vs_xla"] for k in doc["kernels"])
+    from tpudiag.kernels.registry import MODULES
+
+    assert [k.name for k in bench.kernels] == list(MODULES)
+    for k in bench.kernels:  # the goal's rule, on the recorded figures
+        assert k.meets_xla_goal == (k.ratio_vs_xla <= k.goal_vs_xla or k.kernel_vs_floor <= k.goal_vs_floor)
 
 
 MANIFESTS = sorted({*ROOT.glob("fixtures/artifacts*/*/manifest.json"), *ROOT.glob("fixtures/old-runs/*/manifest.json"),

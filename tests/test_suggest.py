@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
 from tests.conftest import ARTIFACT_SETS, PROGRAMS
 from tpudiag.analyze.suggest.detectors import BY_NAME, find_patterns
 from tpudiag.analyze.suggest.detectors.cross_entropy import CrossEntropyShapes
+from tpudiag.analyze.suggest.detectors.act_quant import W8A8Shapes
 from tpudiag.analyze.suggest.detectors.dequant import DequantShapes
 from tpudiag.analyze.suggest.detectors.norms import NormShapes
 from tpudiag.analyze.suggest.detectors.sampling import SamplingShapes
@@ -26,6 +28,8 @@ EXPECTED = {
     "lm_head": {"cross_entropy"},
     "sampler": {"sampling"},
     "int8_layer": {"dequant_matmul"},
+    "int4_layer": {"dequant_matmul"},  # its 4-bit form: int4_matmul, at the groups it reads
+    "w8a8_layer": {"w8a8_matmul"},
     "moe_layer": {"moe"},
     "moe_train": {"moe"},  # its training step: the gradient's matmuls are the pattern's ops too
     "bf16_attention": {"attention"},  # found, and XLA's own kernel already replaced it
@@ -54,7 +58,7 @@ def compiled(tmp_path_factory):
 
     from tpudiag import api
 
-    # The random-number setup modules every script has are compiled once for all eight.
+    # The random-number setup modules every script has are compiled once for all of them.
     cache = tmp_path_factory.mktemp("suggest-cache")
     saved = {k: os.environ.get(k) for k in ("TPUDIAG_CACHE_DIR", "TPUDIAG_NO_CACHE")}
     os.environ["TPUDIAG_CACHE_DIR"] = str(cache)
@@ -240,6 +244,26 @@ def test_a_well_shaped_mlp_gets_no_suggestion(compiled):
     assert rep.suggestions == () and "no op clears the minimums" in rep.notes[-1]
 
 
+def test_int4_weights_in_groups_map_to_the_int4_kernel_at_their_groups(compiled):
+    from tpudiag.kernels.at_shapes import setup_for
+
+    matches = [m for mdir in sorted((compiled["int4_layer"] / "modules").iterdir())
+               for path in find_optimized_modules(mdir / "hlo").values()
+               for m in find_patterns(read_hlo_file(path))]
+    (m,) = matches
+    assert (m.shapes.weight_dtype, m.shapes.group, m.shapes.weight) == ("s4", 128, (4096, 14336))
+    # oracle: the optimized HLO's own top-level ops: the scales' broadcast to the weights' shape
+    # (XLA writes it to HBM whole) is part of the pattern, with the matmul's fusion
+    layer = next(d for d in (compiled["int4_layer"] / "modules").iterdir() if "layer" in d.name)
+    hlo = next(iter(find_optimized_modules(layer / "hlo").values())).read_text()
+    broadcast = re.search(r"%(\S+) = bf16\[32,128,14336\][^ ]* broadcast\(", hlo).group(1)
+    assert broadcast in m.ops
+    setup = setup_for(m.detector, m.shapes)
+    assert setup.kernel == "int4_matmul"
+    assert [a.shape for a in setup.args] == [(64, 4096), (4096, 14336), (32, 14336)]
+    assert "groups of 128" in setup.snippet
+
+
 def test_the_attention_snippet_runs_in_interpret_mode_against_the_reference(compiled):
     import jax
     import jax.numpy as jnp
@@ -362,6 +386,10 @@ def _random_inputs(names_shapes: dict, key):
             out[n] = jax.random.randint(sub, shape, 0, names_shapes["logits"][0][1], jnp.int32)
         elif dtype == "int8":
             out[n] = jax.random.randint(sub, shape, -127, 128, jnp.int32).astype(jnp.int8)
+        elif dtype == "int4":
+            out[n] = jax.random.randint(sub, shape, -8, 8, jnp.int32).astype(jnp.int4)
+        elif dtype == "group_scales":  # of N(0, 1/K) weights quantized to [-8, 7]: outputs O(1)
+            out[n] = jax.random.uniform(sub, shape, jnp.float32, 0.5, 1.5) / (7 * (names_shapes["x"][0][1] ** 0.5))
         elif dtype == "uniform":
             out[n] = jax.random.uniform(sub, shape, jnp.float32, 0.01, 0.99)
         else:
@@ -386,6 +414,14 @@ SNIPPETS = {
                        {"x": ((16, 256), "bfloat16"), "w_int8": ((256, 256), "int8"),
                         "scales": ((256,), "uniform")},
                        "y", lambda ref, v: ref(v["x"], v["w_int8"], v["scales"])),
+    # the 4-bit form of the same pattern (a key after ":" names the form): groups of 64 along K
+    "dequant_matmul:s4": (DequantShapes(weight=(256, 256), weight_dtype="s4", out=(16, 256), dtype="bf16", group=64),
+                          {"x": ((16, 256), "bfloat16"), "w_int4": ((256, 256), "int4"),
+                           "scales": ((4, 256), "group_scales")},
+                          "y", lambda ref, v: ref(v["x"], v["w_int4"], v["scales"])),
+    "w8a8_matmul": (W8A8Shapes(activations=(16, 256), weight=(256, 256), out=(16, 256), dtype="bf16"),
+                    {"x": ((16, 256), "bfloat16"), "w_int8": ((256, 256), "int8"), "w_scale": ((256,), "uniform")},
+                    "y", lambda ref, v: ref(v["x"], v["w_int8"], v["w_scale"])),
 }
 
 
@@ -400,10 +436,11 @@ def test_each_snippet_runs_in_interpret_mode_against_its_reference(pattern):
     from tpudiag.kernels.registry import get_spec
 
     shapes, names, result, reference_call = SNIPPETS[pattern]
-    setup = setup_for(BY_NAME[pattern], shapes)
+    setup = setup_for(BY_NAME[pattern.split(":")[0]], shapes)
     tree = ast.parse(setup.snippet)
     call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-                and n.func.id in {"rmsnorm_residual", "cross_entropy", "sample", "int8_matmul"})
+                and n.func.id in {"rmsnorm_residual", "cross_entropy", "sample", "int8_matmul", "w8a8_matmul",
+                                                 "int4_matmul"})
     call.keywords.append(ast.keyword(arg="interpret", value=ast.Constant(True)))
     inputs = _random_inputs(names, jax.random.PRNGKey(3))
     ns = dict(inputs)  # the snippet may rebind its inputs (`normed, resid = rmsnorm_residual(x, resid, ...)`)

@@ -118,6 +118,10 @@ def test_jax_flash_attention_is_searched_and_blocks_past_vmem_are_rows(tmp_path)
     again = subprocess.run([sys.executable, "-m", "tpudiag", "report", "--json", str(run)], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and json.loads(again.stdout) == doc, again.stderr[-2000:]
+    for form, says in (([], "best: block_"), (["--md"], "### tpudiag kernels tune")):
+        shown = subprocess.run([sys.executable, "-m", "tpudiag", "report", *form, str(run)], cwd=ROOT,
+                               capture_output=True, text=True, timeout=300)
+        assert shown.returncode == 0 and says in shown.stdout, shown.stderr[-2000:]
 
 
 def test_each_point_is_checked_against_a_reference_and_one_that_differs_is_never_ranked(tmp_path):

@@ -23,6 +23,10 @@ class KernelGoals:
     vs_xla: float = 0.7
     # ...and, where JAX ships its own Pallas kernel for the op, no slower than it.
     vs_jax: float = 1.0
+    # A kernel within this factor of the op's floor (the least roofline time any variant needs: HBM
+    # bytes at HBM bandwidth or FLOPs at the bf16 peak) meets the XLA goal too: where XLA is
+    # already near the floor, no kernel can be 0.7x of it.
+    vs_floor: float = 1.05
 
 
 KERNEL_GOALS = KernelGoals()

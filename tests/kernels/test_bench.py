@@ -77,11 +77,13 @@ def test_static_cycles_are_the_compilers_own_and_corrections_only_raise_them(ben
             assert files
             total = sum(int(re.search(r"estimated_cycles:\s*(\d+)", f.read_text()).group(1)) for f in files)
             assert fig["static_cycles"] <= total  # the report counts executed ops only
-        corrected = 0.0
+        corrected = floors = 0.0
         for op in ModuleReport.from_dict(module).ops:
             cycles, how = op_corrected_cycles(op, t["clock_hz"])
-            floor = op.bytes_accessed / t["hbm_bytes_per_s"] * t["clock_hz"]
+            hbm = op.bytes_accessed if op.hbm_bytes is None else op.hbm_bytes
+            floor = hbm / t["hbm_bytes_per_s"] * t["clock_hz"]
             compute = op.flops / t["peak_bf16_flops_per_s"] * t["clock_hz"]
+            floors += max(floor, compute)
             # The op's time is rounded to 1e-12 s in the report: a thousandth of a cycle at ~1 GHz.
             assert cycles >= max(floor, compute) - 1e-2
             if op.estimated_cycles:
@@ -91,6 +93,19 @@ def test_static_cycles_are_the_compilers_own_and_corrections_only_raise_them(ben
                 assert how == "roofline"
             corrected += cycles
         assert fig["corrected_cycles"] == round(corrected)
+        assert fig["floor_cycles"] == round(floors) and fig["floor_cycles"] <= fig["corrected_cycles"]
+
+
+def test_the_floor_is_the_least_variant_floor_and_a_kernel_at_it_meets_the_xla_goal(bench):
+    doc, _ = bench
+    (row,) = doc["kernels"]
+    ok = [v["floor_cycles"] for v in row["variants"].values() if v["status"] == "ok"]
+    assert row["floor_cycles"] == min(ok) > 0
+    assert row["kernel_vs_floor"] == round(row["kernel_cycles"] / row["floor_cycles"], 4) >= 1.0
+    assert row["xla_vs_floor"] == round(row["xla_cycles"] / row["floor_cycles"], 4) >= 1.0
+    assert row["goal_vs_floor"] == 1.05
+    assert row["meets_xla_goal"] == (row["ratio_vs_xla"] <= row["goal_vs_xla"]
+                                     or row["kernel_vs_floor"] <= row["goal_vs_floor"])
 
 
 def test_the_pallas_kernels_hbm_floor_is_its_own_cost_estimate(bench):

@@ -42,9 +42,11 @@ def report(html_path, force, align, as_json, as_md, no_color, width, target):
         api.write_html(loaded, html_path)
     if loaded.schema.startswith("tpudiag.compile/"):
         emit(loaded, fmt, no_color=no_color, width=width, top=10)
-    else:
+    elif loaded.schema.startswith(("tpudiag.report/", "tpudiag.distributed/")):
         emit(loaded, fmt, no_color=no_color, width=width, top=DEFAULT_CONFIG.top_ops,
              top_compiles=DEFAULT_CONFIG.top_compiles)
+    else:  # a search's run (kernels bench, kernels tune, plan): its table as the command printed it
+        emit(loaded, fmt, no_color=no_color, width=width)
 
 
 @cli.command()

@@ -130,6 +130,8 @@ def _int8_matmul(shapes, notes) -> AtShapes | str:
 
     from tpudiag.kernels.int8_matmul import int8_matmul
 
+    if shapes.weight_dtype in ("s4", "u4"):
+        return _int4_matmul(shapes, notes)
     (k, n), (m, _) = shapes.weight, shapes.out
     if shapes.weight_dtype != "s8":
         return f"int8_matmul takes int8 weights (here {shapes.weight_dtype})"
@@ -143,6 +145,53 @@ def _int8_matmul(shapes, notes) -> AtShapes | str:
                     f"M{m} K{k} N{n}")
 
 
+def _int4_matmul(shapes, notes) -> AtShapes | str:
+    """Signed int4 weights with group scales (the dequantize-then-matmul pattern's 4-bit form)."""
+    import jax
+
+    from tpudiag.kernels.int4_matmul import int4_matmul
+
+    if shapes.weight_dtype != "s4":
+        return f"int4_matmul takes signed int4 weights (here {shapes.weight_dtype})"
+    m, n = shapes.out[0] if len(shapes.out) == 2 else 1, shapes.weight[-1]
+    k = 1
+    for d in shapes.weight[:-1]:
+        k *= d
+    group = shapes.group or k
+    if n % 128 or k % 128:
+        return f"int4_matmul needs K and N multiples of 128 (K{k} N{n})"
+    if k % group:
+        return f"int4_matmul needs groups that divide K (K{k}, groups of {group})"
+    scales = "one per channel" if group == k else f"groups of {group}"
+    snippet = ("from tpudiag.kernels.int4_matmul import int4_matmul\n"
+               f"y = int4_matmul(x, w_int4, scales)  # x [{m}, {k}] bf16, w [{k}, {n}] jnp.int4, "
+               f"scales [{k // group}, {n}] f32 ({scales})")
+    return AtShapes("int4_matmul", (jax.ShapeDtypeStruct((m, k), _jnp("bf16")),
+                                    jax.ShapeDtypeStruct((k, n), jax.numpy.int4),
+                                    jax.ShapeDtypeStruct((k // group, n), jax.numpy.float32)), int4_matmul, snippet,
+                    f"M{m} K{k} N{n} int4, {scales}")
+
+
+def _w8a8_matmul(shapes, notes) -> AtShapes | str:
+    import jax
+
+    from tpudiag.kernels.w8a8_matmul import w8a8_matmul
+
+    (m, k), (k2, n) = shapes.activations[-2:], shapes.weight[-2:]
+    if k != k2:
+        return f"w8a8_matmul takes x [M, K] @ w [K, N] (here x {shapes.activations}, w {shapes.weight})"
+    if n % 128:
+        return f"w8a8_matmul needs N a multiple of 128 (N{n})"
+    dtype = shapes.dtype if shapes.dtype in ("bf16", "f32") else "bf16"
+    snippet = ("from tpudiag.kernels.w8a8_matmul import w8a8_matmul\n"
+               f"y = w8a8_matmul(x, w_int8, w_scale)  # x [{m}, {k}] {dtype} (quantized per token inside), "
+               f"w [{k}, {n}] int8, w_scale [{n}] f32")
+    return AtShapes("w8a8_matmul", (jax.ShapeDtypeStruct((m, k), _jnp(dtype)),
+                                    jax.ShapeDtypeStruct((k, n), jax.numpy.int8),
+                                    jax.ShapeDtypeStruct((n,), jax.numpy.float32)), w8a8_matmul, snippet,
+                    f"M{m} K{k} N{n}")
+
+
 # Each kernel a detector may name (its `kernel`: the kernel's name in kernels/registry.py), and how
 # its arguments are built from that detector's shapes.
 BUILDERS: dict[str, Callable] = {
@@ -151,6 +200,7 @@ BUILDERS: dict[str, Callable] = {
     "cross_entropy": _cross_entropy,
     "sampling": _sampling,
     "int8_matmul": _int8_matmul,
+    "w8a8_matmul": _w8a8_matmul,
 }
 
 

@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import block_bytes, fit_block, vmem_limit
+from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, check_multiples, fit_block, vmem_limit
 
 # Production shape: a Llama-3-8B MLP up/gate projection (K 4096 -> N 14336). Decode batches are
 # M 16-128 tokens (HBM-bound: the int8 weights are the traffic); prefill is M 2048 (MXU-bound).
@@ -44,10 +44,7 @@ class BlockSizes:
     block_k: int = 4096
 
     def __post_init__(self):
-        for name, mult in (("block_m", 16), ("block_n", 128), ("block_k", 128)):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0 or v % mult:
-                raise ValueError(f"{name} must be a positive multiple of {mult}, got {v!r}")
+        check_multiples(self, (("block_m", 16), ("block_n", 128), ("block_k", 128)))
 
     def __str__(self) -> str:
         return f"block_m={self.block_m}, block_n={self.block_n}, block_k={self.block_k}"
@@ -60,16 +57,9 @@ DEFAULT_BLOCKS = BlockSizes(block_m=512, block_n=1024, block_k=4096)
 
 
 def _check_shapes(x, w, scales):
-    if x.ndim != 2 or w.ndim != 2:
-        raise ValueError(f"x must be [M, K] and w [K, N], got {x.shape} and {w.shape}")
-    if x.shape[1] != w.shape[0]:
-        raise ValueError(f"contraction dims differ: x {x.shape} vs w {w.shape}")
-    if w.dtype != jnp.int8:
-        raise ValueError(f"w must be int8, got {w.dtype}")
+    check_matmul_operands(x, w, jnp.int8)
     if scales.shape != (w.shape[1],):
         raise ValueError(f"scales must be [N={w.shape[1]}], got {scales.shape}")
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise ValueError(f"x must be floating point, got {x.dtype}")
 
 
 def _vmem_limit(x_block, w_block, out_block, xb):

@@ -105,3 +105,26 @@ def vmem_limit(blocks: int, scratch: int = 0, vmem_bytes: int = VMEM_BYTES) -> i
     ceiling = vmem_bytes - need - XLA_VMEM_BYTES
     wanted = max(VMEM_FLOOR_BYTES, 2 * need + VMEM_HEADROOM_BYTES)
     return int(max(need + VMEM_HEADROOM_BYTES, min(ceiling, wanted)))
+
+
+def check_multiples(blocks, rules: tuple[tuple[str, int], ...]) -> None:
+    """Refuse a block-size dataclass whose fields are not positive multiples of their tile: `rules`
+    is (field, multiple) pairs. Raises ValueError naming the field."""
+    for name, mult in rules:
+        v = getattr(blocks, name)
+        if not isinstance(v, int) or v <= 0 or v % mult:
+            raise ValueError(f"{name} must be a positive multiple of {mult}, got {v!r}")
+
+
+def check_matmul_operands(x, w, w_dtype) -> None:
+    """x [M, K] floating point @ w [K, N] of `w_dtype`: raises ValueError naming what is off."""
+    import jax.numpy as jnp
+
+    if x.ndim != 2 or w.ndim != 2:
+        raise ValueError(f"x must be [M, K] and w [K, N], got {x.shape} and {w.shape}")
+    if x.shape[1] != w.shape[0]:
+        raise ValueError(f"contraction dims differ: x {x.shape} vs w {w.shape}")
+    if w.dtype != w_dtype:
+        raise ValueError(f"w must be {jnp.dtype(w_dtype).name}, got {w.dtype}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"x must be floating point, got {x.dtype}")

@@ -43,6 +43,9 @@ class OpEstimate(Model):
     # Runs per execution of the module: the trip counts of the while loops around it (analyze/hlo/loops.py;
     # 1 where unknown). The module's totals count estimated_s x runs.
     runs: int = 1
+    # The bytes of bytes_accessed that are in HBM, where memory-space assignment kept some operands
+    # or results in VMEM (S(1)); absent where all are in HBM. The HBM floor divides these.
+    hbm_bytes: int | None = field(default=None, metadata={"omit_none": True})
 
     @property
     def total_s(self) -> float:

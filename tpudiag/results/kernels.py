@@ -32,6 +32,9 @@ class VariantFigures(Model):
     flops: int
     static_profile: str | None  # the module's static-profile outcome ("ok", or why not)
     module: str | None  # the module's directory in the bench run
+    # Sum over ops of max(HBM floor, compute floor): the roofline time of the variant's own traffic
+    # and work, static estimate left out.
+    floor_cycles: int | None = field(default=None, metadata={"omit_none": True})
 
 
 _WITH_JAX = {"present_if": "jax_name"}  # keys a row has only where JAX has its own kernel
@@ -54,6 +57,11 @@ class KernelRow(Model):
     ratio_vs_jax: float | None = field(default=None, metadata=_WITH_JAX)
     goal_vs_jax: float | None = field(default=None, metadata=_WITH_JAX)
     meets_jax_goal: bool | None = field(default=None, metadata=_WITH_JAX)
+    # The least floor_cycles of the compiled variants, and the kernel's and XLA's cycles against it.
+    floor_cycles: int | None = field(default=None, metadata={"omit_none": True})
+    kernel_vs_floor: float | None = field(default=None, metadata={"omit_none": True})
+    xla_vs_floor: float | None = field(default=None, metadata={"omit_none": True})
+    goal_vs_floor: float | None = field(default=None, metadata={"omit_none": True})
 
     @property
     def missed_goal(self) -> bool:

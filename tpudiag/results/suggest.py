@@ -21,6 +21,7 @@ PATTERN_LABELS: dict[str, str] = {
     "sampling": "top-k / top-p sampling",
     "moe": "MoE dispatch",
     "dequant_matmul": "dequantize-then-matmul",
+    "w8a8_matmul": "activation-quantized int8 matmul (w8a8)",
 }
 
 

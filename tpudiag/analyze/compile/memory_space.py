@@ -27,9 +27,19 @@ def outside_hbm_bytes(instr, whole: bool = False) -> int:
 
 
 def vmem_bytes(module, instr) -> int:
-    """Bytes of `instr`'s operands and results in a memory space other than HBM, each operand once."""
-    return (sum(outside_hbm_bytes(module.operand(instr, k)) for k in range(len(instr.operands)))
-            + outside_hbm_bytes(instr))
+    """Bytes of `instr`'s operands and results in a memory space other than HBM, each operand once.
+    A `copy-start`'s result is (destination, source, context): the source is its operand again, so
+    only the destination counts as its result (a copy from VMEM to HBM writes HBM in full)."""
+    operands = sum(outside_hbm_bytes(module.operand(instr, k)) for k in range(len(instr.operands)))
+    if instr.opcode == "copy-start":
+        try:
+            shape = instr.parsed_shape
+        except ValueError:
+            return operands
+        leaves = shape.tuple_shapes if shape.is_tuple else ()
+        dest = leaves[0] if leaves else None
+        return operands + (dest.bytes if dest is not None and dest.is_array and dest.memory_space else 0)
+    return operands + outside_hbm_bytes(instr)
 
 
 HOST = 5  # S(5): pinned host memory (activation offload)

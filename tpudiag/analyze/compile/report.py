@@ -5,7 +5,8 @@ profile and LLO bundle statistics (parse.llo frames, or None where the compiler 
 worker's result (XLA's cost and memory analysis), and the target chip. Output: a frozen
 `CompileReport` whose `to_dict()` is the JSON document (docs/compile-schema.md). No I/O.
 
-An op's estimated time is the largest of: static cycles / clock, bytes accessed / HBM bandwidth,
+An op's estimated time is the largest of: static cycles / clock, bytes accessed in HBM (less what
+memory-space assignment keeps in VMEM, for a copy or an op with static cycles) / HBM bandwidth,
 FLOPs / peak, and (collectives) modelled ICI time; `bound_by` names the largest. The static
 model is 2-4x optimistic about HBM traffic (../shared/TPU-NOTES.md), hence the HBM floor.
 Collectives get 0 cycles from the static profile: they are modelled from bytes, group size and
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from tpudiag.analyze.compile.collectives import async_collective_tails, collective_estimates
+from tpudiag.analyze.compile.memory_space import vmem_bytes
 from tpudiag.analyze.hlo.categories import index_module
 from tpudiag.analyze.hlo.collectives import bus_factor, message_bytes
 from tpudiag.analyze.hlo.cost import module_costs
@@ -151,6 +153,9 @@ def _limit_text(bound_by: str, row: dict, target: Target) -> str:
     return "schedule"  # the static cycle estimate is above every roofline floor
 
 
+_COPIES = frozenset({"copy-start", "copy"})
+
+
 def _op_rows(m: ModuleArtifacts, target: Target, costs: dict, runs: dict[str, int]) -> list[dict]:
     dev = DeviceFigures.of(target)
     info = index_module(m.hlo)
@@ -176,7 +181,17 @@ def _op_rows(m: ModuleArtifacts, target: Target, costs: dict, runs: dict[str, in
                 "none" if m.static_profile == "ok" or m.static_profile.startswith("partial") else "off")
             if st is not None and (getattr(st, "estimate_missing", False) or (cycles == 0 and oi.bound == "communication")):
                 cycles, cycles_source = None, "not_estimated"  # 0 with a remote DMA means "not estimated", not free
-            candidates = {"hbm": nbytes / dev.hbm_bytes_per_s, "compute": flops / dev.peak_flops_per_s}
+            # The HBM floor counts the bytes in HBM where it can tell them apart: memory-space
+            # assignment keeps some operands and results in VMEM (S(1): a cross-program prefetch of
+            # the weights, a prefetch's destination), which XLA's bytes accessed include
+            # (analyze/compile/memory_space.py). A copy's VMEM side never touches HBM; an op the
+            # static profile estimated has its VMEM traffic in its cycles. An op with no static
+            # estimate keeps every byte at HBM bandwidth: its VMEM reads are not free, and nothing
+            # else would count them.
+            hbm_bytes = nbytes
+            if cycles is not None or instr.opcode in _COPIES:
+                hbm_bytes = max(0, nbytes - vmem_bytes(m.hlo, instr))
+            candidates = {"hbm": hbm_bytes / dev.hbm_bytes_per_s, "compute": flops / dev.peak_flops_per_s}
             if cycles is not None:
                 candidates["static_cycles"] = cycles / dev.clock_hz
             ici = 0.0
@@ -199,8 +214,9 @@ def _op_rows(m: ModuleArtifacts, target: Target, costs: dict, runs: dict[str, in
                 "spills": int(lrow.get("spill_stores", 0) + lrow.get("spill_loads", 0)) if lrow else None,
                 "loops": int(lrow["loops"]) if "loops" in lrow else None,
                 "loop_depth": int(lrow["max_loop_depth"]) if "max_loop_depth" in lrow else None,
+                **({"hbm_bytes": hbm_bytes} if hbm_bytes != nbytes else {}),
             }
-            row["limit"] = _limit_text(bound_by, row, target)
+            row["limit"] = _limit_text(bound_by, dict(row, bytes_accessed=hbm_bytes), target)
             rows.append(row)
     rows.sort(key=lambda r: (-r["estimated_s"] * r["runs"], r["name"]))
     return rows

@@ -8,6 +8,7 @@ within a pattern. Adding a pattern is one module here and one line in `DETECTORS
 
 from __future__ import annotations
 
+from tpudiag.analyze.suggest.detectors.act_quant import ACT_QUANT_MATMUL
 from tpudiag.analyze.suggest.detectors.attention import DECODE, PREFILL
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch
 from tpudiag.analyze.suggest.detectors.cross_entropy import CROSS_ENTROPY
@@ -29,6 +30,7 @@ DETECTORS: tuple[Detector, ...] = (
     SAMPLING,
     MOE,
     DEQUANT_MATMUL,
+    ACT_QUANT_MATMUL,
 )
 BY_NAME: dict[str, Detector] = {d.name: d for d in DETECTORS}
 

@@ -1,0 +1,55 @@
+"""The W8A8 kernel (tpudiag/kernels/w8a8_matmul.py) beyond `kernels verify`'s cases: in interpret
+mode it equals the plain-JAX w8a8 path bit for bit (the same f32 quantization, exact int32 sums, the
+same scale order), a zero row stays zero, and bad shapes and blocks are refused by name."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tpudiag.kernels import w8a8_matmul as q
+
+
+def _args(m, k, n, dtype, seed=0):
+    return q._make(m, k, n, dtype, zero_row=True)(jax.random.key(seed))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_kernel_is_the_plain_jax_w8a8_path_bit_for_bit(dtype):
+    x, w, s = _args(70, 384, 260, dtype)
+    got = q.w8a8_matmul(x, w, s, block_sizes=q.BlockSizes(32, 128), interpret=True)
+    want = q.xla_w8a8_matmul(x, w, s)
+    assert got.dtype == x.dtype and got.shape == (70, 260)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    assert not np.any(np.asarray(got, np.float32)[35])  # the zero row
+
+
+def test_quantization_is_symmetric_per_row_and_within_int8():
+    x = jnp.array([[0.0, 0.0], [1.0, -2.0], [3e-8, 1e-8]], jnp.float32)
+    xq, scale = q.quantize_rows(x)
+    assert xq.dtype == jnp.int8
+    np.testing.assert_array_equal(np.asarray(xq), [[0, 0], [64, -127], [127, 42]])
+    np.testing.assert_allclose(np.asarray(scale)[:, 0], [1.0, 2.0 / 127, 3e-8 / 127], rtol=1e-6)
+
+
+@pytest.mark.parametrize("shapes,says", [
+    (((4, 8), (16, 8), (8,)), "contraction dims differ"),
+    (((4, 8), (8, 16), (8,)), r"w_scale must be \[N=16\]"),
+    (((4,), (8, 16), (16,)), "x must be"),
+])
+def test_bad_shapes_are_refused_by_name(shapes, says):
+    xs, ws, ss = shapes
+    with pytest.raises(ValueError, match=says):
+        q.w8a8_matmul(jnp.zeros(xs, jnp.bfloat16), jnp.zeros(ws, jnp.int8), jnp.ones(ss, jnp.float32),
+                      interpret=True)
+    with pytest.raises(ValueError, match="w must be int8"):
+        q.w8a8_matmul(jnp.zeros((4, 8), jnp.bfloat16), jnp.zeros((8, 16), jnp.bfloat16), jnp.ones(16), interpret=True)
+
+
+def test_blocks_off_the_tiling_are_refused():
+    with pytest.raises(ValueError, match="block_m must be a positive multiple of 32"):
+        q.BlockSizes(block_m=48)
+    with pytest.raises(ValueError, match="block_n must be a positive multiple of 128"):
+        q.BlockSizes(block_n=100)

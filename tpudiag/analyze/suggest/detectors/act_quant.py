@@ -1,0 +1,76 @@
+"""Activation-quantized int8 matmul (W8A8): a matmul of two int8 operands, one of them float
+activations quantized in the program (a `convert` to s8 from a float, after the round and clip).
+
+Reads a `walk.Flow`; returns `PatternMatch`es with `W8A8Shapes`. The quantize fusion (the absmax
+reduce, the divide, round, clip, convert) is part of the pattern: a kernel does it in VMEM. The
+int8 weight side is the other operand. It prices nothing and does no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpudiag.analyze.hlo.vocabulary import MATMUL, TRANSPARENT
+from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s
+from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, etype
+
+_FLOAT = ("bf16", "f16", "f32")
+# What sits between the quantizing convert and the matmul in the TPU compiler's output: layout
+# copies and the fusions that hold them.
+_BETWEEN = TRANSPARENT - {"convert"} | {"fusion"}
+
+
+@dataclass(frozen=True)
+class W8A8Shapes(Shapes):
+    activations: tuple[int, ...]  # [M, K], quantized per token
+    weight: tuple[int, ...]  # [K, N] int8
+    out: tuple[int, ...]  # [M, N]
+    dtype: str  # the layer's output type
+
+
+class ActQuantMatmul(Detector):
+    name = "w8a8_matmul"
+    kernel = "w8a8_matmul"
+    matmul_work = True
+
+    def find(self, flow: Flow) -> list[PatternMatch]:
+        out = []
+
+        def quantizes(t) -> bool:
+            return t.opcode == "convert" and etype(t) == "s8" and etype(flow.g.operand(t, 0) or t) in _FLOAT
+
+        for d in flow.g.instructions:
+            if d.opcode not in MATMUL:
+                continue
+            ops = flow.g.operands(d)[:2]
+            if len(ops) != 2 or any(etype(o) != "s8" for o in ops):
+                continue
+            for side, o in enumerate(ops):
+                cv, path = (o, []) if quantizes(o) else flow.back(o, _BETWEEN, quantizes, depth=6)
+                if cv is None:
+                    continue
+                # the quantize's own ops: the scale (a reduce of |x|), the divide, round and clip
+                _, quant = flow.back(cv, frozenset({"clamp", "round-nearest-even", "round-nearest-afz", "divide",
+                                                    "multiply", "broadcast", "convert", "reduce", "abs"}),
+                                     lambda t: False, depth=8)
+                w = ops[1 - side]
+                a = flow.g.operand(cv, 0) or cv
+                # the layer's output: what the op holding the matmul (its fusion, with the scales) makes
+                shapes = W8A8Shapes(activations=tuple(dims(a)), weight=tuple(dims(w)), out=tuple(dims(d)),
+                                    dtype=etype(flow.g.top(d)))
+                out.append(flow.match(self, [d, cv], [*path, *quant], shapes,
+                                      ["activations quantized to int8 in the program (a separate pass over "
+                                       "HBM), then an int8 x int8 matmul"]))
+                break
+        return dedupe(out)
+
+    def bound(self, shapes: W8A8Shapes, chip, backward: bool = False) -> float | None:
+        (m, k), (n,) = shapes.activations[-2:], shapes.out[-1:]
+        nbytes = k * n * 1 + 2.0 * (m * k + m * n)
+        flops = 2.0 * m * k * n
+        # int8 runs at the chip's int8 rate where it has one
+        peak = getattr(chip, "peak_int8_ops_per_s", None) or chip.peak_bf16_flops_per_s
+        return (3 if backward else 1) * max(nbytes / chip.hbm_bytes_per_s, flops / peak)
+
+
+ACT_QUANT_MATMUL = ActQuantMatmul()
