@@ -25,6 +25,7 @@ EXPECTED = {
     "qwen_block": {"attention", "rmsnorm", "rope"},
     "qwen_layers": {"attention", "rmsnorm", "rope"},  # the block's forward, four layers under lax.scan
     "decode_step": {"attention_decode"},
+    "serving_decode": {"attention_decode", "w8a8_matmul"},  # keys through a page table, a w8a8 projection
     "lm_head": {"cross_entropy"},
     "sampler": {"sampling"},
     "int8_layer": {"dequant_matmul"},
@@ -48,8 +49,8 @@ def _jax_series() -> tuple[int, int]:
 
 @pytest.fixture(scope="session")
 def compiled(tmp_path_factory):
-    """Each fixture program compiled for v5e (no static profile: the detectors read the HLO). Eight
-    scripts run on CPU and compiled module by module take three minutes on a 2-core runner, so this
+    """Each fixture program compiled for v5e (no static profile: the detectors read the HLO). The
+    scripts run on CPU and compiled module by module take four minutes on a 2-core runner, so this
     set runs on the oldest supported jax only (CI's first leg); the newest was checked with it by hand
     (jax 0.12.0.1, libtpu 0.0.50.1: the same matches)."""
     if _jax_series() > (0, 10):
@@ -247,10 +248,7 @@ def test_a_well_shaped_mlp_gets_no_suggestion(compiled):
 def test_int4_weights_in_groups_map_to_the_int4_kernel_at_their_groups(compiled):
     from tpudiag.kernels.at_shapes import setup_for
 
-    matches = [m for mdir in sorted((compiled["int4_layer"] / "modules").iterdir())
-               for path in find_optimized_modules(mdir / "hlo").values()
-               for m in find_patterns(read_hlo_file(path))]
-    (m,) = matches
+    (m,) = _matches(compiled["int4_layer"])
     assert (m.shapes.weight_dtype, m.shapes.group, m.shapes.weight) == ("s4", 128, (4096, 14336))
     # oracle: the optimized HLO's own top-level ops: the scales' broadcast to the weights' shape
     # (XLA writes it to HBM whole) is part of the pattern, with the matmul's fusion
@@ -262,6 +260,34 @@ def test_int4_weights_in_groups_map_to_the_int4_kernel_at_their_groups(compiled)
     assert setup.kernel == "int4_matmul"
     assert [a.shape for a in setup.args] == [(64, 4096), (4096, 14336), (32, 14336)]
     assert "groups of 128" in setup.snippet
+
+
+def _matches(run):
+    return [m for mdir in sorted((run / "modules").iterdir())
+            for path in find_optimized_modules(mdir / "hlo").values()
+            for m in find_patterns(read_hlo_file(path))]
+
+
+def test_decode_attention_through_a_page_table_is_priced_with_paged_attention(compiled):
+    from tpudiag.kernels.at_shapes import setup_for
+
+    (m,) = [m for m in _matches(compiled["serving_decode"]) if m.pattern == "attention_decode"]
+    s = m.shapes
+    # the program: batch 32, 32 heads over 8 KV heads, pages of 16 tokens, 128 a sequence
+    assert (s.batch, s.batch_heads, s.kv_batch_heads, s.page_size, s.kv_len, s.head_dim) == (32, 1024, 256, 16, 2048, 128)
+    # oracle: the optimized HLO's entry fusions that hold a gather (the page copies) are the pattern's ops
+    layer = next(d for d in (compiled["serving_decode"] / "modules").iterdir() if "decode_layer" in d.name)
+    hlo = next(iter(find_optimized_modules(layer / "hlo").values())).read_text()
+    with_gather = {c for c, body in re.findall(r"\n%(\S+) [^\n]*\{\n(.*?)\n\}", hlo, re.S) if " gather(" in body}
+    callers = set(re.findall(r"%(\S+) = [^\n]* fusion\([^\n]*calls=%(\S+?)[,\s]", hlo))
+    gather_ops = {op for op, callee in callers if callee in with_gather}
+    assert len(gather_ops) == 2 and gather_ops <= set(m.ops)
+    setup = setup_for(m.detector, s)
+    assert setup.kernel == "paged_attention"
+    assert [a.shape for a in setup.args] == [(32, 32, 128), (8, 4096, 16, 128), (8, 4096, 16, 128), (32,), (32, 128)]
+    # a contiguous cache (decode_step slices it) still gets the reason, not a kernel
+    (c,) = [m for m in _matches(compiled["decode_step"]) if m.pattern == "attention_decode"]
+    assert c.shapes.page_size == 0 and "contiguous cache" in setup_for(c.detector, c.shapes)
 
 
 def test_the_attention_snippet_runs_in_interpret_mode_against_the_reference(compiled):

@@ -156,5 +156,5 @@ def test_the_oracle_sees_every_kernel_family():
     assert {"flash_attention_fwd", "flash_attention_dkv", "flash_attention_dq", "tpudiag_paged_attention",
             "rmsnorm_residual_fwd", "rmsnorm_residual_bwd", "cross_entropy_fwd", "cross_entropy_bwd",
             "topk_topp_sampling", "tpudiag_int8_matmul", "tpudiag_int8_matmul_dx", "grouped_matmul",
-            "grouped_matmul_drhs", "tpudiag_w8a8_matmul", "tpudiag_int4_matmul"} <= traced
+            "grouped_matmul_drhs", "tpudiag_w8a8_matmul", "tpudiag_int4_matmul", "tpudiag_mla_decode"} <= traced
     assert traced & {"rope_qk", "rope_qk_adjoint"}

@@ -61,6 +61,31 @@ def _flash_attention(shapes, notes) -> AtShapes | str:
     return AtShapes("flash_attention", (q, q, q), fn, snippet, f"B1 H{bh} S{sq} D{d} bf16{' causal' if causal else ''}")
 
 
+def _paged_attention(shapes, notes) -> AtShapes | str:
+    """Decode attention whose keys come through a page table: the bundled paged attention at the
+    program's batch, heads, page size and pages a sequence (full lengths: the lengths are data)."""
+    import jax
+
+    from tpudiag.kernels.paged_attention import paged_attention
+
+    if not getattr(shapes, "page_size", 0):
+        return ("paged_attention reads a paged KV cache (a page table); this attention slices a contiguous cache, "
+                "so the kernel's figure would price a different layout")
+    b, d, page = shapes.batch, shapes.head_dim, shapes.page_size
+    h, kvh, pps = shapes.batch_heads // b, shapes.kv_batch_heads // b, shapes.kv_len // page
+    if not kvh or h % kvh:
+        return f"paged_attention takes query heads a multiple of the KV heads (here {h} and {kvh})"
+    sds, jnp = jax.ShapeDtypeStruct, jax.numpy
+    args = (sds((b, h, d), jnp.bfloat16), sds((kvh, b * pps, page, d), jnp.bfloat16),
+            sds((kvh, b * pps, page, d), jnp.bfloat16), sds((b,), jnp.int32), sds((b, pps), jnp.int32))
+    snippet = ("from tpudiag.kernels.paged_attention import paged_attention\n"
+               f"# q [{b}, {h}, {d}] bf16; k_pages, v_pages [{kvh}, pages, {page}, {d}] bf16 (KV heads first); "
+               f"lengths [{b}] int32; page_table [{b}, {pps}] int32\n"
+               "out = paged_attention(q, k_pages, v_pages, lengths, page_table)  # reads only the live pages")
+    return AtShapes("paged_attention", args, paged_attention, snippet,
+                    f"B{b} H{h} KVH{kvh} D{d} page{page} x {pps} pages (full lengths)")
+
+
 def _eps(shapes) -> str:
     """The program's own epsilon where the HLO holds it as a constant, else the kernel's default."""
     eps = getattr(shapes, "eps", None)
@@ -196,6 +221,7 @@ def _w8a8_matmul(shapes, notes) -> AtShapes | str:
 # its arguments are built from that detector's shapes.
 BUILDERS: dict[str, Callable] = {
     "flash_attention": _flash_attention,
+    "paged_attention": _paged_attention,
     "rmsnorm": _rmsnorm,
     "cross_entropy": _cross_entropy,
     "sampling": _sampling,

@@ -13,7 +13,7 @@ Design (one grid step per sequence, all KV heads at once):
 - K/V pages stay in HBM (`memory_space=pl.ANY`); the kernel DMAs only the pages a sequence's length
   needs, `pages_per_block` pages (all KV heads of a page in one strided DMA) per compute block,
   double-buffered, and the first block of the next sequence is prefetched while the current one
-  finishes, so DMA latency is hidden across grid steps as well as inside one.
+  finishes, so DMA latency is hidden across grid steps as well as inside one (`page_stream.py`).
 - Online softmax in f32 over the blocks; scores never leave VMEM.
 """
 
@@ -30,6 +30,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from tpudiag.kernels.page_stream import check_table, page_table, stream_pages
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
 from tpudiag.kernels.tiling import block_bytes, vmem_limit
 
@@ -80,13 +81,7 @@ def _check_shapes(q, k_pages, v_pages, lengths, page_table):
         raise ValueError(f"head_dim of q ({head_dim}) and of k/v pages ({kv_dim}) differ")
     if q_heads % kv_heads:
         raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
-    if page_table.ndim != 2 or page_table.shape[0] != batch:
-        raise ValueError(f"page_table must be [batch={batch}, pages_per_seq], got {page_table.shape}")
-    if lengths.shape != (batch,):
-        raise ValueError(f"lengths must be [batch={batch}], got {lengths.shape}")
-    for name, a in (("lengths", lengths), ("page_table", page_table)):
-        if a.dtype != jnp.int32:
-            raise ValueError(f"{name} must be int32, got {a.dtype}")
+    check_table(lengths, page_table, batch)
 
 
 def paged_attention_kernel(lengths_ref, table_ref, q_ref, k_hbm_ref, v_hbm_ref, o_ref,
@@ -98,72 +93,21 @@ def paged_attention_kernel(lengths_ref, table_ref, q_ref, k_hbm_ref, v_hbm_ref, 
     q_ref, o_ref: [KVH, G, D] VMEM blocks of sequence b.
     k_hbm_ref, v_hbm_ref: the whole page pools, left in HBM.
     k_buf, v_buf: [2, KVH, pages_per_block, page_size, D] VMEM, two slots for double buffering.
-    sems: DMA semaphores [2 (K, V), 2 (slot)].
-    state_ref: SMEM [2] = (slot holding the next block, 1 if the previous step already started
-      this sequence's first block), persistent across grid steps (the grid runs in order).
+    sems: DMA semaphores [2 (K, V), 2 (slot)]. state_ref: SMEM [2], page_stream's schedule.
     """
-    b = pl.program_id(0)
     kv_heads, _, page_size, head_dim = k_hbm_ref.shape
     block_tokens = pages_per_block * page_size
-    max_len = pages_per_seq * page_size
 
-    def seq_len(s):
-        return jnp.clip(lengths_ref[s], 0, max_len)
-
-    def block_dmas(s, blk, slot, fn):
-        """Apply fn to the K and V DMA of each page of block blk of sequence s that the length needs.
-
-        Pages past the length are neither read nor waited for: the page table may hold anything there.
-        One DMA moves a page for all KV heads (a strided copy), so a block is 2 * pages_per_block DMAs.
-        """
-        live_pages = pl.cdiv(seq_len(s), page_size)
-        for j in range(pages_per_block):
-            pos = blk * pages_per_block + j
-
-            @pl.when(pos < live_pages)
-            def _():
-                page = table_ref[s * pages_per_seq + pos]
-                fn(pltpu.make_async_copy(k_hbm_ref.at[:, page], k_buf.at[slot, :, j], sems.at[0, slot]))
-                fn(pltpu.make_async_copy(v_hbm_ref.at[:, page], v_buf.at[slot, :, j], sems.at[1, slot]))
-
-    @pl.when(b == 0)
-    def _():
-        state_ref[0] = 0
-        state_ref[1] = 0
-
-    length = seq_len(b)
-    n_blocks = pl.cdiv(length, block_tokens)
-    already_started = state_ref[1]
-    state_ref[1] = 0
-
-    @pl.when(jnp.logical_and(n_blocks > 0, already_started == 0))
-    def _():
-        block_dmas(b, 0, state_ref[0], lambda c: c.start())
+    def page_copies(page, slot, j):
+        # One DMA moves a page for all KV heads (a strided copy): a block is 2 * pages_per_block DMAs.
+        return (pltpu.make_async_copy(k_hbm_ref.at[:, page], k_buf.at[slot, :, j], sems.at[0, slot]),
+                pltpu.make_async_copy(v_hbm_ref.at[:, page], v_buf.at[slot, :, j], sems.at[1, slot]))
 
     q = q_ref[...]  # [KVH, G, D], stays in the input dtype: the MXU takes bf16 at full rate
     groups = q.shape[1]
 
-    def body(i, carry):
+    def block(i, slot, length, n_blocks, carry):
         m_prev, l_prev, acc_prev = carry
-        slot = state_ref[0]
-        nxt = 1 - slot
-
-        @pl.when(i + 1 < n_blocks)
-        def _():
-            block_dmas(b, i + 1, nxt, lambda c: c.start())
-
-        # Last block of this sequence: start the next sequence's first block now, so its DMA runs
-        # under this block's compute and the next grid step does not start cold.
-        @pl.when(jnp.logical_and(i + 1 == n_blocks, b + 1 < batch))
-        def _():
-            nb = jnp.minimum(b + 1, batch - 1)
-
-            @pl.when(seq_len(nb) > 0)
-            def _():
-                block_dmas(nb, 0, nxt, lambda c: c.start())
-                state_ref[1] = 1
-
-        block_dmas(b, i, slot, lambda c: c.wait())
         k = k_buf[slot].reshape(kv_heads, block_tokens, head_dim)
         v = v_buf[slot].reshape(kv_heads, block_tokens, head_dim)
         # Scores in f32 from the MXU (bf16 in, f32 accumulate); scale the f32 scores, not q, so
@@ -186,14 +130,14 @@ def paged_attention_kernel(lengths_ref, table_ref, q_ref, k_hbm_ref, v_hbm_ref, 
 
         v = lax.cond(i + 1 == n_blocks, masked_v, lambda: v)
         pv = jnp.einsum("hgt,htd->hgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        acc_new = alpha * acc_prev + pv
-        state_ref[0] = nxt
-        return m_new, l_new, acc_new
+        return m_new, l_new, alpha * acc_prev + pv
 
     init = (jnp.full((kv_heads, groups, 1), -jnp.inf, jnp.float32),
             jnp.zeros((kv_heads, groups, 1), jnp.float32),
             jnp.zeros((kv_heads, groups, head_dim), jnp.float32))
-    _, l_fin, acc = lax.fori_loop(0, n_blocks, body, init)
+    _, l_fin, acc = stream_pages(lengths_ref=lengths_ref, table_ref=table_ref, state_ref=state_ref, batch=batch,
+                                 pages_per_seq=pages_per_seq, page_size=page_size, pages_per_block=pages_per_block,
+                                 page_copies=page_copies, block_compute=block, init=init)
     # Length 0: no block ran, l = 0 -> zeros (a fully masked row has no softmax to normalise).
     safe_l = jnp.where(l_fin > 0, l_fin, 1.0)
     o_ref[...] = jnp.where(l_fin > 0, acc / safe_l, 0.0).astype(o_ref.dtype)
@@ -321,11 +265,8 @@ def _make(batch, q_heads, kv_heads, head_dim, page_size, pages_per_seq, lengths,
         q = (q_scale * jax.random.normal(kq, (batch, q_heads, head_dim), jnp.float32)).astype(dtype)
         k = jax.random.normal(kk, (kv_heads, total, page_size, head_dim), jnp.float32).astype(dtype)
         v = jax.random.normal(kv, (kv_heads, total, page_size, head_dim), jnp.float32).astype(dtype)
-        perm = np.asarray(jax.random.permutation(kp, total))[: batch * pages_per_seq]
-        table = perm.reshape(batch, pages_per_seq).astype(np.int32)
-        live = -(-lengths // page_size)
-        table = np.where(np.arange(pages_per_seq)[None, :] < live[:, None], table, total + 1000)
-        return q, k, v, jnp.asarray(lengths), jnp.asarray(table, jnp.int32)
+        table = page_table(kp, total, batch, pages_per_seq, lengths, page_size)
+        return q, k, v, jnp.asarray(lengths), table
 
     return make_args
 

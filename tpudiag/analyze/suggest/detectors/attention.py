@@ -35,6 +35,10 @@ class AttentionShapes(Shapes):
     mask: str = "none"  # masks.Mask.kind: none, causal, window, inputs, other, unknown
     mask_offset: int = 0  # causal and window: query i sees keys j <= i + offset
     mask_window: int = 0  # window: and keys j > i + offset - window
+    # A KV cache read through a gather of pages (a page table): the tokens a page holds and the
+    # sequences (the page table's rows); 0 for a contiguous cache.
+    page_size: int = 0
+    batch: int = 0
 
 
 def _online_softmax(flow: Flow, x) -> PatternMatch:
@@ -48,6 +52,22 @@ def _online_softmax(flow: Flow, x) -> PatternMatch:
         notes.append(f"its input is the {s.dims[-2]}x{s.dims[-1]} score matrix ({s.bytes / 2**20:.3g} MiB), "
                      "materialized by the QK^T fusion: softmax and PV are fused, QK^T is not")
     return flow.match(PREFILL, [x], covered, None, tuple(notes), replaced="online-softmax")
+
+
+def _paged(flow: Flow, gather, kv_len: int, head_dim: int) -> tuple[int, int, int] | None:
+    """(K/V rows, page size, sequences) of keys gathered page by page: the gather's indices are the
+    page table [sequences, pages a sequence(, 1)], its output every sequence's pages. None where the
+    figures do not divide as a page table's would."""
+    idx = flow.g.operand(gather, 1)
+    idims = [d for d in dims(idx)] if idx is not None else []
+    if len(idims) < 2:
+        return None
+    batch, entries = idims[0], elems(idims)
+    pages = entries // batch if batch else 0
+    out = elems(dims(gather))
+    if not pages or kv_len % pages or out % (kv_len * head_dim * batch):
+        return None
+    return out // (kv_len * head_dim), kv_len // pages, batch
 
 
 def _kv_rows(flow: Flow, qk, pv, rows: int, kv_len: int, head_dim: int) -> int:
@@ -148,14 +168,25 @@ def _find(flow: Flow) -> list[PatternMatch]:
         if k_src is not None:
             notes.append(f"keys read through a {k_src.opcode} (a KV cache)")
         kv_rows = _kv_rows(flow, qk, pv, rows // max(1, q_len), kv_len, head_dim)
+        paged = _paged(flow, k_src, kv_len, head_dim) if k_src is not None and k_src.opcode == "gather" else None
+        gathers = []
+        if paged is not None:
+            kv_rows, page_size, batch = paged
+            notes.append(f"pages of {page_size} tokens, {kv_len // page_size} a sequence, through a page table")
+            # the gathers that copy every sequence's pages out of the pool are the pattern's: the
+            # kernel reads the pages where they are
+            v_src = flow.back(pv, TRANSPARENT | {"broadcast", "concatenate", "pad", "slice"},
+                              lambda o: o.opcode == "gather", depth=6)[0]
+            gathers = [g for g in (k_src, v_src) if g is not None]
         if decode:
             q_len = 1
         shapes = AttentionShapes(batch_heads=rows // max(1, q_len), q_len=q_len, kv_len=kv_len, head_dim=head_dim,
                                  kv_batch_heads=kv_rows, dtype=flow.stored_dtype(qk), softmax_dtype=etype(x),
-                                 mask=mask.kind, mask_offset=mask.offset, mask_window=mask.window)
+                                 mask=mask.kind, mask_offset=mask.offset, mask_window=mask.window,
+                                 page_size=paged[1] if paged else 0, batch=paged[2] if paged else 0)
         grad = _gradient(flow, qk, pv)
         # one instance per layer: its forward and a recomputation in the backward read the same projections
-        out.append(flow.match(DECODE if decode else PREFILL, [qk, x, pv], [*spath, *ppath, red, *grad], shapes,
+        out.append(flow.match(DECODE if decode else PREFILL, [qk, x, pv], [*spath, *ppath, red, *grad, *gathers], shapes,
                               notes, instance=flow.weights(qk)))
     return dedupe(out)
 
@@ -180,8 +211,7 @@ class Prefill(_Attention):
 
 class Decode(_Attention):
     name = "attention_decode"
-    no_kernel = ("paged_attention reads a paged KV cache (a page table); this attention slices a contiguous cache, "
-                 "so the kernel's figure would price a different layout")
+    kernel = "paged_attention"  # where the keys come through a page table (at_shapes says why not otherwise)
 
 
 PREFILL, DECODE = Prefill(), Decode()

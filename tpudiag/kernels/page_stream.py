@@ -1,0 +1,113 @@
+"""The page stream the paged decode kernels share: one grid step per sequence, the live pages of
+its KV cache DMAed from HBM block by block into two VMEM slots, the next block started under the
+current one's compute and the next sequence's first block under the current one's last.
+
+`stream_pages` runs inside a Pallas TPU kernel whose grid is (batch,) with "arbitrary" semantics
+(steps in order on one core: the cross-step prefetch relies on it). The kernel says what a page's
+DMAs are (`page_copies`) and what a block computes (`block_compute`); the schedule, the length
+clamp and the slot bookkeeping are here. `page_table` builds the shuffled page tables their verify
+cases use. No I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+
+def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq: int, page_size: int,
+                 pages_per_block: int, page_copies: Callable, block_compute: Callable, init):
+    """Run `block_compute(i, slot, length, n_blocks, carry) -> carry` over the blocks of sequence
+    `pl.program_id(0)`, each once its pages are in VMEM slot `slot`; returns the last carry (`init`
+    for a sequence of length 0).
+
+    lengths_ref [B], table_ref [B * pages_per_seq]: SMEM (scalar prefetch). state_ref: SMEM [2] =
+    (slot holding the next block, 1 if the previous step already started this sequence's first
+    block), persistent across grid steps. `page_copies(page, slot, j)` gives the async copies that
+    bring pool page `page` to position j of `slot`; all of a slot's copies share its semaphores.
+    Lengths are clamped to [0, pages_per_seq * page_size]; pages past a length are neither read nor
+    waited for (the page table may hold anything there).
+    """
+    b = pl.program_id(0)
+    block_tokens = pages_per_block * page_size
+    max_len = pages_per_seq * page_size
+
+    def seq_len(s):
+        return jnp.clip(lengths_ref[s], 0, max_len)
+
+    def block_dmas(s, blk, slot, fn):
+        live_pages = pl.cdiv(seq_len(s), page_size)
+        for j in range(pages_per_block):
+            pos = blk * pages_per_block + j
+
+            @pl.when(pos < live_pages)
+            def _():
+                for copy in page_copies(table_ref[s * pages_per_seq + pos], slot, j):
+                    fn(copy)
+
+    @pl.when(b == 0)
+    def _():
+        state_ref[0] = 0
+        state_ref[1] = 0
+
+    length = seq_len(b)
+    n_blocks = pl.cdiv(length, block_tokens)
+    already_started = state_ref[1]
+    state_ref[1] = 0
+
+    @pl.when(jnp.logical_and(n_blocks > 0, already_started == 0))
+    def _():
+        block_dmas(b, 0, state_ref[0], lambda c: c.start())
+
+    def body(i, carry):
+        slot = state_ref[0]
+        nxt = 1 - slot
+
+        @pl.when(i + 1 < n_blocks)
+        def _():
+            block_dmas(b, i + 1, nxt, lambda c: c.start())
+
+        # Last block of this sequence: start the next sequence's first block now, so its DMA runs
+        # under this block's compute and the next grid step does not start cold.
+        @pl.when(jnp.logical_and(i + 1 == n_blocks, b + 1 < batch))
+        def _():
+            nb = jnp.minimum(b + 1, batch - 1)
+
+            @pl.when(seq_len(nb) > 0)
+            def _():
+                block_dmas(nb, 0, nxt, lambda c: c.start())
+                state_ref[1] = 1
+
+        block_dmas(b, i, slot, lambda c: c.wait())
+        carry = block_compute(i, slot, length, n_blocks, carry)
+        state_ref[0] = nxt
+        return carry
+
+    return lax.fori_loop(0, n_blocks, body, init)
+
+
+def check_table(lengths, page_table, batch: int) -> None:
+    """lengths int32 [batch] and a page table int32 [batch, pages_per_seq]; ValueError otherwise."""
+    if page_table.ndim != 2 or page_table.shape[0] != batch:
+        raise ValueError(f"page_table must be [batch={batch}, pages_per_seq], got {page_table.shape}")
+    if lengths.shape != (batch,):
+        raise ValueError(f"lengths must be [batch={batch}], got {lengths.shape}")
+    for name, a in (("lengths", lengths), ("page_table", page_table)):
+        if a.dtype != jnp.int32:
+            raise ValueError(f"{name} must be int32, got {a.dtype}")
+
+
+def page_table(key, total: int, batch: int, pages_per_seq: int, lengths: np.ndarray, page_size: int):
+    """A shuffled page table [batch, pages_per_seq] into a pool of `total` pages; entries past each
+    sequence's live pages point far outside the pool, so a kernel that DMAs one fails (the TPU
+    interpreter raises on out-of-bounds reads)."""
+    perm = np.asarray(jax.random.permutation(key, total))[: batch * pages_per_seq]
+    table = perm.reshape(batch, pages_per_seq).astype(np.int32)
+    live = -(-lengths // page_size)
+    table = np.where(np.arange(pages_per_seq)[None, :] < live[:, None], table, total + 1000)
+    return jnp.asarray(table, jnp.int32)
