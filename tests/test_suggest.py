@@ -26,6 +26,7 @@ EXPECTED = {
     "qwen_layers": {"attention", "rmsnorm", "rope"},  # the block's forward, four layers under lax.scan
     "decode_step": {"attention_decode"},
     "serving_decode": {"attention_decode", "w8a8_matmul"},  # keys through a page table, a w8a8 projection
+    "mla_naive_decode": {"latent_attention"},  # DeepSeek's MLA, its keys and values up-projected every step
     "lm_head": {"cross_entropy"},
     "sampler": {"sampling"},
     "int8_layer": {"dequant_matmul"},
@@ -288,6 +289,38 @@ def test_decode_attention_through_a_page_table_is_priced_with_paged_attention(co
     # a contiguous cache (decode_step slices it) still gets the reason, not a kernel
     (c,) = [m for m in _matches(compiled["decode_step"]) if m.pattern == "attention_decode"]
     assert c.shapes.page_size == 0 and "contiguous cache" in setup_for(c.detector, c.shapes)
+
+
+def test_latent_attention_not_absorbed_is_priced_with_mla_decode(compiled):
+    from tpudiag.kernels.at_shapes import setup_for
+
+    (m,) = _matches(compiled["mla_naive_decode"])
+    s = m.shapes
+    # the program: batch 4, 16 heads, context 1024, kv_lora_rank 512, RoPE 64, nope 128, v 128
+    assert (s.batch, s.heads, s.kv_len, s.latent, s.rope, s.qk_head_dim, s.v_head_dim) == (4, 16, 1024, 512, 64, 192, 128)
+    # oracle: the optimized HLO's up-projections (convolutions or dots labelled by the program's
+    # einsum "btl,lhd->bthd") are in the pattern's ops, through the fusions that hold them
+    layer = next(d for d in (compiled["mla_naive_decode"] / "modules").iterdir() if "attend" in d.name)
+    hlo = next(iter(find_optimized_modules(layer / "hlo").values())).read_text()
+    ups = re.findall(r"%(\S+) = [^\n]*(?:convolution|dot)\([^\n]*btl,lhd->bthd", hlo)
+    assert len(ups) == 2
+    fused = {c for c, body in re.findall(r"\n%(\S+) [^\n]*\{\n(.*?)\n\}", hlo, re.S)
+             if any(f"%{u} = " in body for u in ups)}
+    holders = {op for op, callee in re.findall(r"%(\S+) = [^\n]* fusion\([^\n]*calls=%(\S+?)[,\s]", hlo)
+               if callee in fused}
+    assert holders and holders <= set(m.ops)
+    setup = setup_for(m.detector, s)
+    assert setup.kernel == "mla_decode"
+    assert [a.shape for a in setup.args] == [(4, 16, 640), (256, 16, 640), (4,), (4, 64)]
+    # the bound, by hand: the bf16 latent and RoPE key of 4 x 1024 tokens read once (q and out are
+    # 4 x 16 rows of 576, counted both ways), against 2 x 4 x 16 x 1024 x (512 + 64 + 512) FLOPs
+    from tpudiag.targets import resolve_target
+
+    chip = resolve_target("v5e").chip
+    nbytes = 2 * 4 * 1024 * 576 + 2 * 2 * 4 * 16 * 576
+    flops = 2 * 4 * 16 * 1024 * (512 + 64 + 512)
+    assert m.detector.bound(s, chip) == pytest.approx(max(nbytes / chip.hbm_bytes_per_s,
+                                                          flops / chip.peak_bf16_flops_per_s))
 
 
 def test_the_attention_snippet_runs_in_interpret_mode_against_the_reference(compiled):

@@ -86,6 +86,38 @@ def _paged_attention(shapes, notes) -> AtShapes | str:
                     f"B{b} H{h} KVH{kvh} D{d} page{page} x {pps} pages (full lengths)")
 
 
+def _mla_decode(shapes, notes) -> AtShapes | str:
+    """MLA decode with the up-projections absorbed, at the program's batch, heads, context, latent
+    and RoPE widths: the cache as pages of 16 rows of [latent | RoPE key | zeros] (a contiguous
+    cache is pages in order)."""
+    import jax
+
+    from tpudiag.kernels.mla_decode import mla_decode, padded_width
+
+    b, h, t, lat, r = shapes.batch, shapes.heads, shapes.kv_len, shapes.latent, shapes.rope
+    if lat % 128:
+        return f"mla_decode takes a latent of whole 128-lane tiles (here {lat})"
+    page = 16
+    pps = -(-t // page)
+    w = padded_width(lat, r) if r else lat
+    scale = 1.0 / (shapes.qk_head_dim ** 0.5)
+    sds, jnp = jax.ShapeDtypeStruct, jax.numpy
+    args = (sds((b, h, w), jnp.bfloat16), sds((b * pps, page, w), jnp.bfloat16), sds((b,), jnp.int32),
+            sds((b, pps), jnp.int32))
+
+    def fn(q, kv, lengths, table):
+        return mla_decode(q, kv, lengths, table, latent=lat, sm_scale=scale)
+
+    snippet = ("from tpudiag.kernels.mla_decode import mla_decode, padded_width\n"
+               f"# absorb W_UK into the query and keep W_UV for after: q = [q_nope @ W_UK^T (per head, -> {lat}) | "
+               f"q_pe ({r}) | zeros] -> [{b}, {h}, {w}]\n"
+               f"# cache rows [latent {lat} | RoPE key {r} | zeros], pages of {page}: kv_pages [pages, {page}, {w}]\n"
+               f"o = mla_decode(q, kv_pages, lengths, page_table, latent={lat}, sm_scale={scale:.6g})  "
+               f"# [{b}, {h}, {lat}]\n"
+               "out = jnp.einsum(\"bhl,lhd->bhd\", o, w_uv)")
+    return AtShapes("mla_decode", args, fn, snippet, f"B{b} H{h} T{t} latent{lat} rope{r} (rows of {w}, pages of {page})")
+
+
 def _eps(shapes) -> str:
     """The program's own epsilon where the HLO holds it as a constant, else the kernel's default."""
     eps = getattr(shapes, "eps", None)
@@ -222,6 +254,7 @@ def _w8a8_matmul(shapes, notes) -> AtShapes | str:
 BUILDERS: dict[str, Callable] = {
     "flash_attention": _flash_attention,
     "paged_attention": _paged_attention,
+    "mla_decode": _mla_decode,
     "rmsnorm": _rmsnorm,
     "cross_entropy": _cross_entropy,
     "sampling": _sampling,

@@ -14,6 +14,7 @@ SCHEMA = "tpudiag.suggest/1"
 PATTERN_LABELS: dict[str, str] = {
     "attention": "attention (prefill)",
     "attention_decode": "attention (decode, KV cache)",
+    "latent_attention": "latent attention (MLA, projections not absorbed)",
     "rmsnorm": "RMSNorm",
     "layernorm": "LayerNorm",
     "cross_entropy": "softmax cross-entropy",

@@ -9,7 +9,7 @@ within a pattern. Adding a pattern is one module here and one line in `DETECTORS
 from __future__ import annotations
 
 from tpudiag.analyze.suggest.detectors.act_quant import ACT_QUANT_MATMUL
-from tpudiag.analyze.suggest.detectors.attention import DECODE, PREFILL
+from tpudiag.analyze.suggest.detectors.attention import DECODE, LATENT, PREFILL
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch
 from tpudiag.analyze.suggest.detectors.cross_entropy import CROSS_ENTROPY
 from tpudiag.analyze.suggest.detectors.dequant import DEQUANT_MATMUL
@@ -23,6 +23,7 @@ from tpudiag.parse.hlo import HloModule
 DETECTORS: tuple[Detector, ...] = (
     PREFILL,
     DECODE,
+    LATENT,
     RMSNORM,
     LAYERNORM,
     CROSS_ENTROPY,

@@ -41,6 +41,72 @@ class AttentionShapes(Shapes):
     batch: int = 0
 
 
+@dataclass(frozen=True)
+class LatentShapes(Shapes):
+    """Multi-head latent attention (DeepSeek's MLA) whose keys and values are up-projected from the
+    cached latent every step."""
+
+    batch: int
+    heads: int
+    kv_len: int
+    latent: int  # kv_lora_rank: the cached latent's width
+    rope: int  # the decoupled RoPE key's width (0 where none is concatenated)
+    qk_head_dim: int  # per head: the up-projected key's width plus rope
+    v_head_dim: int
+    dtype: str
+
+
+# Walked back from an attention matmul's key or value operand to the matmul that made it: the
+# RoPE key joined to each head's key by a concatenate, or as the TPU compiler may rewrite one (two
+# pads and a maximum or add).
+_UP_PATH = TRANSPARENT | {"broadcast", "concatenate", "slice", "pad", "maximum", "add", "select"}
+
+
+def _up_projection(flow: Flow, mm, kv_len: int):
+    """The matmul that made `mm`'s key (or value) operand from a [.., kv_len, latent] tensor, that
+    tensor and the operand; (None, None, None) where the operand is not an up-projection."""
+    operands = flow.g.operands(mm)
+    if mm.opcode == "reduce":  # a matrix-vector product as XLA writes it: the multiply's operands
+        mul = operands[0] if operands and operands[0].opcode == "multiply" else \
+            flow.back(operands[0], TRANSPARENT, lambda o: o.opcode == "multiply", depth=4)[0] if operands else None
+        operands = flow.g.operands(mul) if mul is not None else []
+    for operand in operands:
+        if kv_len not in dims(operand):
+            continue
+        dot = operand if flow.is_matmul(operand) else flow.back(operand, _UP_PATH, flow.is_matmul, depth=6)[0]
+        if dot is None or dot.opcode not in ("dot", "convolution"):
+            continue
+        for src in flow.g.operands(dot):
+            d = dims(src)
+            if len(d) >= 2 and kv_len in d[:-1]:
+                return dot, flow.g.source(src, TRANSPARENT) or src, operand
+    return None, None, None
+
+
+def _latent(flow: Flow, qk, pv, kv_len: int, batch_heads: int):
+    """(LatentShapes, the up-projections and the concatenate) where the keys and the values of one
+    attention are matmuls of the same cached latent: MLA without its projections absorbed. None
+    otherwise."""
+    kd, k_lat, k_operand = _up_projection(flow, qk, kv_len)
+    vd, v_lat, _ = _up_projection(flow, pv, kv_len)
+    if kd is None or vd is None or kd is vd or k_lat is not v_lat:
+        return None
+    ld = dims(k_lat)
+    latent = ld[-1]
+    batch = max(1, elems(ld) // max(1, kv_len * latent))
+    heads = batch_heads // batch if batch_heads % batch == 0 else 0
+    if not heads:
+        return None
+    per_head = max(1, batch * kv_len * heads)
+    # the key each head attends with, less the up-projected part: the RoPE key joined to it
+    qk_width = elems(dims(k_operand)) // per_head
+    rope = max(0, qk_width - elems(dims(kd)) // per_head)
+    joins = flow.back(k_operand, _UP_PATH, lambda o: o is kd, depth=6)[1]
+    shapes = LatentShapes(batch=batch, heads=heads, kv_len=kv_len, latent=latent, rope=rope, qk_head_dim=qk_width,
+                          v_head_dim=elems(dims(vd)) // per_head, dtype=etype(k_lat))
+    return shapes, [kd, vd, k_operand, *joins]
+
+
 def _online_softmax(flow: Flow, x) -> PatternMatch:
     # The kernel takes the scores (the QK^T fusion's output, which carries the source line) and V:
     # softmax and PV run inside it, the scores are still written out.
@@ -155,6 +221,8 @@ def _find(flow: Flow) -> list[PatternMatch]:
         kd = red.dimensions[-1]
         kv_len = scores[kd]
         q_len = scores[kd - 1] if kd >= 1 and len(scores) >= 3 else 1
+        if qk.opcode == "reduce":  # XLA's multiply-and-sum for one query a row: the dim before the keys is heads
+            q_len = 1
         rows = max(1, elems(scores) // max(1, kv_len))
         head_dim = max(1, elems(dims(pv)) // rows)
         notes = [f"softmax in {etype(x)}"]
@@ -185,6 +253,14 @@ def _find(flow: Flow) -> list[PatternMatch]:
                                  mask=mask.kind, mask_offset=mask.offset, mask_window=mask.window,
                                  page_size=paged[1] if paged else 0, batch=paged[2] if paged else 0)
         grad = _gradient(flow, qk, pv)
+        latent = _latent(flow, qk, pv, kv_len, rows // max(1, q_len)) if decode and not grad else None
+        if latent is not None:
+            lshapes, ups = latent
+            notes.append(f"keys and values up-projected from a cached latent of {lshapes.latent} every step "
+                         f"({lshapes.heads} heads; RoPE key {lshapes.rope} wide): latent attention, not absorbed")
+            out.append(flow.match(LATENT, [qk, x, pv], [*spath, *ppath, red, *ups], lshapes, notes,
+                                  instance=flow.weights(qk)))
+            continue
         # one instance per layer: its forward and a recomputation in the backward read the same projections
         out.append(flow.match(DECODE if decode else PREFILL, [qk, x, pv], [*spath, *ppath, red, *grad, *gathers], shapes,
                               notes, instance=flow.weights(qk)))
@@ -214,4 +290,17 @@ class Decode(_Attention):
     kernel = "paged_attention"  # where the keys come through a page table (at_shapes says why not otherwise)
 
 
-PREFILL, DECODE = Prefill(), Decode()
+class Latent(_Attention):
+    name = "latent_attention"
+    kernel = "mla_decode"
+
+    def bound(self, shapes: LatentShapes, chip, backward: bool = False) -> float | None:
+        """Absorbed: the cached latent and RoPE key read once, scores over latent + rope and the
+        weighted sum over the latent, per head (the up-projections move to the query and output)."""
+        b, h, t, lat, r = shapes.batch, shapes.heads, shapes.kv_len, shapes.latent, shapes.rope
+        nbytes = stored_bytes(shapes.dtype) * b * t * (lat + r) + 2 * 2 * b * h * (lat + r)
+        flops = 2.0 * b * h * t * (2 * lat + r)
+        return roofline_s(nbytes, flops, chip, backward)
+
+
+PREFILL, DECODE, LATENT = Prefill(), Decode(), Latent()
