@@ -3,7 +3,8 @@ activations quantized in the program (a `convert` to s8 from a float, after the 
 
 Reads a `walk.Flow`; returns `PatternMatch`es with `W8A8Shapes`. The quantize fusion (the absmax
 reduce, the divide, round, clip, convert) is part of the pattern: a kernel does it in VMEM. The
-int8 weight side is the other operand. It prices nothing and does no I/O.
+int8 weight side is the other operand; its load (`Flow.load`: the TPU compiler's prefetch of the
+weights into VMEM) is the pattern's too, since a kernel streams the weights itself. It prices nothing and does no I/O.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class ActQuantMatmul(Detector):
                 # the layer's output: what the op holding the matmul (its fusion, with the scales) makes
                 shapes = W8A8Shapes(activations=tuple(dims(a)), weight=tuple(dims(w)), out=tuple(dims(d)),
                                     dtype=etype(flow.g.top(d)))
-                out.append(flow.match(self, [d, cv], [*path, *quant], shapes,
+                out.append(flow.match(self, [d, cv], [*path, *quant, *flow.load(w)], shapes,
                                       ["activations quantized to int8 in the program (a separate pass over "
                                        "HBM), then an int8 x int8 matmul"]))
                 break

@@ -2,8 +2,8 @@
 
 Reads a `walk.Flow`; returns `PatternMatch`es with `DequantShapes`: a matmul fed by a `convert` from
 an 8-bit or 4-bit type, through scales and broadcasts. The scales' own ops (their broadcast to the
-weights' shape, which XLA may write to HBM whole) are part of the pattern, and their count gives
-the group size: K x N weights with K / G x N scales are groups of G rows. It prices nothing and
+weights' shape, which XLA may write to HBM whole) and the weights' load (`Flow.load`: a prefetch
+into VMEM) are part of the pattern, and the scales' count gives the group size: K x N weights with K / G x N scales are groups of G rows. It prices nothing and
 does no I/O.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpudiag.analyze.hlo.vocabulary import ASYNC, MATMUL, TRANSPARENT
+from tpudiag.analyze.hlo.vocabulary import MATMUL, TRANSPARENT
 from tpudiag.analyze.suggest.detectors.base import Detector, PatternMatch, Shapes, roofline_s
 from tpudiag.analyze.suggest.detectors.walk import Flow, dedupe, dims, elems, etype
 
@@ -48,7 +48,7 @@ class DequantMatmul(Detector):
                     continue
                 w = flow.g.operand(cv, 0)
                 scale_ops, group = self._scales(flow, cv, path, w)
-                scale_ops += self._weight_load(flow, w)
+                scale_ops += flow.load(w)
                 shapes = DequantShapes(weight=tuple(dims(w)), weight_dtype=etype(w), out=tuple(dims(d)),
                                        dtype=etype(d), group=group)
                 scaled = any(p.opcode == "multiply" for p in path)
@@ -79,20 +79,6 @@ class DequantMatmul(Detector):
                     k, groups = weights // wd[-1], n // wd[-1]
                     group = k // groups if k % groups == 0 else None
         return ops, group
-
-    @staticmethod
-    def _weight_load(flow: Flow, w) -> list:
-        """The ops that bring the stored weights to the dequantize: the TPU compiler may prefetch them
-        into VMEM as async slices joined by a `ConcatBitcast` custom call, a read of every weight
-        byte that a kernel does itself."""
-        def joins(t) -> bool:
-            return t.opcode == "custom-call" and 'custom_call_target="ConcatBitcast"' in (t.attrs or "")
-
-        start = w if joins(w) else flow.back(w, TRANSPARENT, joins, depth=4)[0]
-        if start is None:
-            return []
-        _, load = flow.back(start, TRANSPARENT | ASYNC | {"slice"}, lambda t: t.opcode == "parameter", depth=6)
-        return [start, *load]
 
     def bound(self, shapes: DequantShapes, chip, backward: bool = False) -> float | None:
         (k, n), (m, _) = shapes.weight[-2:], shapes.out[-2:]

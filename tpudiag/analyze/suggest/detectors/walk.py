@@ -163,6 +163,28 @@ class Flow:
                             lambda u: u.opcode == "reduce" and reducer_is(self.m, u, opcode), depth=4)
         return r
 
+    def load(self, stored: Instruction, depth: int = 8) -> list[Instruction]:
+        """The ops that bring a stored operand (a parameter) to `stored`: layout copies and the
+        TPU compiler's prefetch into VMEM (a cross-program `copy-start`/`copy-done`, or async slices
+        joined by a `ConcatBitcast` custom call). A kernel reads its operand itself, so a pattern
+        that a kernel replaces owns them."""
+        def carries(t: Instruction) -> bool:
+            return (t.opcode in TRANSPARENT or t.opcode in ASYNC or t.opcode == "slice"
+                    or t.opcode == "custom-call" and 'custom_call_target="ConcatBitcast"' in (t.attrs or ""))
+
+        out = [stored] if carries(stored) else []
+        frontier, seen = list(out), {id(stored)}
+        for _ in range(depth):
+            nxt = []
+            for i in frontier:
+                for o in self.g.operands(i):
+                    if id(o) not in seen and carries(o):
+                        seen.add(id(o))
+                        out.append(o)
+                        nxt.append(o)
+            frontier = nxt
+        return out
+
     def weights(self, instr: Instruction, depth: int = 10) -> str:
         """The program's weights that the nearest matmuls at or upstream of `instr` read (their
         parameters, through casts and copies), joined: a layer's attention reads its own Q/K/V projections, in the
