@@ -7,7 +7,9 @@ run (`fixtures/programs/llama_train.py`, `llama_decode.py`) and on MaxText's own
 trains it, and prints the published figure, each estimate, their ratio, the peak HBM per device
 (the compiler's memory analysis), whether it fits, the compile's wall time and the peak RSS of its
 largest process (`os.wait4`). The run's own compiler flags are passed as LIBTPU_INIT_ARGS, less
-the ones this libtpu refuses (said per row); the fixture's compile leaves out the run's
+the ones this libtpu refuses (said per row); the runs' chip configuration flag
+(`--2a886c8_chip_config_name=X`, refused as a flag) becomes the target's chip configuration
+(`--target T@X`), which libtpu's compile-only topology takes by name; the fixture's compile leaves out the run's
 host-offload scheduling and SparseCore flags (it offloads nothing). Where the fixture and MaxText's step differ in peak
 HBM by more than 10%, the largest buffers live at each one's peak are printed side by side.
 
@@ -125,7 +127,6 @@ QWEN3_7X_FLAGS = [
 
 # Flags the public libtpu here (0.0.50) refuses, with what it said; they are left out and the row says so.
 REFUSED = {
-    "--2a886c8_chip_config_name=megachip_tccontrol": "an internal flag MaxText has since removed from its configs",
     "--xla_tpu_enable_async_collective_fusion=true": "libtpu 0.0.50 on v6e: 'Continuation fusion for AllGather "
                                                      "... is not supported/recommended on platforms other than TPU v5e'",
     "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true": "(the same continuation fusion)",
@@ -240,8 +241,19 @@ ROWS = {
 NOT_FOR_FIXTURE = set(_HOST_OFFLOAD + _SC_ALL_REDUCE)
 
 
+# The runs' chip configuration flag, which the public libtpu refuses as a flag; libtpu's compile-only
+# topology takes the same configuration by name (`--target T@CONFIG`), so the row's target carries it.
+CHIP_CONFIG_FLAG = "--2a886c8_chip_config_name="
+
+
+def _target(row: dict) -> str:
+    config = [f[len(CHIP_CONFIG_FLAG):] for f in row["flags"] if f.startswith(CHIP_CONFIG_FLAG)]
+    return f"{row['target']}@{config[0]}" if config else row["target"]
+
+
 def _flags(row: dict, kind: str) -> tuple[str, list[str]]:
-    flags = [f for f in row["flags"] if kind == "maxtext" or f not in NOT_FOR_FIXTURE]
+    flags = [f for f in row["flags"] if (kind == "maxtext" or f not in NOT_FOR_FIXTURE)
+             and not f.startswith(CHIP_CONFIG_FLAG)]
     kept = [f for f in flags if f not in REFUSED]
     return " ".join(kept), [f for f in flags if f in REFUSED]
 
@@ -255,7 +267,7 @@ def run_one(key: str, kind: str, root: Path, timeout_s: float, cache: bool = Fal
     # --no-cache: every run compiles, so that its wall time and memory are the compile's own
     shutil.rmtree(out_dir, ignore_errors=True)
     # --compile-timeout counts CPU seconds: the compile uses both cores of this machine
-    cmd = [*TPUDIAG, "estimate", spec["entry"], "--target", row["target"], "--json", *([] if cache else ["--no-cache"]),
+    cmd = [*TPUDIAG, "estimate", spec["entry"], "--target", _target(row), "--json", *([] if cache else ["--no-cache"]),
            "--out", str(out_dir), "--compile-timeout", str(int(timeout_s * 2)),
            *(["--mesh", spec["mesh"]] if spec.get("mesh") else []), "--", *spec["args"]]
     shown = " ".join(cmd[len(TPUDIAG):])

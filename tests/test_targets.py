@@ -128,6 +128,42 @@ def test_megacore_v4_is_one_device_a_chip_and_round_trips(get_topology):
     assert len(topology_desc(t.topology).devices) == 64
 
 
+def test_a_chip_configuration_rides_on_the_target_and_round_trips(get_topology):
+    t = resolve_target("v5p-1024@megachip_tccontrol")
+    assert (t.topology, t.chips, t.devices, t.chip_config) == ("v5p:8x8x8@megachip_tccontrol", 512, 512,
+                                                               "megachip_tccontrol")
+    assert resolve_target(t.topology) == t and resolve_target("v5p-1024").chip_config is None
+    assert resolve_target("v4-128@megacore") == resolve_target("v4-128").megacore()
+    from tpudiag.targets import topology_desc
+
+    assert len(topology_desc("v6e:2x4@megachip").devices) == 8
+    with pytest.raises(Exception, match="megachip"):  # libtpu ships no such configuration for v5e
+        topology_desc("v5e:2x2@megachip")
+    with pytest.raises(TargetError, match="chip configuration name"):
+        resolve_target("v5p-8@mega chip")
+
+
+@pytest.mark.parametrize("text,wrap", [
+    ("v5p-128", (True, True, True)), ("v5p-64", (False, False, False)), ("v4-128", (True, True, True)),
+    ("tpu7x-128", (True, True, True)), ("v6e-256", (True, True)), ("v6e-128", (False, True)),
+    ("v5e-8", (False, False)), ("v5p-1024@megachip_tccontrol", (True, True, True)),
+])
+def test_wraparound_links_follow_whole_cubes_and_full_pod_axes(text, wrap):
+    from tpudiag.targets import topology_dims, wraparound
+
+    t = resolve_target(text)
+    assert wraparound(t.chip, topology_dims(t.topology)) == wrap
+
+
+def test_the_compile_topology_has_the_wraparound_links(get_topology):
+    """libtpu takes the links with the slice; a torus and a line are different machines to it (the
+    device count is the same, what the compiler builds is not: docs/targets.md#wraparound-links)."""
+    from tpudiag.targets import topology_desc
+
+    for topology in ("v5p:4x4x4", "v6e:16x16", "tpu7x:4x4x4", "v4:4x4x4@megacore"):
+        assert len(topology_desc(topology).devices) == resolve_target(topology).devices
+
+
 def test_tpu7x_is_two_devices_a_chip():
     t = resolve_target("tpu7x-128")
     assert (t.chips, t.devices, t.chip.devices_per_chip) == (64, 128, 2)

@@ -258,14 +258,41 @@ CHIPS: dict[str, Chip] = {
 MEGACORE_SUFFIX = "@megacore"
 
 
+# Full-pod axis length of v5e and v6e slices: only a 16-chip axis has its wraparound link.
+EPOD_AXIS = 16
+
+
+def wraparound(chip: Chip, dims: tuple[int, ...]) -> tuple[bool, ...]:
+    """Which axes of a slice have wraparound links (a torus ring, not a line): v4, v5p and TPU7x
+    slices made of whole 4x4x4 cubes on every axis; v5e and v6e only on a full-pod (16-chip) axis.
+    The rule is the one MaxText's ahead-of-time compiles give libtpu (`accelerator_to_spec_map`'s
+    `wrap`). It changes what the TPU compiler builds: DeepSeek V3's published step on v5p-1024
+    needs 95.89 GB of temporaries on an 8x8x8 line and fits on the 8x8x8 torus it runs on."""
+    if chip.torus_dims == 3:
+        cube = all(d % 4 == 0 for d in dims)
+        return tuple(cube for _ in dims)
+    return tuple(d == EPOD_AXIS for d in dims)
+
+
+def topology_dims(topology: str) -> tuple[int, ...] | None:
+    """(8, 8, 8) for "v5p:8x8x8" or "v5p:8x8x8@megacore"; None without a shape."""
+    m = re.search(r":(\d+(?:x\d+)*)$", topology.partition("@")[0])
+    return tuple(int(x) for x in m.group(1).split("x")) if m else None
+
+
 def topology_desc(topology: str):
-    """jax's compile-only topology for a `Target.topology` (a `NAME@megacore` one with its two
-    cores a chip as one device). Imports jax: for the compile and lowering workers."""
+    """jax's compile-only topology for a `Target.topology`, with the slice's wraparound links
+    (`wraparound`): `NAME@CONFIG` compiles with libtpu's chip configuration CONFIG (`megacore`:
+    two cores a chip as one device). Imports jax: for the compile and lowering workers."""
     from jax.experimental import topologies
 
     name, sep, config = topology.partition("@")
-    return topologies.get_topology_desc(platform="tpu", topology_name=name,
-                                        **({"chip_config_name": config} if sep else {}))
+    options = {"chip_config_name": config} if sep else {}
+    dims, chip = topology_dims(name), CHIPS.get(name.split(":")[0])
+    if dims and chip and any(wraparound(chip, dims)):
+        wrap = wraparound(chip, dims)
+        options.update(chips_per_host_bounds=(2, 2, 1), wrap=tuple(wrap) + (False,) * (3 - len(wrap)))
+    return topologies.get_topology_desc(platform="tpu", topology_name=name, **options)
 
 
 @dataclass(frozen=True)
@@ -273,7 +300,7 @@ class Target:
     """A chip and a topology the TPU compiler accepts, resolved from what the user typed."""
 
     chip: Chip
-    topology: str  # e.g. "v5e:2x4"; pass to get_topology_desc(platform="tpu", topology_name=...)
+    topology: str  # e.g. "v5e:2x4", or "v5p:8x8x8@megachip_tccontrol"; jax's topology via topology_desc()
     chips: int  # chips in `topology`
     note: str | None = None  # set when the request was changed (a single chip -> smallest slice)
 
@@ -286,6 +313,17 @@ class Target:
         return {"chip": self.chip.name, "topology": self.topology, "chips": self.chips,
                 "devices": self.devices, "note": self.note}
 
+    @property
+    def chip_config(self) -> str | None:
+        """The libtpu chip configuration the target compiles with (`NAME@CONFIG`), None for the default."""
+        return self.topology.partition("@")[2] or None
+
+    def with_chip_config(self, config: str) -> Target:
+        """The same slice compiled with libtpu's chip configuration `config` (a published run's
+        `chip_config_name`, e.g. v5p's `megachip_tccontrol`); libtpu refuses a name it does not ship
+        when the target is compiled for."""
+        return Target(self.chip, f"{self.topology.partition('@')[0]}@{config}", self.chips, self.note)
+
     def megacore(self) -> Target:
         """The same slice with each chip's two TensorCores as one device (`chip_config_name
         "megacore"`, as MaxText compiles for v4): one device a chip, with the whole chip's peak,
@@ -294,7 +332,7 @@ class Target:
         if self.chip.devices_per_chip == 1:
             return self
         chip = replace(self.chip, devices_per_chip=1)
-        return Target(chip, f"{self.topology}{MEGACORE_SUFFIX}", self.chips, self.note)
+        return Target(chip, f"{self.topology.partition('@')[0]}{MEGACORE_SUFFIX}", self.chips, self.note)
 
 
 class TargetError(InputError):
@@ -371,14 +409,22 @@ def _single_chip_note(chip: Chip, topology: str) -> str:
 def resolve_target(text: str) -> Target:
     """Parse a target as users type it: "v5e", "v5e:2x4", "v5litepod-8", "v5p-8", "TPU_V6E" ...
 
-    A bare name gets the chip's default topology. "-N" counts chips on v5e/v6e (v5litepod-8,
+    `TARGET@CONFIG` compiles with libtpu's chip configuration CONFIG (`@megacore`, or a published
+    run's `chip_config_name` such as v5p's `megachip_tccontrol`). A bare name gets the chip's
+    default topology. "-N" counts chips on v5e/v6e (v5litepod-8,
     v6e-4) and TensorCores on v4/v5p (v5p-8 and v4-8 are 4 chips), as Cloud accelerator types
     do. A single chip (v5e-1, v6e:1x1, v5p-2) maps to the smallest slice, with a `note`.
     Raises TargetError (one line, listing the valid targets) for anything else.
     """
     raw = text if isinstance(text, str) else ""
-    if raw.strip().lower().endswith(MEGACORE_SUFFIX):  # a run's recorded megacore target (Target.megacore)
-        return resolve_target(raw.strip()[:-len(MEGACORE_SUFFIX)]).megacore()
+    base, at, config = raw.strip().partition("@")
+    if at:  # TARGET@CONFIG: libtpu's chip configuration (Target.with_chip_config, Target.megacore)
+        config = config.strip().lower()
+        if config == MEGACORE_SUFFIX[1:]:
+            return resolve_target(base).megacore()
+        if not re.fullmatch(r"[a-z0-9_]+", config):
+            raise _fail(raw, "after '@' comes a libtpu chip configuration name, such as megachip_tccontrol")
+        return resolve_target(base).with_chip_config(config)
     s = raw.strip().lower()
     if not s:
         raise _fail(raw, "empty target")

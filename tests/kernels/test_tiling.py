@@ -132,7 +132,7 @@ def _setups():
                          ids=lambda x: x.name if hasattr(x, "bench") else (str(x) if x else "default"))
 def test_every_kernel_asks_for_what_its_blocks_need(spec, blocks, variant):
     setup = spec.bench(blocks, m=2048) if variant else spec.bench(blocks)
-    jaxpr = jax.make_jaxpr(_with_grad(spec, setup.kernel, setup.args))(*setup.args)
+    jaxpr = jax.make_jaxpr(_with_grad(spec, setup.kernel, setup.args_for("kernel")))(*setup.args_for("kernel"))
     calls = list(_pallas_calls(jaxpr.jaxpr))
     assert calls, "no pallas_call traced"
     for eqn in calls:
@@ -150,7 +150,7 @@ def test_the_oracle_sees_every_kernel_family():
     traced = set()
     for spec in all_specs():
         setup = spec.bench()
-        jaxpr = jax.make_jaxpr(_with_grad(spec, setup.kernel, setup.args))(*setup.args)
+        jaxpr = jax.make_jaxpr(_with_grad(spec, setup.kernel, setup.args_for("kernel")))(*setup.args_for("kernel"))
         traced |= {eqn.params["name"] for eqn in _pallas_calls(jaxpr.jaxpr)}
     # forward and backward kernels alike
     assert {"flash_attention_fwd", "flash_attention_dkv", "flash_attention_dq", "tpudiag_paged_attention",

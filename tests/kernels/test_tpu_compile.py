@@ -55,8 +55,8 @@ def lowered(tmp_path_factory):
     inputs, calls = [], {}
     for spec in all_specs():
         setup = spec.bench()  # default blocks
-        calls[spec.name] = list(_pallas_calls(jax.make_jaxpr(setup.kernel)(*setup.args).jaxpr))
-        path = lower_for_tpu(setup.kernel, setup.args, out / f"{spec.name}.mlir")
+        calls[spec.name] = list(_pallas_calls(jax.make_jaxpr(setup.kernel)(*setup.args_for("kernel")).jaxpr))
+        path = lower_for_tpu(setup.kernel, setup.args_for("kernel"), out / f"{spec.name}.mlir")
         inputs.append(ModuleInput(name=spec.name, path=path, kind="mlir"))
     return inputs, calls
 

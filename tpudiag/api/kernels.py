@@ -102,7 +102,7 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
                 if progress:
                     progress(f"lowering {spec.name}.{variant}")
                 try:
-                    lower_for_tpu(fn, setup.args, path)
+                    lower_for_tpu(fn, setup.args_for(variant), path, topology=target.topology)
                 except Exception as e:
                     errors[(spec.name, variant)] = f"lowering failed: {one_line(e)}"
                     continue

@@ -91,7 +91,7 @@ def _bundled_points(name: str, space_text: str | None, inputs_text: str | None):
         def blocks(i, choice):
             return cands[i]
     own = {n: default[n] for n in space}
-    args = list(setup.args)
+    args = list(setup.args_for("kernel"))
     shown = f"{setup.shape}: " + " ".join(f"{a.dtype}[{','.join(map(str, a.shape))}]" for a in args)
     return space, points, (lambda i, choice: spec.bench(blocks(i, choice)).kernel), args, shown, own
 
@@ -191,7 +191,7 @@ def kernels_tune(entry: str, target_text: str, space_text: str | None, inputs_te
                 progress(f"lowering [{i + 1}/{len(points)}] {choice_text(choice)}")
             path = run / rundir.LOWERED_DIR / f"point{i:03d}.mlir"
             try:
-                lower_for_tpu(build(i, choice), args, path, debug_info=False)
+                lower_for_tpu(build(i, choice), args, path, debug_info=False, topology=target.topology)
             except Exception as e:  # block sizes the kernel refuses, shapes they do not divide
                 errors[i] = one_line(e, 300)
                 continue

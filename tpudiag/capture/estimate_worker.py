@@ -82,6 +82,26 @@ def _check(spec, where: str) -> dict:
     return spec
 
 
+DEVICE_IDS_ATTR = "tpudiag.device_ids"
+
+
+def _with_device_order(lowered, device_ids) -> str:
+    """The lowered step's StableHLO text. Where the step's own mesh orders the slice's devices
+    otherwise than the topology lists them (MaxText's `create_device_mesh` lays a ring along the
+    torus), that order rides along as the module attribute `tpudiag.device_ids`: the compile worker
+    assigns partition i to device device_ids[i], as `lowered.compile()` would. Without it the
+    compiler gets the topology's order, another physical ring, and other collective buffers."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+
+    module = lowered.compiler_ir("stablehlo")
+    ids = [int(i) for i in device_ids or ()]
+    if ids and ids != sorted(ids):
+        with module.context:
+            module.operation.attributes[DEVICE_IDS_ATTR] = ir.DenseI32ArrayAttr.get(ids)
+    return mlir.module_to_string(module, enable_debug_info=True)
+
+
 def lower(spec: dict) -> dict:
     import numpy as np
     from tpudiag.targets import topology_desc
@@ -100,7 +120,7 @@ def lower(spec: dict) -> dict:
     got = _check(fn(list(spec["argv"]), mesh), where)
     out = Path(spec["out_dir"])
     if "lowered" in got:
-        (out / "step.mlir").write_text(got["lowered"].as_text(debug_info=True))
+        (out / "step.mlir").write_text(_with_device_order(got["lowered"], got.get("device_ids")))
         names = tuple(str(a) for a, _ in got.get("mesh") or ()) or names
         sizes = tuple(int(n) for _, n in got.get("mesh") or ()) or sizes
     else:

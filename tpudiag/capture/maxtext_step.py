@@ -124,10 +124,12 @@ def step(argv, mesh):
                          donate_argnums=donate_argnums)
         lowered = jitted.trace(*shaped_args, **shaped_kwargs).lower(lowering_platforms=("tpu",))
     devices = int(mesh.devices.size)
+    device_ids = [int(d.id) for d in mesh.devices.flat]  # MaxText's ring order, for the compile
     total, weights, attention = maxtext_utils.calculate_tflops_training_per_device(config, log=False)
     tokens = int(config.global_batch_size_to_train_on) * int(config.max_target_length)
     return {
         "lowered": lowered,
+        "device_ids": device_ids,
         "tokens": tokens,
         "mesh": [[str(a), int(n)] for a, n in mesh.shape.items() if int(n) > 1] or [["data", 1]],
         "model": {"flops": float(total) * 1e12 * devices,

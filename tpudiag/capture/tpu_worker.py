@@ -41,6 +41,22 @@ def _partitioning(module) -> tuple[int, int]:
     return get("mhlo.num_replicas"), get("mhlo.num_partitions")
 
 
+def _devices(module, topo, need: int) -> list:
+    """The devices partition 0..need-1 run on: the module's `tpudiag.device_ids` order where the
+    lowering recorded one (estimate_worker.py), else the topology's first `need`."""
+    attrs = module.operation.attributes
+    if "tpudiag.device_ids" not in attrs:
+        return list(topo.devices[:need])
+    from jax._src.lib.mlir import ir
+
+    ids = list(ir.DenseI32ArrayAttr(attrs["tpudiag.device_ids"]))
+    by_id = {d.id: d for d in topo.devices}
+    if len(ids) != need or any(i not in by_id for i in ids):
+        raise ValueError(f"the module's device order names {len(ids)} devices; the topology has ids "
+                         f"{min(by_id)}..{max(by_id)} and the module needs {need}")
+    return [by_id[i] for i in ids]
+
+
 def compile_one(spec: dict) -> dict:
     import numpy as np
     from jax._src import compiler
@@ -56,7 +72,7 @@ def compile_one(spec: dict) -> dict:
         need = replicas * partitions
         if need > len(topo.devices):
             raise ValueError(f"the module needs {need} devices; topology {spec['topology']} has {len(topo.devices)}")
-        devices = list(topo.devices[:need])
+        devices = _devices(module, topo, need)
         opts = compiler.get_compile_options(num_replicas=replicas, num_partitions=partitions,
                                             device_assignment=np.array(devices).reshape(replicas, partitions))
         t1 = time.perf_counter()

@@ -21,7 +21,8 @@ from jax.experimental import pallas as pl
 
 
 def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq: int, page_size: int,
-                 pages_per_block: int, page_copies: Callable, block_compute: Callable, init):
+                 pages_per_block: int, page_copies: Callable, block_compute: Callable, init,
+                 table_row: Callable | None = None):
     """Run `block_compute(i, slot, length, n_blocks, carry) -> carry` over the blocks of sequence
     `pl.program_id(0)`, each once its pages are in VMEM slot `slot`; returns the last carry (`init`
     for a sequence of length 0).
@@ -31,7 +32,8 @@ def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq
     block), persistent across grid steps. `page_copies(page, slot, j)` gives the async copies that
     bring pool page `page` to position j of `slot`; all of a slot's copies share its semaphores.
     Lengths are clamped to [0, pages_per_seq * page_size]; pages past a length are neither read nor
-    waited for (the page table may hold anything there).
+    waited for (the page table may hold anything there). `table_row(s)` is the page-table row grid
+    step s reads (default: row s), for grids whose steps are pieces of sequences.
     """
     b = pl.program_id(0)
     block_tokens = pages_per_block * page_size
@@ -42,12 +44,13 @@ def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq
 
     def block_dmas(s, blk, slot, fn):
         live_pages = pl.cdiv(seq_len(s), page_size)
+        row = s if table_row is None else table_row(s)
         for j in range(pages_per_block):
             pos = blk * pages_per_block + j
 
             @pl.when(pos < live_pages)
             def _():
-                for copy in page_copies(table_ref[s * pages_per_seq + pos], slot, j):
+                for copy in page_copies(table_ref[row * pages_per_seq + pos], slot, j):
                     fn(copy)
 
     @pl.when(b == 0)

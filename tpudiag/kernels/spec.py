@@ -79,6 +79,13 @@ class BenchSetup:
     jax_kernel: Callable | None = None
     jax_name: str | None = None
     blocks: str | None = None  # the block sizes used, as text ("block_q=512, block_k=512")
+    # A variant's own arguments where its data layout differs from `args` ("kernel", "xla" or
+    # "jax" -> ShapeDtypeStructs): JAX's kernel with K and V in one pool, say.
+    variant_args: dict = field(default_factory=dict)
+
+    def args_for(self, variant: str) -> tuple:
+        """The arguments `variant` ("kernel", "xla" or "jax") is lowered at."""
+        return self.variant_args.get(variant, self.args)
 
 
 @dataclass(frozen=True)

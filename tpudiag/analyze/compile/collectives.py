@@ -19,11 +19,7 @@ from tpudiag.parse.hlo_model import HloModule
 from tpudiag.parse.hlo_text import ReplicaGroups
 from tpudiag.parse.sdy_mesh import DeviceMesh
 from tpudiag.results.compile import CollectiveEstimate
-from tpudiag.targets import Target
-
-# Full-pod axis length of v5e and v6e slices: only a 16-chip axis has its wraparound link.
-_EPOD_AXIS = 16
-
+from tpudiag.targets import Target, topology_dims, wraparound
 
 def groups_of(groups: ReplicaGroups | None, devices: int) -> list[tuple[int, ...]]:
     """The device ids of each replica group, whichever way the HLO spelled them (none or an empty
@@ -55,20 +51,13 @@ def mesh_axes(group: tuple[int, ...], mesh: DeviceMesh | None) -> tuple[str, ...
 
 
 def _topology_dims(target: Target) -> tuple[int, ...] | None:
-    m = re.search(r":(\d+(?:x\d+)*)$", target.topology)
-    return tuple(int(x) for x in m.group(1).split("x")) if m else None
+    return topology_dims(target.topology)
 
 
 def wraps(target: Target) -> tuple[bool, ...] | None:
-    """Which axes of the slice have wraparound links: v4 and v5p slices made of whole 4x4x4 cubes
-    are tori on every axis; v5e and v6e have the wraparound only on a full-pod (16-chip) axis."""
+    """Which axes of the slice have wraparound links (`targets.wraparound`)."""
     dims = _topology_dims(target)
-    if dims is None:
-        return None
-    if target.chip.name in ("v4", "v5p"):
-        cube = all(d % 4 == 0 for d in dims)
-        return tuple(cube for _ in dims)
-    return tuple(d == _EPOD_AXIS for d in dims)
+    return None if dims is None else wraparound(target.chip, dims)
 
 
 def group_hops(group: tuple[int, ...], coords: list[list[int]] | None, dims, wrap) -> int | None:
