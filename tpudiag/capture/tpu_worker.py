@@ -44,12 +44,14 @@ def _partitioning(module) -> tuple[int, int]:
 def _devices(module, topo, need: int) -> list:
     """The devices partition 0..need-1 run on: the module's `tpudiag.device_ids` order where the
     lowering recorded one (estimate_worker.py), else the topology's first `need`."""
+    from tpudiag.capture.estimate_worker import DEVICE_IDS_ATTR
+
     attrs = module.operation.attributes
-    if "tpudiag.device_ids" not in attrs:
+    if DEVICE_IDS_ATTR not in attrs:
         return list(topo.devices[:need])
     from jax._src.lib.mlir import ir
 
-    ids = list(ir.DenseI32ArrayAttr(attrs["tpudiag.device_ids"]))
+    ids = list(ir.DenseI32ArrayAttr(attrs[DEVICE_IDS_ATTR]))
     by_id = {d.id: d for d in topo.devices}
     if len(ids) != need or any(i not in by_id for i in ids):
         raise ValueError(f"the module's device order names {len(ids)} devices; the topology has ids "

@@ -50,13 +50,9 @@ def mesh_axes(group: tuple[int, ...], mesh: DeviceMesh | None) -> tuple[str, ...
     return tuple(name for k, (name, _) in enumerate(mesh.axes) if len(set(coords[:, k].tolist())) > 1)
 
 
-def _topology_dims(target: Target) -> tuple[int, ...] | None:
-    return topology_dims(target.topology)
-
-
 def wraps(target: Target) -> tuple[bool, ...] | None:
     """Which axes of the slice have wraparound links (`targets.wraparound`)."""
-    dims = _topology_dims(target)
+    dims = topology_dims(target.topology)
     return None if dims is None else wraparound(target.chip, dims)
 
 
@@ -157,7 +153,7 @@ def collective_estimates(module: HloModule, rows: list[dict], target: Target, me
     for collectives), the most exposed time (x runs) first."""
     times = {r["name"]: r["estimated_s"] for r in rows}
     comm = {r["name"] for r in rows if r["modelled"]}
-    dims, wrap = _topology_dims(target), wraps(target)
+    dims, wrap = topology_dims(target.topology), wraps(target)
     out = []
     for r in rows:
         if not r["modelled"]:
