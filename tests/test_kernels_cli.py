@@ -13,7 +13,8 @@ from tpudiag.cli import cli, main
 from tpudiag.kernels.registry import MODULES, all_specs
 
 ISSUE_KERNELS = {"flash_attention", "paged_attention", "rmsnorm", "cross_entropy", "rope", "sampling",
-                 "int8_matmul", "grouped_matmul", "w8a8_matmul", "int4_matmul", "mla_decode"}
+                 "int8_matmul", "grouped_matmul", "w8a8_matmul", "int4_matmul", "mla_decode", "ragged_paged_attention",
+                 "fused_moe"}
 
 
 def _run(*args):

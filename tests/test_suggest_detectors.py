@@ -33,7 +33,7 @@ def test_shapes_serialize_in_the_order_the_detectors_always_wrote_them():
         first.setdefault(m.pattern, m.shapes.to_dict())
     assert {k: list(v) for k, v in first.items()} == {
         "attention": ["batch_heads", "q_len", "kv_len", "head_dim", "kv_batch_heads", "dtype", "softmax_dtype", "mask",
-                      "mask_offset", "mask_window", "page_size", "batch"],
+                      "mask_offset", "mask_window", "page_size", "batch", "kv_written"],
         "rmsnorm": ["rows", "hidden", "dtype", "eps"],
     }
 

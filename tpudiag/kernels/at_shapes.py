@@ -21,6 +21,9 @@ class AtShapes:
     fn: Callable
     snippet: str
     description: str  # the shapes as the kernel sees them
+    # Arguments `fn` writes and returns (a cache updated in place): donated where it is lowered, as
+    # a serving engine donates its KV cache; otherwise XLA copies them whole on every call.
+    donate: tuple[int, ...] = ()
 
 
 def _jnp(dtype: str):
@@ -75,6 +78,8 @@ def _paged_attention(shapes, notes) -> AtShapes | str:
     h, kvh, pps = shapes.batch_heads // b, shapes.kv_batch_heads // b, shapes.kv_len // page
     if not kvh or h % kvh:
         return f"paged_attention takes query heads a multiple of the KV heads (here {h} and {kvh})"
+    if getattr(shapes, "kv_written", False):
+        return _ragged_paged_attention(b, h, kvh, d, page, pps)
     sds, jnp = jax.ShapeDtypeStruct, jax.numpy
     args = (sds((b, h, d), jnp.bfloat16), sds((kvh, b * pps, page, d), jnp.bfloat16),
             sds((kvh, b * pps, page, d), jnp.bfloat16), sds((b,), jnp.int32), sds((b, pps), jnp.int32))
@@ -84,6 +89,36 @@ def _paged_attention(shapes, notes) -> AtShapes | str:
                "out = paged_attention(q, k_pages, v_pages, lengths, page_table)  # reads only the live pages")
     return AtShapes("paged_attention", args, paged_attention, snippet,
                     f"B{b} H{h} KVH{kvh} D{d} page{page} x {pps} pages (full lengths)")
+
+
+def _ragged_paged_attention(b: int, h: int, kvh: int, d: int, page: int, pps: int) -> AtShapes:
+    """A decode step that writes its new keys and values into the paged cache and then attends:
+    the bundled ragged paged attention, one token a sequence, with its page write (full lengths)."""
+    import jax
+
+    from tpudiag.kernels.ragged_paged_attention import ragged_paged_attention, write_kv_pages
+
+    sds, jnp = jax.ShapeDtypeStruct, jax.numpy
+    pages = sds((kvh, b * pps, page, d), jnp.bfloat16)
+    new = sds((b, kvh, d), jnp.bfloat16)
+    args = (sds((b, h, d), jnp.bfloat16), new, new, pages, pages, sds((b,), jnp.int32), sds((b, pps), jnp.int32),
+            sds((b + 1,), jnp.int32), sds((1,), jnp.int32))
+
+    def fn(q, new_k, new_v, k_pages, v_pages, kv_lens, table, cu_q_lens, num_seqs):
+        k_pages, v_pages = write_kv_pages(k_pages, v_pages, new_k, new_v, kv_lens, table, cu_q_lens, num_seqs)
+        return ragged_paged_attention(q, k_pages, v_pages, kv_lens, table, cu_q_lens, num_seqs), k_pages, v_pages
+
+    snippet = ("from tpudiag.kernels.ragged_paged_attention import ragged_paged_attention, write_kv_pages\n"
+               f"# q [{b}, {h}, {d}] bf16 (one decode token a sequence; prefill chunks may join the batch); "
+               f"new_k, new_v [{b}, {kvh}, {d}]; k_pages, v_pages [{kvh}, pages, {page}, {d}] bf16 (KV heads first)\n"
+               f"# kv_lens [{b}] (the new token included), page_table [{b}, {pps}], cu_q_lens [{b + 1}] = "
+               "arange: one token each, num_seqs [1], all int32\n"
+               "k_pages, v_pages = write_kv_pages(k_pages, v_pages, new_k, new_v, kv_lens, page_table, cu_q_lens, "
+               "num_seqs)  # in place: donate the pools to the step's jit\n"
+               "out = ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs)")
+    return AtShapes("ragged_paged_attention", args, fn, snippet,
+                    f"B{b} H{h} KVH{kvh} D{d} page{page} x {pps} pages, one decode token each (full lengths), "
+                    "with the page write (pool donated)", donate=(3, 4))
 
 
 def _mla_decode(shapes, notes) -> AtShapes | str:
@@ -249,6 +284,36 @@ def _w8a8_matmul(shapes, notes) -> AtShapes | str:
                     f"M{m} K{k} N{n}")
 
 
+def _fused_moe(shapes, notes) -> AtShapes | str:
+    """A routed MoE at the program's tokens, experts, top-k and widths (softmax routing
+    renormalized: the scoring changes no figure the price depends on)."""
+    import jax
+
+    from tpudiag.kernels.fused_moe import fused_moe
+
+    if not hasattr(shapes, "hidden"):
+        return ("a ragged-dot is routed already: its tokens are sorted by expert with group sizes, so "
+                "grouped_matmul (tpudiag kernels show grouped_matmul) takes it as it is")
+    t, e, k, d, f = shapes.tokens, shapes.experts, shapes.top_k, shapes.hidden, shapes.ffn
+    if not d or not f:
+        return "fused_moe needs the experts' [E, D, F] weights, which this dispatch does not show"
+    if shapes.matmuls < 3:
+        return (f"fused_moe runs SwiGLU experts (gate, up and down: 3 matmuls); this dispatch has "
+                f"{shapes.matmuls} expert matmul(s)")
+    dt = _jnp(shapes.dtype if shapes.dtype in ("bf16", "f32") else "bf16")
+    sds = jax.ShapeDtypeStruct
+    args = (sds((t, d), dt), sds((d, e), dt), sds((e, d, f), dt), sds((e, d, f), dt), sds((e, f, d), dt))
+
+    def fn(x, r, wg, wu, wd):
+        return fused_moe(x, r, wg, wu, wd, top_k=k)
+
+    snippet = ("from tpudiag.kernels.fused_moe import fused_moe\n"
+               f"# x [{t}, {d}], router_w [{d}, {e}], w_gate and w_up [{e}, {d}, {f}], w_down [{e}, {f}, {d}]\n"
+               f"out = fused_moe(x, router_w, w_gate, w_up, w_down, top_k={k})  # softmax routing "
+               "renormalized over the top-k; scoring=\"sigmoid\", renormalize=False for other routers")
+    return AtShapes("fused_moe", args, fn, snippet, f"T{t} D{d} F{f} E{e} top-{k} {shapes.dtype}")
+
+
 # Each kernel a detector may name (its `kernel`: the kernel's name in kernels/registry.py), and how
 # its arguments are built from that detector's shapes.
 BUILDERS: dict[str, Callable] = {
@@ -260,6 +325,7 @@ BUILDERS: dict[str, Callable] = {
     "sampling": _sampling,
     "int8_matmul": _int8_matmul,
     "w8a8_matmul": _w8a8_matmul,
+    "fused_moe": _fused_moe,
 }
 
 

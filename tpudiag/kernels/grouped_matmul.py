@@ -97,18 +97,24 @@ def hbm_bytes(mp: int, kp: int, np_: int, e: int, bm: int, bk: int, bn: int, isz
     each expert once. Otherwise every visit streams its lhs tile and expert slice again."""
     n_tiles, visits = np_ // bn, mp // bm + e - 1
     if bk == kp:
-        lhs, rhs = n_tiles * mp * kp, e * kp * np_
+        # An expert no row is routed to is not read (its visit fetches the last computed block): at
+        # most one expert a row.
+        lhs, rhs = n_tiles * mp * kp, min(e, mp) * kp * np_
     else:
         lhs, rhs = n_tiles * visits * bm * kp, visits * kp * np_
     return (lhs + rhs) * isz + mp * np_ * osz
 
 
 # --------------------------------------------------------------------------------------- forward
-def gmm_kernel(sched_ref, lhs_ref, rhs_ref, out_ref, *scratch, v_max: int, k_tiles: int, block_m: int,
-               compute_m: int, transpose_rhs: bool, precision):
+def gmm_kernel(sched_ref, lhs_ref, *refs, v_max: int, k_tiles: int, block_m: int, compute_m: int,
+               transpose_rhs: bool, precision, gated: bool = False):
     """One (column block, visit, contraction block) step: the out rows of this visit's group =
     lhs rows @ expert block; the tile's other rows are kept (zeroed on the tile's first visit).
-    The tile is processed in `compute_m`-row slices; slices with no row of the group are skipped."""
+    The tile is processed in `compute_m`-row slices; slices with no row of the group are skipped.
+    `gated`: two expert blocks (gate, up) and out = silu(lhs @ gate) * (lhs @ up), the SwiGLU of
+    an MoE expert, taken from the f32 accumulators before the single rounding to the output dtype."""
+    n_rhs = 2 if gated else 1
+    rhs_refs, out_ref, accs = refs[:n_rhs], refs[n_rhs], refs[n_rhs + 1:]
     v = pl.program_id(1)
     kk = pl.program_id(2)
     flags = visit_field(sched_ref, FLAGS, v, v_max)
@@ -120,7 +126,12 @@ def gmm_kernel(sched_ref, lhs_ref, rhs_ref, out_ref, *scratch, v_max: int, k_til
     # lhs [cm, bk] x rhs [bk, bn] (or rhs [bn, bk] for the dlhs pass: g @ rhs^T, contracting the
     # minor dims of both, which the MXU takes without a transpose).
     dims = (((1,), (1,)), ((), ())) if transpose_rhs else (((1,), (0,)), ((), ()))
-    acc_ref = scratch[0] if scratch else None
+
+    def finish(values):
+        if not gated:
+            return values[0]
+        g, u = values
+        return g * (1.0 / (1.0 + jnp.exp(-g))) * u
 
     for i in range(block_m // compute_m):  # static: a few slices per tile
         rows = pl.ds(i * compute_m, compute_m)
@@ -129,8 +140,9 @@ def gmm_kernel(sched_ref, lhs_ref, rhs_ref, out_ref, *scratch, v_max: int, k_til
 
         def product(rows=rows):
             # f32 accumulation: bf16 sums over K of thousands drift past 1e-2.
-            return jax.lax.dot_general(lhs_ref[rows, :], rhs_ref[...], dims, precision=precision,
-                                       preferred_element_type=jnp.float32)
+            x = lhs_ref[rows, :]
+            return tuple(jax.lax.dot_general(x, r[...], dims, precision=precision,
+                                             preferred_element_type=jnp.float32) for r in rhs_refs)
 
         def store(value, rows=rows, r0=r0):
             # One select per slice, also for slices wholly inside the group: a [cm, bn] select is
@@ -138,7 +150,7 @@ def gmm_kernel(sched_ref, lhs_ref, rhs_ref, out_ref, *scratch, v_max: int, k_til
             # and a branch for the fast case doubles the kernel's branches.
             r = r0 + jax.lax.broadcasted_iota(jnp.int32, (compute_m, out_ref.shape[1]), 0)
             keep = jnp.where(tile_first, jnp.zeros_like(out_ref[rows, :]), out_ref[rows, :])
-            out_ref[rows, :] = jnp.where((r >= lo) & (r < hi), value.astype(out_ref.dtype), keep)
+            out_ref[rows, :] = jnp.where((r >= lo) & (r < hi), finish(value).astype(out_ref.dtype), keep)
 
         def zero_if_first(rows=rows, touches=touches):
             # A slice with no row of this group, on the tile's first visit: rows past the groups
@@ -154,22 +166,25 @@ def gmm_kernel(sched_ref, lhs_ref, rhs_ref, out_ref, *scratch, v_max: int, k_til
 
         @pl.when(touches & (kk == 0))
         def _(rows=rows, product=product):
-            acc_ref[rows, :] = product()
+            for acc, p in zip(accs, product()):
+                acc[rows, :] = p
 
         @pl.when(touches & (kk > 0))
         def _(rows=rows, product=product):
-            acc_ref[rows, :] += product()
+            for acc, p in zip(accs, product()):
+                acc[rows, :] += p
 
         @pl.when(kk == k_tiles - 1)
         def _(rows=rows, touches=touches, store=store, zero_if_first=zero_if_first):
-            pl.when(touches)(lambda: store(acc_ref[rows, :]))
+            pl.when(touches)(lambda: store(tuple(acc[rows, :] for acc in accs)))
             zero_if_first()
 
 
 def gmm_pallas(lhs, rhs, sched, *, bm: int, bk: int, bn: int, cm: int, v_max: int, transpose_rhs: bool,
-               out_dtype, interpret: bool):
+               out_dtype, interpret: bool, up=None, name: str = "grouped_matmul"):
     """pallas_call over padded operands: lhs [Mp, Kp], rhs [E, Kp, Np] (or [E, Np, Kp] transposed),
-    both already padded to block multiples. Returns [Mp, Np]."""
+    both already padded to block multiples. Returns [Mp, Np]. With `up` (a second [E, Kp, Np]),
+    silu(lhs @ rhs) * (lhs @ up) per group (gmm_kernel's `gated`)."""
     mp, kp = lhs.shape
     e = rhs.shape[0]
     np_ = rhs.shape[1] if transpose_rhs else rhs.shape[2]
@@ -186,17 +201,22 @@ def gmm_pallas(lhs, rhs, sched, *, bm: int, bk: int, bn: int, cm: int, v_max: in
 
     isz = jnp.dtype(lhs.dtype).itemsize
     osz = jnp.dtype(out_dtype).itemsize
-    cost = pl.CostEstimate(flops=2 * computed_rows(mp, bm, cm, e) * kp * np_, transcendentals=0,
-                           bytes_accessed=hbm_bytes(mp, kp, np_, e, bm, bk, bn, isz, osz) + sched.size * 4)
-    scratch = [] if k_tiles == 1 else [pltpu.VMEM((bm, bn), jnp.float32)]
+    n_rhs = 1 if up is None else 2
+    weights = (rhs,) if up is None else (rhs, up)
+    # Traffic: one more expert matrix per weight; the lhs is read once for both.
+    traffic = hbm_bytes(mp, kp, np_, e, bm, bk, bn, isz, osz) + (n_rhs - 1) * min(e, mp) * kp * np_ * isz
+    cost = pl.CostEstimate(flops=2 * n_rhs * computed_rows(mp, bm, cm, e) * kp * np_,
+                           transcendentals=0 if up is None else mp * np_, bytes_accessed=traffic + sched.size * 4)
+    scratch = [] if k_tiles == 1 else [pltpu.VMEM((bm, bn), jnp.float32)] * n_rhs
     # The default scoped VMEM is too small for a resident [K, block_n] expert slice: tiling.vmem_limit.
     rhs_block = (bn, bk) if transpose_rhs else (bk, bn)
-    vmem = vmem_limit(block_bytes((bm, bk), isz) + block_bytes(rhs_block, isz) + block_bytes((bm, bn), osz),
-                      scratch=0 if k_tiles == 1 else block_bytes((bm, bn), 4))
+    vmem = vmem_limit(block_bytes((bm, bk), isz) + n_rhs * block_bytes(rhs_block, isz)
+                      + block_bytes((bm, bn), osz),
+                      scratch=0 if k_tiles == 1 else n_rhs * block_bytes((bm, bn), 4))
     # f32 inputs: HIGHEST asks the MXU for full f32 (multi-pass); the default would round to bf16.
     precision = jax.lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else None
     kernel = functools.partial(gmm_kernel, v_max=v_max, k_tiles=k_tiles, block_m=bm, compute_m=cm,
-                               transpose_rhs=transpose_rhs, precision=precision)
+                               transpose_rhs=transpose_rhs, precision=precision, gated=up is not None)
     sched = keep_in_hbm(sched)
     return pl.pallas_call(
         kernel,
@@ -204,7 +224,7 @@ def gmm_pallas(lhs, rhs, sched, *, bm: int, bk: int, bn: int, cm: int, v_max: in
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,
             grid=(n_tiles, v_max, k_tiles),
-            in_specs=[pl.BlockSpec((bm, bk), lhs_map), rhs_spec],
+            in_specs=[pl.BlockSpec((bm, bk), lhs_map)] + [rhs_spec] * n_rhs,
             out_specs=out_spec,
             scratch_shapes=scratch),
         # Column blocks are independent (a megacore chip may split them); visits must run in order
@@ -213,8 +233,8 @@ def gmm_pallas(lhs, rhs, sched, *, bm: int, bk: int, bn: int, cm: int, v_max: in
                                              vmem_limit_bytes=vmem),
         cost_estimate=cost,
         interpret=interpret,
-        name="grouped_matmul",
-    )(sched, lhs, rhs)
+        name=name,
+    )(sched, lhs, *weights)
 
 
 # --------------------------------------------------------------------------------------- wrapper

@@ -9,7 +9,7 @@ from tpudiag.errors import InputError
 # module name under tpudiag.kernels, in the order `tpudiag kernels list` shows them
 MODULES = ("flash_attention", "paged_attention", "rmsnorm", "cross_entropy", "rope", "sampling",
            "int8_matmul", "grouped_matmul", "w8a8_matmul", "int4_matmul", "mla_decode",
-           "ragged_paged_attention")
+           "ragged_paged_attention", "fused_moe")
 
 
 def all_specs() -> list:

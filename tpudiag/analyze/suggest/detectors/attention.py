@@ -39,6 +39,9 @@ class AttentionShapes(Shapes):
     # sequences (the page table's rows); 0 for a contiguous cache.
     page_size: int = 0
     batch: int = 0
+    # The step writes its new keys into the cache it reads (a scatter or dynamic-update-slice
+    # upstream of the read): a serving loop's write-then-attend.
+    kv_written: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,27 @@ def _paged(flow: Flow, gather, kv_len: int, head_dim: int) -> tuple[int, int, in
     if not pages or kv_len % pages or out % (kv_len * head_dim * batch):
         return None
     return out // (kv_len * head_dim), kv_len // pages, batch
+
+
+_CACHE_WRITES = ("scatter", "dynamic-update-slice")
+
+
+def _cache_writes(flow: Flow, k_src, pv) -> list:
+    """The writes of new keys and values into the cache that `k_src` (the gather or dynamic-slice of
+    the keys) and the values' read take from: a scatter or dynamic-update-slice producing the array
+    read, through reshapes and copies. Empty where the cache comes in as it is."""
+    v_src = flow.back(pv, TRANSPARENT | {"broadcast", "concatenate", "pad", "slice"},
+                      lambda o: o.opcode in ("gather", "dynamic-slice"), depth=6)[0]
+    out = []
+    for read in (k_src, v_src):
+        cache = flow.g.operand(read, 0) if read is not None else None
+        if cache is None:
+            continue
+        w = cache if cache.opcode in _CACHE_WRITES else \
+            flow.back(cache, TRANSPARENT, lambda o: o.opcode in _CACHE_WRITES, depth=4)[0]
+        if w is not None and w not in out:
+            out.append(w)
+    return out
 
 
 def _kv_rows(flow: Flow, qk, pv, rows: int, kv_len: int, head_dim: int) -> int:
@@ -246,12 +270,16 @@ def _find(flow: Flow) -> list[PatternMatch]:
             v_src = flow.back(pv, TRANSPARENT | {"broadcast", "concatenate", "pad", "slice"},
                               lambda o: o.opcode == "gather", depth=6)[0]
             gathers = [g for g in (k_src, v_src) if g is not None]
+        writes = _cache_writes(flow, k_src, pv) if k_src is not None else []
+        if writes:
+            notes.append("the new keys and values written into the cache it reads, in the same step")
         if decode:
             q_len = 1
         shapes = AttentionShapes(batch_heads=rows // max(1, q_len), q_len=q_len, kv_len=kv_len, head_dim=head_dim,
                                  kv_batch_heads=kv_rows, dtype=flow.stored_dtype(qk), softmax_dtype=etype(x),
                                  mask=mask.kind, mask_offset=mask.offset, mask_window=mask.window,
-                                 page_size=paged[1] if paged else 0, batch=paged[2] if paged else 0)
+                                 page_size=paged[1] if paged else 0, batch=paged[2] if paged else 0,
+                                 kv_written=bool(writes))
         grad = _gradient(flow, qk, pv)
         latent = _latent(flow, qk, pv, kv_len, rows // max(1, q_len)) if decode and not grad else None
         if latent is not None:
@@ -262,7 +290,8 @@ def _find(flow: Flow) -> list[PatternMatch]:
                                   instance=flow.weights(qk)))
             continue
         # one instance per layer: its forward and a recomputation in the backward read the same projections
-        out.append(flow.match(DECODE if decode else PREFILL, [qk, x, pv], [*spath, *ppath, red, *grad, *gathers], shapes,
+        out.append(flow.match(DECODE if decode else PREFILL, [qk, x, pv],
+                              [*spath, *ppath, red, *grad, *gathers, *(writes if paged else [])], shapes,
                               notes, instance=flow.weights(qk)))
     return dedupe(out)
 
@@ -287,7 +316,9 @@ class Prefill(_Attention):
 
 class Decode(_Attention):
     name = "attention_decode"
-    kernel = "paged_attention"  # where the keys come through a page table (at_shapes says why not otherwise)
+    # where the keys come through a page table; ragged_paged_attention where the step also writes
+    # the new keys into it (at_shapes says why neither fits otherwise)
+    kernel = "paged_attention"
 
 
 class Latent(_Attention):

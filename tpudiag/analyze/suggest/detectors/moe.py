@@ -38,12 +38,15 @@ class DenseDispatchShapes(Shapes):
     dense_flops: float
     weight_bytes: int
     top_k: int = 1  # experts per token, from the router's top-k (1 where none is found)
+    # The experts' model and feed-forward widths, from their weights ([E, D, F] up, [E, F, D] down):
+    # 0 where the weights do not show them.
+    hidden: int = 0
+    ffn: int = 0
 
 
 class Moe(Detector):
     name = "moe"
-    no_kernel = ("grouped_matmul needs the tokens sorted by expert with group sizes; a dense one-hot dispatch has to "
-                 "be rewritten around it first (tpudiag kernels show grouped_matmul)")
+    kernel = "fused_moe"  # routes, sorts and runs the experts itself (at_shapes says where it does not fit)
     matmul_work = True
 
     def find(self, flow: Flow) -> list[PatternMatch]:
@@ -80,7 +83,7 @@ class Moe(Detector):
                 tokens=tokens, experts=experts, matmuls=len(forward), dtype=etype(forward[0]),
                 dense_flops=sum(op_cost(flow.m, d).flops for d in forward),
                 weight_bytes=sum(max((o.parsed_shape.bytes for o in flow.g.operands(d) if o.parsed_shape.is_array),
-                                     default=0) for d in forward), top_k=k)
+                                     default=0) for d in forward), top_k=k, **_widths(flow, forward, experts))
             routed = "read from the router" if k > 1 else "no top-k found: the least any routing computes"
             spelled = ("a dense one-hot" if how == "one-hot" else
                        "router weights scattered into every expert's slot (zero for the unrouted)")
@@ -99,6 +102,31 @@ class Moe(Detector):
         # are read at least once. `dense_flops` is the forward's: the backward factor adds the gradient.
         flops = shapes.dense_flops * max(1, shapes.top_k) / max(1, shapes.experts)
         return roofline_s(float(shapes.weight_bytes), flops, chip, backward)
+
+
+def _widths(flow: Flow, forward: list, experts: int) -> dict:
+    """{"hidden": D, "ffn": F} from the experts' weights (each forward matmul's operand with an
+    expert dimension that is a parameter of the module, through layout ops; else its largest, which
+    at a prefill's token count may be the activations): the up and gate weights are [E, D, F], the
+    down weight [E, F, D], so the most common (first, second) pair of non-expert dimensions is
+    (D, F); {} where no weight has two."""
+    def is_param(o) -> bool:
+        src = flow.g.source(o, TRANSPARENT)
+        return src is not None and src.opcode == "parameter"
+
+    pairs = []
+    for d in forward:
+        w = max((o for o in flow.g.operands(d) if o.parsed_shape.is_array and experts in dims(o)),
+                key=lambda o: (is_param(o), o.parsed_shape.bytes), default=None)
+        rest = list(dims(w)) if w is not None else []
+        if experts in rest:
+            rest.remove(experts)
+        if len(rest) == 2:
+            pairs.append(tuple(rest))
+    if not pairs:
+        return {}
+    hidden, ffn = max(pairs, key=pairs.count)
+    return {"hidden": hidden, "ffn": ffn}
 
 
 def _one_hot(flow: Flow, c):
