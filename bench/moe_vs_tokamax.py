@@ -37,7 +37,7 @@ def spec():
         h = tokamax.ragged_dot(x[order // k], w_gate_up, group_sizes, preferred_element_type=x.dtype,
                                implementation="mosaic_tpu_v2", fuse_gateup_activation="silu")
         y = tokamax.ragged_dot(h, w_down, group_sizes, preferred_element_type=x.dtype, implementation="mosaic_tpu_v2")
-        per_pair = y[fm._inverse(order)].reshape(t, k, d).astype(jnp.float32)
+        per_pair = y[fm.inverse_permutation(order)].reshape(t, k, d).astype(jnp.float32)
         return jnp.einsum("tk,tkd->td", weights, per_pair).astype(x.dtype)
 
     def bench(blocks=None):

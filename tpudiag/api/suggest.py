@@ -149,12 +149,8 @@ def _price(cands, indices, target, *, static_profile, jobs, limits, progress) ->
         for n, (key, s) in enumerate(setups.items()):
             path = Path(tmp) / f"{n:02d}-{s.kernel}.mlir"
             try:
-                if s.donate:  # a cache the kernel writes in place
-                    import jax
-
-                    lower_for_tpu(jax.jit(s.fn, donate_argnums=s.donate), s.args, path, debug_info=False, jitted=True)
-                else:
-                    lower_for_tpu(s.fn, s.args, path, debug_info=False)  # a stable cache key, whoever calls
+                # debug_info=False: a stable cache key, whoever calls
+                lower_for_tpu(s.fn, s.args, path, debug_info=False, donate_argnums=s.donate)
             except Exception as e:  # the kernel refused these shapes while tracing (block sizes, VMEM)
                 failed[key] = f"{s.kernel} does not lower at {s.description}: {str(e).splitlines()[0][:200]}"
                 continue

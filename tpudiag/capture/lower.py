@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def lower_for_tpu(fn, args, path: Path, *, debug_info: bool = True, jitted: bool = False,
-                  topology: str | None = None) -> Path:
+                  topology: str | None = None, donate_argnums: tuple[int, ...] = ()) -> Path:
     """`fn(*args)` lowered for TPU, written as StableHLO text to `path`; returns `path`.
 
     `jitted`: `fn` is a `jax.jit`-ed function with its own shardings, lowered as it is (wrapping it
@@ -26,6 +26,8 @@ def lower_for_tpu(fn, args, path: Path, *, debug_info: bool = True, jitted: bool
     `topology` (a `Target.topology`): trace as for that chip. Kernels that read the chip they run on
     (`pltpu.get_tpu_info`: Mosaic's vector integer division, JAX's own kernels' block choices) see
     it through a one-device abstract mesh of it instead of this machine's CPU.
+
+    `donate_argnums`: arguments the jitted `fn` may write in place (a KV cache), as `jax.jit`'s.
     """
     import contextlib
 
@@ -40,7 +42,7 @@ def lower_for_tpu(fn, args, path: Path, *, debug_info: bool = True, jitted: bool
         device = topology_desc(topology).devices[:1]
         context = jax.sharding.use_abstract_mesh(jax.sharding.Mesh(np.array(device), ("x",)).abstract_mesh)
     with context:
-        traced = (fn if jitted else jax.jit(fn)).trace(*args)
+        traced = (fn if jitted else jax.jit(fn, donate_argnums=donate_argnums)).trace(*args)
         lowered = traced.lower(lowering_platforms=("tpu",))
     path = Path(path)
     path.write_text(lowered.as_text(debug_info=debug_info))

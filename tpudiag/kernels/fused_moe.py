@@ -120,7 +120,7 @@ def _check(x, router_w, w_gate, w_up, w_down, top_k, scoring) -> None:
                          f"{w_gate.dtype}, {w_up.dtype}, {w_down.dtype}")
 
 
-def _inverse(order):
+def inverse_permutation(order):
     """The inverse permutation, by a scatter. (A second argsort is a third of its static cycles on
     v6e at 16,384 rows, but with it the static-profile compile of the whole call runs out of VMEM.)"""
     return jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=jnp.int32))
@@ -164,7 +164,7 @@ def fused_moe(x, router_w, w_gate, w_up, w_down, *, top_k: int, scoring: str = "
     # (On v5e the TPU static profiler aborts on these row gathers and the scatter, "Unsupported DMA
     # direction"; pinning their operands to HBM does not help there and fails to trace on jax 0.12.)
     y = _experts(x[order // top_k], w_gate, w_up, w_down, group_sizes, blocks, interpret)
-    where = _inverse(order)  # pair -> sorted position
+    where = inverse_permutation(order)  # pair -> sorted position
     per_pair = y[where].reshape(t, top_k, d).astype(weights.dtype)
     return jnp.einsum("tk,tkd->td", weights, per_pair).astype(x.dtype)
 
@@ -206,7 +206,7 @@ def megablox_moe(x, router_w, w_gate, w_up, w_down, *, top_k: int, scoring: str 
     h = (jax.nn.silu(g.astype(jnp.float32)) * u.astype(jnp.float32)).astype(x.dtype)
     y = gmm(h, w_down, group_sizes, preferred_element_type=x.dtype, tiling=(min(512, m), min(512, h.shape[1]),
                                                                             min(512, d)))
-    where = _inverse(order)
+    where = inverse_permutation(order)
     per_pair = y[where].reshape(t, top_k, d).astype(jnp.float32)
     return jnp.einsum("tk,tkd->td", weights, per_pair).astype(x.dtype)
 

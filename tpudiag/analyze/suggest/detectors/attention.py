@@ -142,12 +142,10 @@ def _paged(flow: Flow, gather, kv_len: int, head_dim: int) -> tuple[int, int, in
 _CACHE_WRITES = ("scatter", "dynamic-update-slice")
 
 
-def _cache_writes(flow: Flow, k_src, pv) -> list:
-    """The writes of new keys and values into the cache that `k_src` (the gather or dynamic-slice of
-    the keys) and the values' read take from: a scatter or dynamic-update-slice producing the array
-    read, through reshapes and copies. Empty where the cache comes in as it is."""
-    v_src = flow.back(pv, TRANSPARENT | {"broadcast", "concatenate", "pad", "slice"},
-                      lambda o: o.opcode in ("gather", "dynamic-slice"), depth=6)[0]
+def _cache_writes(flow: Flow, k_src, v_src) -> list:
+    """The writes of new keys and values into the cache that `k_src` and `v_src` (the gathers or
+    dynamic-slices of the keys and the values) read: a scatter or dynamic-update-slice producing the
+    array read, through reshapes and copies. Empty where the cache comes in as it is."""
     out = []
     for read in (k_src, v_src):
         cache = flow.g.operand(read, 0) if read is not None else None
@@ -261,16 +259,16 @@ def _find(flow: Flow) -> list[PatternMatch]:
             notes.append(f"keys read through a {k_src.opcode} (a KV cache)")
         kv_rows = _kv_rows(flow, qk, pv, rows // max(1, q_len), kv_len, head_dim)
         paged = _paged(flow, k_src, kv_len, head_dim) if k_src is not None and k_src.opcode == "gather" else None
+        v_src = flow.back(pv, TRANSPARENT | {"broadcast", "concatenate", "pad", "slice"},
+                          lambda o: o.opcode in ("gather", "dynamic-slice"), depth=6)[0] if k_src is not None else None
         gathers = []
         if paged is not None:
             kv_rows, page_size, batch = paged
             notes.append(f"pages of {page_size} tokens, {kv_len // page_size} a sequence, through a page table")
             # the gathers that copy every sequence's pages out of the pool are the pattern's: the
             # kernel reads the pages where they are
-            v_src = flow.back(pv, TRANSPARENT | {"broadcast", "concatenate", "pad", "slice"},
-                              lambda o: o.opcode == "gather", depth=6)[0]
-            gathers = [g for g in (k_src, v_src) if g is not None]
-        writes = _cache_writes(flow, k_src, pv) if k_src is not None else []
+            gathers = [g for g in (k_src, v_src) if g is not None and g.opcode == "gather"]
+        writes = _cache_writes(flow, k_src, v_src) if k_src is not None else []
         if writes:
             notes.append("the new keys and values written into the cache it reads, in the same step")
         if decode:
