@@ -317,3 +317,51 @@ def test_the_sampling_snippet_draws_what_the_warpers_define(tmp_path):
                                       f"{tmp_path}/cand.py:snippet", "--inputs", f"{tmp_path}/gen.py:make"])
     doc = json.loads(result.output)
     assert result.exit_code == 0 and doc["ok"] is True, result.output
+
+
+DECODE = ARTIFACTS / "corpus_flax_llama_decode"
+
+
+def test_a_cached_generation_step_maps_to_ragged_paged_attention_with_its_write():
+    """transformers' own cached decode (`init_cache`, then one token for each of 8 sequences): each
+    layer writes its new key and value into the cache with dynamic_update_slice, then reads the whole
+    cache, its 4 KV heads repeated for 16 query heads. The detector reads the batch from the cache
+    written, the grouping through XLA's multiply-and-sum form of a one-query matmul, and the writes
+    as the pattern's ops; the kernel that writes and reads pages prices it, the contiguous cache
+    taken as pages in order."""
+    import re
+
+    from tpudiag.kernels.at_shapes import setup_for
+
+    att = [m for m in find_patterns(_module(DECODE, "jit_decode_step")) if m.pattern == "attention_decode"]
+    assert len(att) == 2  # one a layer
+    # oracle: the entry's dynamic-update-slices that transformers' cache update writes
+    (path,) = (DECODE / "modules").glob("*-jit_decode_step/optimized.hlo.txt")
+    writes = set(re.findall(r"\n\s*%(\S+) = [^\n]* dynamic-update-slice\([^\n]*_concatenate_to_cache", path.read_text()))
+    assert len(writes) == 4 and writes == {op for m in att for op in m.ops if op in writes}
+    for m in att:
+        s = m.shapes
+        assert (s.batch, s.batch_heads, s.kv_batch_heads, s.kv_len, s.head_dim) == (8, 128, 32, 1024, 64)
+        assert s.page_size == 0 and s.kv_written
+        assert _function_of(m.source[0])[0] == "FlaxLlamaAttention.__call__", m.source[0]
+        setup = setup_for(m.detector, s)
+        assert setup.kernel == "ragged_paged_attention" and setup.donate == (3, 4)
+        assert [a.shape for a in setup.args] == [(8, 16, 64), (8, 4, 64), (8, 4, 64), (4, 64, 128, 64),
+                                                 (4, 64, 128, 64), (8,), (8, 8), (9,), (1,)]
+        assert "arange(64).reshape(8, 8)" in setup.snippet and "write_kv_pages" in setup.snippet
+
+
+def test_suggest_prices_the_cached_decode_with_ragged_paged_attention():
+    """The whole command on the stored decode run: attention_decode gets ragged_paged_attention,
+    compiled for v5e at the model's shapes, with a gain over XLA's step."""
+    import importlib.metadata as md
+
+    if tuple(int(x) for x in md.version("jax").split(".")[:2]) > (0, 10):
+        pytest.skip("the kernels compile for the suggestion on the oldest jax leg only (CI time)")
+    result = CliRunner().invoke(cli, ["suggest", "--all", "--json", "--no-static-profile", str(DECODE)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    (att,) = [s for s in doc["suggestions"] if s["pattern"] == "attention_decode"]
+    assert att["kernel"] == "ragged_paged_attention" and att["shapes"]["kv_written"]
+    assert "2 instances at this source line (one per layer or tensor), each priced" in att["notes"]
+    assert att["kernel_s"] is not None and att["xla_s"] > att["kernel_s"]

@@ -35,6 +35,7 @@ EXPECTED = {
     "int8_layer": {"dequant_matmul"},
     "int4_layer": {"dequant_matmul"},  # its 4-bit form: int4_matmul, at the groups it reads
     "w8a8_layer": {"w8a8_matmul"},
+    "fp8_layer": {"dequant_matmul", "w8a8_matmul"},  # e4m3 weights: weight-only, and activations quantized too
     "moe_layer": {"moe"},
     "moe_train": {"moe"},  # its training step: the gradient's matmuls are the pattern's ops too
     "bf16_attention": {"attention"},  # found, and XLA's own kernel already replaced it
@@ -294,9 +295,14 @@ def test_decode_attention_through_a_page_table_is_priced_with_paged_attention(co
     assert setup.kernel == "paged_attention"
     assert [a.shape for a in setup.args] == [(32, 32, 128), (8, 4096, 16, 128), (8, 4096, 16, 128), (32,), (32, 128)]
     assert not s.kv_written  # the program reads the cache as it comes
-    # a contiguous cache (decode_step slices it) still gets the reason, not a kernel
+    # a contiguous cache (decode_step slices [8, 8, 2048, 128] of it, read only): ragged paged
+    # attention over pages in order, its batch read from the slice, no page write
     (c,) = [m for m in _matches(compiled["decode_step"]) if m.pattern == "attention_decode"]
-    assert c.shapes.page_size == 0 and "contiguous cache" in setup_for(c.detector, c.shapes)
+    assert (c.shapes.page_size, c.shapes.batch, c.shapes.kv_written) == (0, 8, False)
+    setup = setup_for(c.detector, c.shapes)
+    assert setup.kernel == "ragged_paged_attention" and not setup.donate and "write_kv_pages" not in setup.snippet
+    assert [a.shape for a in setup.args] == [(8, 32, 128), (8, 128, 128, 128), (8, 128, 128, 128), (8,), (8, 16),
+                                             (9,), (1,)]
 
 
 def test_a_serving_step_that_writes_its_pages_maps_to_ragged_paged_attention(compiled):
@@ -340,6 +346,30 @@ def test_the_serving_steps_routed_moe_maps_to_fused_moe_with_its_gain(compiled):
     assert rows["attention_decode"].kernel == "ragged_paged_attention"
     assert rows["w8a8_matmul"].kernel == "w8a8_matmul"
     assert all(rows[p].expected_speedup and rows[p].expected_speedup > 1 for p in rows)
+
+
+def test_fp8_layers_map_to_fp8_matmul_in_their_own_mode(compiled):
+    """fp8_layer.py: e4m3 weights upcast before a bf16 dot (weight-only) and the same weights with
+    the activations quantized to e4m3 in the program (the quantize's fusion among the pattern's
+    ops): both priced with fp8_matmul, each in its mode."""
+    from tpudiag.kernels.at_shapes import setup_for
+
+    by = {m.pattern: m for m in _matches(compiled["fp8_layer"])}
+    deq, act = by["dequant_matmul"], by["w8a8_matmul"]
+    assert (deq.shapes.weight, deq.shapes.weight_dtype, deq.shapes.out) == ((4096, 14336), "f8e4m3fn", (64, 14336))
+    assert (act.shapes.activations, act.shapes.quant_dtype) == ((64, 4096), "f8e4m3fn")
+    # oracle: the optimized HLO's fusion that converts to f8e4m3fn from f32 (the quantize) is the pattern's
+    layer = next(d for d in (compiled["fp8_layer"] / "modules").iterdir() if d.name.endswith("jit_w8a8"))
+    hlo = next(iter(find_optimized_modules(layer / "hlo").values())).read_text()
+    quant = {c for c, body in re.findall(r"\n%(\S+) [^\n]*\{\n(.*?)\n\}", hlo, re.S)
+             if re.search(r"f8e4m3fn\[[0-9,]+\][^\n]* convert\(%clamp", body)}
+    callers = {op for op, callee in re.findall(r"%(\S+) = [^\n]* fusion\([^\n]*calls=%(\S+?)[,\s]", hlo)
+               if callee in quant}
+    assert callers and callers <= set(act.ops)
+    for m, mode in ((deq, "'bf16'"), (act, "'fp8'")):
+        setup = setup_for(m.detector, m.shapes)
+        assert setup.kernel == "fp8_matmul" and f"activations={mode}" in setup.snippet
+        assert [a.shape for a in setup.args] == [(64, 4096), (4096, 14336), (14336,)]
 
 
 def test_latent_attention_not_absorbed_is_priced_with_mla_decode(compiled):
@@ -498,6 +528,10 @@ def _random_inputs(names_shapes: dict, key):
             out[n] = jax.random.randint(sub, shape, -127, 128, jnp.int32).astype(jnp.int8)
         elif dtype == "int4":
             out[n] = jax.random.randint(sub, shape, -8, 8, jnp.int32).astype(jnp.int4)
+        elif dtype == "e4m3":  # N(0, 1) weights stored in e4m3 (scales of 1/(sqrt(K)) keep outputs O(1))
+            out[n] = jax.random.normal(sub, shape, jnp.float32).astype(jnp.float8_e4m3fn)
+        elif dtype == "e4m3_scales":
+            out[n] = jax.random.uniform(sub, shape, jnp.float32, 0.5, 1.5) / names_shapes["x"][0][1] ** 0.5
         elif dtype == "group_scales":  # of N(0, 1/K) weights quantized to [-8, 7]: outputs O(1)
             out[n] = jax.random.uniform(sub, shape, jnp.float32, 0.5, 1.5) / (7 * (names_shapes["x"][0][1] ** 0.5))
         elif dtype == "fan_in":  # bf16 weights N(0, 1/fan-in) (the dimension before the last): outputs O(1)
@@ -531,6 +565,17 @@ SNIPPETS = {
                           {"x": ((16, 256), "bfloat16"), "w_int4": ((256, 256), "int4"),
                            "scales": ((4, 256), "group_scales")},
                           "y", lambda ref, v: ref(v["x"], v["w_int4"], v["scales"])),
+    # the e4m3 forms: weight-only (a dequantize-then-matmul) and activations quantized in the program
+    "dequant_matmul:f8": (DequantShapes(weight=(256, 256), weight_dtype="f8e4m3fn", out=(16, 256), dtype="bf16",
+                                        group=256),
+                          {"x": ((16, 256), "bfloat16"), "w_e4m3": ((256, 256), "e4m3"),
+                           "w_scale": ((256,), "e4m3_scales")},
+                          "y", lambda ref, v: ref(v["x"], v["w_e4m3"], v["w_scale"], activations="bf16")),
+    "w8a8_matmul:f8": (W8A8Shapes(activations=(16, 256), weight=(256, 256), out=(16, 256), dtype="bf16",
+                                  quant_dtype="f8e4m3fn"),
+                       {"x": ((16, 256), "bfloat16"), "w_e4m3": ((256, 256), "e4m3"),
+                        "w_scale": ((256,), "e4m3_scales")},
+                       "y", lambda ref, v: ref(v["x"], v["w_e4m3"], v["w_scale"], activations="fp8")),
     "moe": (DenseDispatchShapes(tokens=16, experts=8, matmuls=3, dtype="bf16", dense_flops=0.0, weight_bytes=0,
                                 top_k=2, hidden=128, ffn=256),
             {"x": ((16, 128), "bfloat16"), "router_w": ((128, 8), "bfloat16"), "w_gate": ((8, 128, 256), "fan_in"),
@@ -557,7 +602,7 @@ def test_each_snippet_runs_in_interpret_mode_against_its_reference(pattern):
     tree = ast.parse(setup.snippet)
     call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
                 and n.func.id in {"rmsnorm_residual", "cross_entropy", "sample", "int8_matmul", "w8a8_matmul",
-                                                 "int4_matmul", "fused_moe"})
+                                                 "int4_matmul", "fused_moe", "fp8_matmul"})
     call.keywords.append(ast.keyword(arg="interpret", value=ast.Constant(True)))
     inputs = _random_inputs(names, jax.random.PRNGKey(3))
     ns = dict(inputs)  # the snippet may rebind its inputs (`normed, resid = rmsnorm_residual(x, resid, ...)`)

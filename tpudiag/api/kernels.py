@@ -92,7 +92,7 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
         inputs, setups, errors = [], {}, {}  # errors: (kernel, variant) -> why it has no module
         for spec in specs:
             try:
-                setup = spec.bench()
+                setup = spec.bench_setup(chip=target.chip)
             except Exception as e:  # a kernel whose bench setup fails is a failed row
                 errors[(spec.name, "kernel")] = f"bench setup failed: {one_line(e)}"
                 continue
@@ -102,7 +102,8 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
                 if progress:
                     progress(f"lowering {spec.name}.{variant}")
                 try:
-                    lower_for_tpu(fn, setup.args_for(variant), path, topology=target.topology)
+                    lower_for_tpu(fn, setup.args_for(variant), path, topology=target.topology,
+                                  donate_argnums=tuple(setup.donate.get(variant, ())))
                 except Exception as e:
                     errors[(spec.name, variant)] = f"lowering failed: {one_line(e)}"
                     continue

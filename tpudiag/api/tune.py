@@ -51,7 +51,7 @@ def _is_bundled(entry: str) -> bool:
     return ":" not in entry and not entry.endswith(".py")
 
 
-def _bundled_points(name: str, space_text: str | None, inputs_text: str | None):
+def _bundled_points(name: str, space_text: str | None, inputs_text: str | None, chip=None):
     """A bundled kernel's search: (space, points, build(i, choice) -> function, args, inputs shown,
     the kernel's own choice). Without --space the points are the kernel's block candidates (the
     fields that differ between them are the choice); with one, every combination of the kernel's
@@ -62,7 +62,7 @@ def _bundled_points(name: str, space_text: str | None, inputs_text: str | None):
     from tpudiag.kernels.registry import get_spec
 
     spec = get_spec(name)
-    setup = spec.bench()
+    setup = spec.bench_setup(chip=chip)
     if inputs_text:
         raise InputError(f"--inputs: {name} is a bundled kernel, tuned at its production shape ({setup.shape}); "
                          "--inputs is for FILE.py:FUNC")
@@ -93,7 +93,7 @@ def _bundled_points(name: str, space_text: str | None, inputs_text: str | None):
     own = {n: default[n] for n in space}
     args = list(setup.args_for("kernel"))
     shown = f"{setup.shape}: " + " ".join(f"{a.dtype}[{','.join(map(str, a.shape))}]" for a in args)
-    return space, points, (lambda i, choice: spec.bench(blocks(i, choice)).kernel), args, shown, own
+    return space, points, (lambda i, choice: spec.bench_setup(blocks(i, choice), chip).kernel), args, shown, own
 
 
 def _func_points(entry: str, space_text: str | None, inputs_text: str | None):
@@ -165,7 +165,8 @@ def kernels_tune(entry: str, target_text: str, space_text: str | None, inputs_te
         if reference is not None:
             raise InputError(f"--reference: {entry} is a bundled kernel; `tpudiag kernels verify {entry}` checks it "
                              "against its own reference")
-        space, points, build, args, inputs_shown, own = _bundled_points(entry, space_text, inputs_text)
+        space, points, build, args, inputs_shown, own = _bundled_points(entry, space_text, inputs_text,
+                                                                        resolve_target(target_text).chip)
     else:
         space, points, build, args, inputs_shown, own = _func_points(entry, space_text, inputs_text)
     if reference is not None:

@@ -71,13 +71,20 @@ def _paged_attention(shapes, notes) -> AtShapes | str:
 
     from tpudiag.kernels.paged_attention import paged_attention
 
-    if not getattr(shapes, "page_size", 0):
-        return ("paged_attention reads a paged KV cache (a page table); this attention slices a contiguous cache, "
-                "so the kernel's figure would price a different layout")
-    b, d, page = shapes.batch, shapes.head_dim, shapes.page_size
-    h, kvh, pps = shapes.batch_heads // b, shapes.kv_batch_heads // b, shapes.kv_len // page
+    b, d, page = getattr(shapes, "batch", 0), shapes.head_dim, getattr(shapes, "page_size", 0)
+    if not b:
+        return ("the paged kernels read a KV cache in pages; tpudiag could not tell this contiguous cache's "
+                "sequences from its KV heads, so no kernel is priced")
+    h, kvh = shapes.batch_heads // b, shapes.kv_batch_heads // b
     if not kvh or h % kvh:
         return f"paged_attention takes query heads a multiple of the KV heads (here {h} and {kvh})"
+    if not page:  # a contiguous cache is pages in order
+        page = next((p for p in (128, 64, 32, 16) if shapes.kv_len % p == 0), 0)
+        if not page:
+            return f"ragged_paged_attention reads pages of 16 to 128 positions; this cache holds {shapes.kv_len}"
+        return _ragged_paged_attention(b, h, kvh, d, page, shapes.kv_len // page,
+                                       write=getattr(shapes, "kv_written", False), contiguous=True)
+    pps = shapes.kv_len // page
     if getattr(shapes, "kv_written", False):
         return _ragged_paged_attention(b, h, kvh, d, page, pps)
     sds, jnp = jax.ShapeDtypeStruct, jax.numpy
@@ -91,9 +98,11 @@ def _paged_attention(shapes, notes) -> AtShapes | str:
                     f"B{b} H{h} KVH{kvh} D{d} page{page} x {pps} pages (full lengths)")
 
 
-def _ragged_paged_attention(b: int, h: int, kvh: int, d: int, page: int, pps: int) -> AtShapes:
-    """A decode step that writes its new keys and values into the paged cache and then attends:
-    the bundled ragged paged attention, one token a sequence, with its page write (full lengths)."""
+def _ragged_paged_attention(b: int, h: int, kvh: int, d: int, page: int, pps: int, *, write: bool = True,
+                            contiguous: bool = False) -> AtShapes:
+    """A decode step over a KV cache: the bundled ragged paged attention, one token a sequence (full
+    lengths), with its page write where the step writes its new keys and values into the cache it
+    reads. A contiguous cache is priced as pages in order."""
     import jax
 
     from tpudiag.kernels.ragged_paged_attention import ragged_paged_attention, write_kv_pages
@@ -101,24 +110,31 @@ def _ragged_paged_attention(b: int, h: int, kvh: int, d: int, page: int, pps: in
     sds, jnp = jax.ShapeDtypeStruct, jax.numpy
     pages = sds((kvh, b * pps, page, d), jnp.bfloat16)
     new = sds((b, kvh, d), jnp.bfloat16)
-    args = (sds((b, h, d), jnp.bfloat16), new, new, pages, pages, sds((b,), jnp.int32), sds((b, pps), jnp.int32),
-            sds((b + 1,), jnp.int32), sds((1,), jnp.int32))
+    meta = (sds((b,), jnp.int32), sds((b, pps), jnp.int32), sds((b + 1,), jnp.int32), sds((1,), jnp.int32))
+    layout = (f"# a contiguous cache is pages in order: keep it as [{kvh}, {b * pps}, {page}, {d}] (KV heads first) "
+              f"with page_table = arange({b * pps}).reshape({b}, {pps})\n" if contiguous else "")
+    head = ("from tpudiag.kernels.ragged_paged_attention import ragged_paged_attention"
+            + (", write_kv_pages\n" if write else "\n") + layout
+            + f"# q [{b}, {h}, {d}] bf16 (one decode token a sequence; prefill chunks may join the batch); "
+            + (f"new_k, new_v [{b}, {kvh}, {d}]; " if write else "")
+            + f"k_pages, v_pages [{kvh}, pages, {page}, {d}] bf16 (KV heads first)\n"
+            + f"# kv_lens [{b}]" + (" (the new token included)" if write else "")
+            + f", page_table [{b}, {pps}], cu_q_lens [{b + 1}] = arange: one token each, num_seqs [1], all int32\n")
+    attend = "out = ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs)"
+    what = (f"B{b} H{h} KVH{kvh} D{d} page{page} x {pps} pages{' in order (a contiguous cache)' if contiguous else ''}, "
+            "one decode token each (full lengths)")
+    if not write:
+        return AtShapes("ragged_paged_attention", (sds((b, h, d), jnp.bfloat16), pages, pages, *meta),
+                        ragged_paged_attention, head + attend, what)
 
     def fn(q, new_k, new_v, k_pages, v_pages, kv_lens, table, cu_q_lens, num_seqs):
         k_pages, v_pages = write_kv_pages(k_pages, v_pages, new_k, new_v, kv_lens, table, cu_q_lens, num_seqs)
         return ragged_paged_attention(q, k_pages, v_pages, kv_lens, table, cu_q_lens, num_seqs), k_pages, v_pages
 
-    snippet = ("from tpudiag.kernels.ragged_paged_attention import ragged_paged_attention, write_kv_pages\n"
-               f"# q [{b}, {h}, {d}] bf16 (one decode token a sequence; prefill chunks may join the batch); "
-               f"new_k, new_v [{b}, {kvh}, {d}]; k_pages, v_pages [{kvh}, pages, {page}, {d}] bf16 (KV heads first)\n"
-               f"# kv_lens [{b}] (the new token included), page_table [{b}, {pps}], cu_q_lens [{b + 1}] = "
-               "arange: one token each, num_seqs [1], all int32\n"
-               "k_pages, v_pages = write_kv_pages(k_pages, v_pages, new_k, new_v, kv_lens, page_table, cu_q_lens, "
-               "num_seqs)  # in place: donate the pools to the step's jit\n"
-               "out = ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs)")
-    return AtShapes("ragged_paged_attention", args, fn, snippet,
-                    f"B{b} H{h} KVH{kvh} D{d} page{page} x {pps} pages, one decode token each (full lengths), "
-                    "with the page write (pool donated)", donate=(3, 4))
+    snippet = (head + "k_pages, v_pages = write_kv_pages(k_pages, v_pages, new_k, new_v, kv_lens, page_table, "
+               "cu_q_lens, num_seqs)  # in place: donate the pools to the step's jit\n" + attend)
+    return AtShapes("ragged_paged_attention", (sds((b, h, d), jnp.bfloat16), new, new, pages, pages, *meta), fn,
+                    snippet, what + ", with the page write (pool donated)", donate=(3, 4))
 
 
 def _mla_decode(shapes, notes) -> AtShapes | str:
@@ -224,6 +240,9 @@ def _int8_matmul(shapes, notes) -> AtShapes | str:
 
     if shapes.weight_dtype in ("s4", "u4"):
         return _int4_matmul(shapes, notes)
+    if shapes.weight_dtype == "f8e4m3fn":  # x stays as it is: the weight-only mode
+        m, k, n = shapes.out[0] if len(shapes.out) == 2 else 1, shapes.weight[0], shapes.weight[-1]
+        return _fp8_matmul(m, k, n, "bf16", "bf16")
     (k, n), (m, _) = shapes.weight, shapes.out
     if shapes.weight_dtype != "s8":
         return f"int8_matmul takes int8 weights (here {shapes.weight_dtype})"
@@ -264,6 +283,29 @@ def _int4_matmul(shapes, notes) -> AtShapes | str:
                     f"M{m} K{k} N{n} int4, {scales}")
 
 
+def _fp8_matmul(m: int, k: int, n: int, activations: str, dtype: str) -> AtShapes | str:
+    """e4m3 weights with channel scales: weight-only (a dequantize-then-matmul) or with the
+    activations quantized per token (an fp8 W8A8 layer)."""
+    import jax
+
+    from tpudiag.kernels.fp8_matmul import fp8_matmul
+
+    if n % 128:
+        return f"fp8_matmul needs N a multiple of 128 (N{n})"
+    mode = "weight-only" if activations == "bf16" else "activations quantized per token inside"
+    snippet = ("from tpudiag.kernels.fp8_matmul import fp8_matmul\n"
+               f"y = fp8_matmul(x, w_e4m3, w_scale, activations={activations!r})  # x [{m}, {k}] {dtype} ({mode}), "
+               f"w [{k}, {n}] float8_e4m3fn, w_scale [{n}] f32")
+
+    def fn(x, w, w_scale):
+        return fp8_matmul(x, w, w_scale, activations=activations)
+
+    return AtShapes("fp8_matmul", (jax.ShapeDtypeStruct((m, k), _jnp(dtype)),
+                                   jax.ShapeDtypeStruct((k, n), jax.numpy.float8_e4m3fn),
+                                   jax.ShapeDtypeStruct((n,), jax.numpy.float32)), fn, snippet,
+                    f"M{m} K{k} N{n} e4m3, {mode}")
+
+
 def _w8a8_matmul(shapes, notes) -> AtShapes | str:
     import jax
 
@@ -272,9 +314,11 @@ def _w8a8_matmul(shapes, notes) -> AtShapes | str:
     (m, k), (k2, n) = shapes.activations[-2:], shapes.weight[-2:]
     if k != k2:
         return f"w8a8_matmul takes x [M, K] @ w [K, N] (here x {shapes.activations}, w {shapes.weight})"
+    dtype = shapes.dtype if shapes.dtype in ("bf16", "f32") else "bf16"
+    if getattr(shapes, "quant_dtype", "s8") == "f8e4m3fn":
+        return _fp8_matmul(m, k, n, "fp8", dtype)
     if n % 128:
         return f"w8a8_matmul needs N a multiple of 128 (N{n})"
-    dtype = shapes.dtype if shapes.dtype in ("bf16", "f32") else "bf16"
     snippet = ("from tpudiag.kernels.w8a8_matmul import w8a8_matmul\n"
                f"y = w8a8_matmul(x, w_int8, w_scale)  # x [{m}, {k}] {dtype} (quantized per token inside), "
                f"w [{k}, {n}] int8, w_scale [{n}] f32")

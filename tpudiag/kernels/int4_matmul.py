@@ -127,9 +127,10 @@ def int4_matmul(x, w, scales, *, block_sizes: BlockSizes | None = None, interpre
     gm, gn, gk = pl.cdiv(m, bm), pl.cdiv(n, bn), k // bk
     xb = jnp.dtype(x.dtype).itemsize
     sb = jnp.dtype(scales.dtype).itemsize
-    # x's block (i, l) is re-fetched for every N block; w's and the scales' (l, j) for every M block
-    # (a block index that does not change between consecutive steps is not fetched again).
-    x_reads = 1 if gn == 1 and gk == 1 else gn
+    # x's block (i, l) is re-fetched for every N block unless K is one block (then its index stays
+    # (i, 0) across j); w's and the scales' (l, j) for every M block (a block index that does not
+    # change between consecutive steps is not fetched again).
+    x_reads = 1 if gk == 1 else gn
     w_reads = 1 if gm == 1 or (gn == 1 and gk == 1) else gm
     cost = pl.CostEstimate(flops=2 * m * n * k, transcendentals=0,
                            bytes_accessed=int(x_reads * m * k * xb + w_reads * (k * n // 2 + groups * n * sb)

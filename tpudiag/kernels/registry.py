@@ -8,7 +8,7 @@ from tpudiag.errors import InputError
 
 # module name under tpudiag.kernels, in the order `tpudiag kernels list` shows them
 MODULES = ("flash_attention", "paged_attention", "rmsnorm", "cross_entropy", "rope", "sampling",
-           "int8_matmul", "grouped_matmul", "w8a8_matmul", "int4_matmul", "mla_decode",
+           "int8_matmul", "grouped_matmul", "w8a8_matmul", "int4_matmul", "fp8_matmul", "mla_decode",
            "ragged_paged_attention", "fused_moe")
 
 

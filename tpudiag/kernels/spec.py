@@ -82,6 +82,9 @@ class BenchSetup:
     # A variant's own arguments where its data layout differs from `args` ("kernel", "xla" or
     # "jax" -> ShapeDtypeStructs): JAX's kernel with K and V in one pool, say.
     variant_args: dict = field(default_factory=dict)
+    # Arguments a variant writes in place ("kernel", "xla" or "jax" -> argnums), donated as a serving
+    # engine donates its KV cache: without donation XLA copies an aliased buffer whole first.
+    donate: dict = field(default_factory=dict)
 
     def args_for(self, variant: str) -> tuple:
         """The arguments `variant` ("kernel", "xla" or "jax") is lowered at."""
@@ -108,6 +111,12 @@ class KernelSpec:
     bench: Callable[..., BenchSetup]  # bench(blocks=None) -> BenchSetup; blocks from block_candidates
     block_candidates: tuple = ()  # block-size objects the bench/ sweep tries
     differentiable: bool = False  # has a custom_vjp backward kernel
+    # bench(blocks=None, chip=None): the setup depends on the target's chip (fp8_matmul's mode)
+    chip_bench: bool = False
+
+    def bench_setup(self, blocks=None, chip=None) -> BenchSetup:
+        """The bench setup at `blocks` (the defaults for None) for the target's `targets.Chip`."""
+        return self.bench(blocks, chip=chip) if self.chip_bench else self.bench(blocks)
 
     def describe(self) -> dict:
         return {"name": self.name, "title": self.title, "replaces": self.replaces,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -39,8 +40,8 @@ _QMAX = 127.0
 @dataclass(frozen=True)
 class BlockSizes:
     """Output tile per grid step (block_m x block_n); K is always whole. block_m is a multiple of
-    32 (int8 packs 32 rows per vreg), block_n of 128 (lanes). A dimension smaller than its block is
-    taken whole."""
+    32 (int8 and fp8 pack 32 rows per vreg), block_n of 128 (lanes). A dimension smaller than its
+    block is taken whole."""
 
     block_m: int = 256
     block_n: int = 2048
@@ -82,42 +83,64 @@ def w8a8_kernel(x_ref, w_ref, s_ref, o_ref):
     o_ref[...] = (acc.astype(jnp.float32) * sx * s_ref[...]).astype(o_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block_sizes", "interpret"))
-def w8a8_matmul(x, w, w_scale, *, block_sizes: BlockSizes | None = None, interpret=False):
-    """x [M, K] (bf16 or f32) quantized per token, @ w int8 [K, N] * w_scale f32 [N] -> [M, N] in
-    x's dtype. Any M and N; K is one block."""
-    _check_shapes(x, w, w_scale)
-    bs = block_sizes or DEFAULT_BLOCKS
+def whole_k_call(kernel, x, w, w_scale, bs: BlockSizes, *, scratch, name: str, interpret: bool,
+                 n_outer: bool = False, scratch_shapes: Callable | None = None):
+    """`kernel(x_ref, w_ref, s_ref, o_ref, *scratch_refs)` over the output tiles with the whole K in
+    each block: x [M, K] @ an 8-bit w [K, N] * w_scale [N] -> [M, N] in x's dtype. The grid is (i over
+    M, j over N), or with `n_outer` (j over N, i over M, the inner axis sequential: a kernel may keep
+    what it made of its weight tile in `scratch_shapes(bm, bn, k)` across the M blocks).
+    `scratch(bm, bn, k)` is the VMEM the kernel's temporaries take. Shared by the 8-bit matmuls
+    (this one, fp8_matmul)."""
     m, k = x.shape
     n = w.shape[1]
     bm, bn = fit_block(bs.block_m, m), fit_block(bs.block_n, n)
     gm, gn = pl.cdiv(m, bm), pl.cdiv(n, bn)
     xb = jnp.dtype(x.dtype).itemsize
-    # x's block (i, 0) is re-fetched for every N block unless N is one block (j is the inner grid
-    # axis); w's block (0, j) for every M block unless it is the only one.
-    x_reads = 1 if gn == 1 else gn
-    w_reads = 1 if gn == 1 else gm
+    # The pipeline skips a copy whose block index did not change since the step before. With j
+    # inner, x's block (i, 0) keeps its index across it (x read once) and w's (0, j) changes every
+    # step (w read once per M block unless N is one block); with i inner, the other way round.
+    if n_outer:
+        x_reads, w_reads = (1 if gm == 1 else gn), 1
+    else:
+        x_reads, w_reads = 1, (1 if gn == 1 else gm)
     cost = pl.CostEstimate(flops=2 * m * n * k, transcendentals=0,
                            bytes_accessed=int(x_reads * m * k * xb + w_reads * (k * n + 4 * n) + m * n * xb))
-    # Blocks: x, w, the scales and the output, pipelined; temporaries made on purpose: the f32 copy
-    # of x and its int8 quantization, the int32 accumulator and its f32 copy.
+    # Blocks: x, w, the scales and the output, pipelined.
     blocks = (block_bytes((bm, k), xb) + block_bytes((k, bn), 1) + block_bytes((1, bn), 4)
               + block_bytes((bm, bn), xb))
-    scratch = block_bytes((bm, k), 4) + block_bytes((bm, k), 1) + 2 * block_bytes((bm, bn), 4)
+    if n_outer:
+        grid, order = (gn, gm), (lambda f: lambda j, i: f(i, j))
+        semantics = ("parallel", "arbitrary")
+    else:
+        grid, order, semantics = (gm, gn), (lambda f: f), ("parallel", "parallel")
     return pl.pallas_call(
-        w8a8_kernel,
+        kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
-        grid=(gm, gn),
-        in_specs=[pl.BlockSpec((bm, k), lambda i, j: (i, 0)),
-                  pl.BlockSpec((k, bn), lambda i, j: (0, j)),
-                  pl.BlockSpec((1, bn), lambda i, j: (0, j))],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"),
-                                             vmem_limit_bytes=vmem_limit(blocks, scratch)),
+        grid=grid,
+        in_specs=[pl.BlockSpec((bm, k), order(lambda i, j: (i, 0))),
+                  pl.BlockSpec((k, bn), order(lambda i, j: (0, j))),
+                  pl.BlockSpec((1, bn), order(lambda i, j: (0, j)))],
+        out_specs=pl.BlockSpec((bm, bn), order(lambda i, j: (i, j))),
+        scratch_shapes=scratch_shapes(bm, bn, k) if scratch_shapes else (),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=semantics,
+                                             vmem_limit_bytes=vmem_limit(blocks, scratch(bm, bn, k))),
         cost_estimate=cost,
         interpret=interpret,
-        name="tpudiag_w8a8_matmul",
+        name=name,
     )(x, w, w_scale.reshape(1, n).astype(jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("block_sizes", "interpret"))
+def w8a8_matmul(x, w, w_scale, *, block_sizes: BlockSizes | None = None, interpret=False):
+    """x [M, K] (bf16 or f32) quantized per token, @ w int8 [K, N] * w_scale f32 [N] -> [M, N] in
+    x's dtype. Any M and N; K is one block."""
+    _check_shapes(x, w, w_scale)
+
+    def scratch(bm, bn, k):  # the f32 copy of x and its int8 quantization, the int32 accumulator and its f32 copy
+        return block_bytes((bm, k), 4) + block_bytes((bm, k), 1) + 2 * block_bytes((bm, bn), 4)
+
+    return whole_k_call(w8a8_kernel, x, w, w_scale, block_sizes or DEFAULT_BLOCKS, scratch=scratch,
+                        name="tpudiag_w8a8_matmul", interpret=interpret)
 
 
 def reference(x, w, w_scale, *, block_sizes=None):

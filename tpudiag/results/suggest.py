@@ -22,7 +22,7 @@ PATTERN_LABELS: dict[str, str] = {
     "sampling": "top-k / top-p sampling",
     "moe": "MoE dispatch",
     "dequant_matmul": "dequantize-then-matmul",
-    "w8a8_matmul": "activation-quantized int8 matmul (w8a8)",
+    "w8a8_matmul": "activation-quantized matmul (w8a8, int8 or e4m3)",
 }
 
 

@@ -35,9 +35,11 @@ class AttentionShapes(Shapes):
     mask: str = "none"  # masks.Mask.kind: none, causal, window, inputs, other, unknown
     mask_offset: int = 0  # causal and window: query i sees keys j <= i + offset
     mask_window: int = 0  # window: and keys j > i + offset - window
-    # A KV cache read through a gather of pages (a page table): the tokens a page holds and the
-    # sequences (the page table's rows); 0 for a contiguous cache.
+    # A KV cache read through a gather of pages (a page table): the tokens a page holds; 0 for a
+    # contiguous cache.
     page_size: int = 0
+    # Decode over a KV cache: its sequences (the page table's rows, or a contiguous cache's batch
+    # dimension); 0 where unknown.
     batch: int = 0
     # The step writes its new keys into the cache it reads (a scatter or dynamic-update-slice
     # upstream of the read): a serving loop's write-then-attend.
@@ -140,6 +142,8 @@ def _paged(flow: Flow, gather, kv_len: int, head_dim: int) -> tuple[int, int, in
 
 
 _CACHE_WRITES = ("scatter", "dynamic-update-slice")
+# From an attention matmul back to a cache write it reads whole: the repeat of grouped heads and casts.
+_WRITE_PATH = TRANSPARENT | {"broadcast", "multiply"}
 
 
 def _cache_writes(flow: Flow, k_src, v_src) -> list:
@@ -158,6 +162,31 @@ def _cache_writes(flow: Flow, k_src, v_src) -> list:
     return out
 
 
+def _matmul_operands(flow: Flow, mm) -> list:
+    """A matmul's two inputs; for XLA's multiply-and-sum form of one query a row (a reduce of a
+    multiply), the multiply's."""
+    if mm.opcode == "reduce":
+        prod = flow.g.operand(mm, 0)
+        if prod is not None and prod.opcode == "multiply":
+            return flow.g.operands(prod)
+    return flow.g.operands(mm)
+
+
+def _cache_batch(cache: list[int], kv_len: int, head_dim: int, kv_rows: int) -> int:
+    """The sequences of a contiguous KV cache read or written whole, from its dims: what is left
+    after its positions and head_dim is batch x KV heads in some order ([B, S, KVH, D] as
+    transformers writes it, [B, KVH, S, D] as others do), batch first. 0 where it does not add up."""
+    rest = list(cache)
+    for size in (head_dim, kv_len):
+        if size not in rest:
+            return 0
+        del rest[len(rest) - 1 - rest[::-1].index(size)]
+    n = 1
+    for r in rest:
+        n *= r
+    return rest[0] if rest and n == kv_rows else 0
+
+
 def _kv_rows(flow: Flow, qk, pv, rows: int, kv_len: int, head_dim: int) -> int:
     """K/V rows (batch x kv heads) before any repeat. Grouped-query heads written as `jnp.repeat`,
     `broadcast` or `tile` of K and V read fewer elements than the matmul's operand holds; written as
@@ -166,7 +195,7 @@ def _kv_rows(flow: Flow, qk, pv, rows: int, kv_len: int, head_dim: int) -> int:
     row = max(1, kv_len * head_dim)
     counts = []
     for mm in (qk, pv):
-        for operand in flow.g.operands(mm):
+        for operand in _matmul_operands(flow, mm):
             n = elems(dims(operand))
             if operand.opcode in TRANSPARENT | {"broadcast"}:
                 walked = [operand, *flow.back(operand, TRANSPARENT | {"broadcast"}, lambda _o: False, depth=8)[1]]
@@ -268,16 +297,28 @@ def _find(flow: Flow) -> list[PatternMatch]:
             # the gathers that copy every sequence's pages out of the pool are the pattern's: the
             # kernel reads the pages where they are
             gathers = [g for g in (k_src, v_src) if g is not None and g.opcode == "gather"]
-        writes = _cache_writes(flow, k_src, v_src) if k_src is not None else []
+        if k_src is not None:
+            writes = _cache_writes(flow, k_src, v_src)
+        elif decode:  # a cache read whole: the step's write may feed the matmuls directly
+            writes = []
+            for mm in (qk, pv):
+                w = flow.back(mm, _WRITE_PATH, lambda o: o.opcode in _CACHE_WRITES, depth=6)[0]
+                if w is not None and all(w is not x for x in writes):
+                    writes.append(w)
+        else:
+            writes = []
         if writes:
             notes.append("the new keys and values written into the cache it reads, in the same step")
+        batch = paged[2] if paged else 0
+        if decode and not paged:  # a contiguous cache: its sequences from the array read or written
+            cache = k_src if k_src is not None and k_src.opcode == "dynamic-slice" else writes[0] if writes else None
+            batch = _cache_batch(dims(cache), kv_len, head_dim, kv_rows) if cache is not None else 0
         if decode:
             q_len = 1
         shapes = AttentionShapes(batch_heads=rows // max(1, q_len), q_len=q_len, kv_len=kv_len, head_dim=head_dim,
                                  kv_batch_heads=kv_rows, dtype=flow.stored_dtype(qk), softmax_dtype=etype(x),
                                  mask=mask.kind, mask_offset=mask.offset, mask_window=mask.window,
-                                 page_size=paged[1] if paged else 0, batch=paged[2] if paged else 0,
-                                 kv_written=bool(writes))
+                                 page_size=paged[1] if paged else 0, batch=batch, kv_written=bool(writes))
         grad = _gradient(flow, qk, pv)
         latent = _latent(flow, qk, pv, kv_len, rows // max(1, q_len)) if decode and not grad else None
         if latent is not None:
@@ -289,7 +330,7 @@ def _find(flow: Flow) -> list[PatternMatch]:
             continue
         # one instance per layer: its forward and a recomputation in the backward read the same projections
         out.append(flow.match(DECODE if decode else PREFILL, [qk, x, pv],
-                              [*spath, *ppath, red, *grad, *gathers, *(writes if paged else [])], shapes,
+                              [*spath, *ppath, red, *grad, *gathers, *(writes if batch else [])], shapes,
                               notes, instance=flow.weights(qk)))
     return dedupe(out)
 

@@ -1,0 +1,88 @@
+"""The FP8 kernel (tpudiag/kernels/fp8_matmul.py) beyond `kernels verify`'s cases: both modes against
+numpy in float64 (the e4m3 values from ml_dtypes, the per-token quantization worked out by hand), a
+row whose values exceed e4m3's range quantizes without NaN, a zero row stays zero, and bad inputs
+are refused by name."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tpudiag.kernels import fp8_matmul as f
+
+
+def _args(m, k, n, dtype, seed=0):
+    return f._make(m, k, n, dtype, zero_row=True)(jax.random.key(seed))
+
+
+def _numpy(x, w, s, activations):
+    """float64 numpy: the e4m3 weights as values; in fp8 mode x quantized per row in f32 (the op's
+    definition) and rounded to e4m3 by ml_dtypes."""
+    x32 = np.asarray(x, np.float32)
+    wv = np.asarray(w).astype(np.float64)
+    if activations == "fp8":
+        amax = np.abs(x32).max(axis=1, keepdims=True)
+        sx = np.where(amax > 0, amax / np.float32(448.0), np.float32(1.0)).astype(np.float32)
+        xq = np.clip(x32 / sx, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+        return (xq @ wv) * sx.astype(np.float64) * np.asarray(s, np.float64)[None, :]
+    return (x32.astype(np.float64) @ wv) * np.asarray(s, np.float64)[None, :]
+
+
+@pytest.mark.parametrize("activations", ["fp8", "bf16"])
+def test_both_modes_match_numpy_in_float64(activations):
+    x, w, s = _args(70, 384, 260, jnp.float32)
+    got = f.fp8_matmul(x, w, s, activations=activations, block_sizes=f.BlockSizes(32, 128), interpret=True)
+    want = _numpy(x, w, s, activations)
+    assert got.dtype == jnp.float32 and got.shape == (70, 260)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-5, atol=2e-5)
+    assert not np.any(np.asarray(got)[35])  # the zero row
+
+
+def test_the_activation_quantization_loses_what_e4m3_loses():
+    """fp8 mode against weight-only on the same inputs: they differ (x is rounded to 3 mantissa
+    bits), by about e4m3's relative step, not more."""
+    x, w, s = _args(64, 512, 256, jnp.float32, seed=1)
+    a = np.asarray(f.fp8_matmul(x, w, s, activations="fp8", interpret=True), np.float64)
+    b = np.asarray(f.fp8_matmul(x, w, s, activations="bf16", interpret=True), np.float64)
+    rel = np.linalg.norm(a - b) / np.linalg.norm(b)
+    assert 1e-3 < rel < 2 ** -4
+
+
+def test_quantization_clips_instead_of_making_nan():
+    x = jnp.array([[0.0, 0.0], [1.0, -2.0], [1e30, -3e29]], jnp.float32)
+    xq, scale = f.quantize_rows_fp8(x)
+    assert xq.dtype == jnp.float8_e4m3fn
+    v = np.asarray(xq.astype(jnp.float32))
+    assert np.all(np.isfinite(v)) and np.abs(v).max() == 448.0
+    np.testing.assert_array_equal(v, [[0, 0], [224, -448], [448, -128]])
+    np.testing.assert_allclose(np.asarray(scale)[:, 0], [1.0, 2.0 / 448, 1e30 / 448], rtol=1e-6)
+
+
+def test_bad_inputs_are_refused_by_name():
+    x = jnp.zeros((4, 8), jnp.bfloat16)
+    w = jnp.zeros((8, 16), jnp.float8_e4m3fn)
+    with pytest.raises(ValueError, match="w must be float8_e4m3fn"):
+        f.fp8_matmul(x, jnp.zeros((8, 16), jnp.int8), jnp.ones(16), interpret=True)
+    with pytest.raises(ValueError, match="contraction dims differ"):
+        f.fp8_matmul(jnp.zeros((4, 9), jnp.bfloat16), w, jnp.ones(16), interpret=True)
+    with pytest.raises(ValueError, match=r"w_scale must be \[N=16\]"):
+        f.fp8_matmul(x, w, jnp.ones(8), interpret=True)
+    with pytest.raises(ValueError, match="activations must be one of"):
+        f.fp8_matmul(x, w, jnp.ones(16), activations="int8", interpret=True)
+    with pytest.raises(ValueError, match="block_m must be a positive multiple of 32"):
+        f.BlockSizes(block_m=48)
+
+
+def test_the_bench_mode_follows_the_chip_table():
+    """e4m3 x e4m3 where the chip table gives the MXU an fp8 rate (v5e, v5p, v6e, TPU7x: twice bf16
+    there), weight-only on v4, whose MXU takes no fp8 operand."""
+    from tpudiag.targets import CHIPS
+
+    assert CHIPS["v4"].peak_fp8_flops_per_s is None
+    assert CHIPS["tpu7x"].peak_fp8_flops_per_s == 2 * CHIPS["tpu7x"].peak_bf16_flops_per_s
+    assert {name: f.mode_for(chip) for name, chip in CHIPS.items()} == {
+        "v4": "bf16", "v5e": "fp8", "v5p": "fp8", "v6e": "fp8", "tpu7x": "fp8"}
+    assert "weight-only" in f.bench(chip=CHIPS["v4"]).shape and "e4m3 per token" in f.bench(chip=CHIPS["v6e"]).shape

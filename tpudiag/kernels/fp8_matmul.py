@@ -1,0 +1,246 @@
+"""FP8 matmul for serving: weights w [K, N] stored as float8_e4m3fn with per-output-channel scales
+[N], times x [M, K] (bf16), in one of two modes:
+
+    activations="fp8"  (default: an fp8 checkpoint served with dynamic per-token activation scales)
+        sx[m]     = max_k |x[m, k]| / 448          (per-token scale; a zero row keeps scale 1)
+        xq[m, k]  = e4m3(clip(x[m, k] / sx[m], +-448))
+        out[m, n] = (sum_k xq[m, k] * w[k, n]) * sx[m] * w_scale[n]       e4m3 x e4m3 -> f32 on the MXU
+    activations="bf16" (weight-only: x keeps its precision)
+        out[m, n] = (sum_k x[m, k] * bf16(w[k, n])) * w_scale[n]          bf16 x bf16 -> f32
+
+Which chips multiply e4m3 on the MXU is the chip table's `peak_fp8_flops_per_s`: v5e, v5p and v6e
+at their bf16 rate, TPU7x at twice it; v4's MXU takes no fp8 operand (Mosaic: "Unsupported matmul
+RHS type"), so only the weight-only mode can run there. Every e4m3 value is exact in bf16, so the
+weight-only mode loses nothing to its upcast, but the upcast is VPU work on every weight.
+
+Without a kernel XLA quantizes the activations in a fusion of their own (x read, xq and its scales
+written to HBM and read back by the dot) or upcasts the weights in one. Here each grid step
+quantizes its x rows (or converts its weight tile) in VMEM. The whole K is one block (a token's
+scale needs its whole row). Edge blocks in M and N need no masking: rows and columns past the
+array are computed from unspecified values and dropped when the block is written. e4m3fn has no
+infinity and converts an out-of-range value to NaN, so the quantization clips first. No gradient:
+an inference kernel.
+
+Holds the kernel, the pure-JAX reference, the plain-JAX version users write, and the `SPEC`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, fit_block
+from tpudiag.kernels.w8a8_matmul import BlockSizes, whole_k_call
+
+# Production shape: Llama 3 8B's MLP up/gate projection (K 4096 -> N 14336), as the other quantized
+# matmuls; decode M 64 tokens.
+PROD = dict(m_decode=64, k=4096, n=14336)
+FP8 = jnp.float8_e4m3fn
+_FMAX = 448.0  # the largest finite e4m3fn value
+MODES = ("fp8", "bf16")
+
+
+DEFAULT_BLOCKS = BlockSizes()
+
+
+def _check(x, w, w_scale, activations):
+    check_matmul_operands(x, w, FP8)
+    if w_scale.shape != (w.shape[1],):
+        raise ValueError(f"w_scale must be [N={w.shape[1]}], got {w_scale.shape}")
+    if activations not in MODES:
+        raise ValueError(f"activations must be one of {MODES}, got {activations!r}")
+
+
+def quantize_rows_fp8(x):
+    """Per-row symmetric e4m3 quantization in f32: (xq float8_e4m3fn, scale f32 [rows, 1]). A row of
+    zeros gets scale 1; values are clipped to +-448 before the convert (e4m3fn has no infinity)."""
+    xf = x.astype(jnp.float32)
+    amax = jnp.max(jnp.abs(xf), axis=-1, keepdims=True)
+    scale = jnp.where(amax > 0, amax / _FMAX, 1.0)
+    xq = jnp.clip(xf / scale, -_FMAX, _FMAX).astype(FP8)
+    return xq, scale
+
+
+def _fp8_kernel(x_ref, w_ref, s_ref, o_ref):
+    """Grid (i over M, j over N): quantize this block's rows to e4m3, one e4m3 x e4m3 matmul over the
+    whole K, both scales on the f32 result."""
+    xq, sx = quantize_rows_fp8(x_ref[...])
+    acc = jnp.dot(xq, w_ref[...], preferred_element_type=jnp.float32) * sx
+    o_ref[...] = (acc * s_ref[...]).astype(o_ref.dtype)
+
+
+def _weight_only_kernel(x_ref, w_ref, s_ref, o_ref):
+    """Grid (i over M, j over N), one M block: the weight tile upcast in VMEM, one matmul over the
+    whole K in x's dtype, the channel scales on the f32 result."""
+    x = x_ref[...]
+    acc = jnp.dot(x, w_ref[...].astype(x.dtype), preferred_element_type=jnp.float32)
+    o_ref[...] = (acc * s_ref[...]).astype(o_ref.dtype)
+
+
+def _weight_only_cached_kernel(x_ref, w_ref, s_ref, o_ref, w_up):
+    """Grid (j over N, i over M, i sequential), several M blocks: the weight tile upcast once into
+    `w_up` at the first M block and reused by the others (the upcast is VPU work on every weight:
+    on v6e, 1.02M cycles against 618k at M2048 when every M block converts its own)."""
+    @pl.when(pl.program_id(1) == 0)
+    def _():
+        w_up[...] = w_ref[...].astype(w_up.dtype)
+
+    acc = jnp.dot(x_ref[...], w_up[...], preferred_element_type=jnp.float32)
+    o_ref[...] = (acc * s_ref[...]).astype(o_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("activations", "block_sizes", "interpret"))
+def fp8_matmul(x, w, w_scale, *, activations: str = "fp8", block_sizes: BlockSizes | None = None,
+               interpret=False):
+    """x [M, K] (bf16 or f32) @ w float8_e4m3fn [K, N] * w_scale f32 [N] -> [M, N] in x's dtype.
+    `activations="fp8"` quantizes x per token to e4m3 and multiplies e4m3 on the MXU; "bf16" upcasts
+    the weight tile in VMEM (weight-only). Any M and N; K is one block."""
+    _check(x, w, w_scale, activations)
+    bs, name = block_sizes or DEFAULT_BLOCKS, f"tpudiag_fp8_matmul_{activations}"
+    if activations == "fp8":
+        def scratch(bm, bn, k):  # x's f32 copy and its e4m3 quantization; the f32 accumulator and its scaled copy
+            return block_bytes((bm, k), 4) + block_bytes((bm, k), 1) + 2 * block_bytes((bm, bn), 4)
+
+        return whole_k_call(_fp8_kernel, x, w, w_scale, bs, scratch=scratch, name=name, interpret=interpret)
+
+    def scratch(bm, bn, k):  # the upcast weight tile, the f32 accumulator and its scaled copy
+        return block_bytes((k, bn), jnp.dtype(x.dtype).itemsize) + 2 * block_bytes((bm, bn), 4)
+
+    if fit_block(bs.block_m, x.shape[0]) >= x.shape[0]:  # one M block: nothing to reuse the upcast tile
+        return whole_k_call(_weight_only_kernel, x, w, w_scale, bs, scratch=scratch, name=name, interpret=interpret)
+    return whole_k_call(_weight_only_cached_kernel, x, w, w_scale, bs, scratch=scratch, name=name,
+                        interpret=interpret, n_outer=True,
+                        scratch_shapes=lambda bm, bn, k: [pltpu.VMEM((k, bn), x.dtype)])
+
+
+def reference(x, w, w_scale, *, activations: str = "fp8", block_sizes=None):
+    """Pure JAX. The fp8 mode's quantization is the op's own definition, in f32 as the kernel and a
+    serving stack do it (`quantize_rows_fp8`): a float64 run must not move an element across a
+    rounding boundary. The products and sums run in x's compute dtype (f32, or f64 under x64).
+    `w` may come upcast (a float64 run casts every float input): its values are e4m3's either way.
+    `block_sizes` is accepted and ignored."""
+    if activations not in MODES:
+        raise ValueError(f"activations must be one of {MODES}, got {activations!r}")
+    ct = jnp.promote_types(x.dtype, jnp.float32)
+    hi = jax.lax.Precision.HIGHEST
+    if activations == "fp8":
+        xq, sx = quantize_rows_fp8(x)
+        acc = jnp.dot(xq.astype(ct), w.astype(ct), precision=hi) * sx.astype(ct)
+    else:
+        acc = jnp.dot(x.astype(ct), w.astype(ct), precision=hi)
+    return (acc * w_scale.astype(ct)[None, :]).astype(x.dtype)
+
+
+def xla_fp8_matmul(x, w, w_scale, *, activations: str = "fp8"):
+    """What users write without a kernel: upcast the fp8 weights and a bf16 dot, or (fp8 mode)
+    quantize the activations per token and an fp8 dot with f32 accumulation; the scales after."""
+    if activations == "fp8":
+        xq, sx = quantize_rows_fp8(x)
+        acc = jax.lax.dot(xq, w, preferred_element_type=jnp.float32) * sx
+    else:
+        acc = jax.lax.dot(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    return (acc * w_scale[None, :]).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- verify cases
+
+def _make(m, k, n, dtype, zero_row=False, outlier=False):
+    def make_args(key):
+        kx, kw, ks = jax.random.split(key, 3)
+        x = jax.random.normal(kx, (m, k), jnp.float32)
+        if outlier:  # activation outliers (a few channels 50x larger), what per-token scales face
+            x = x.at[:, :: max(1, k // 8)].multiply(50.0)
+        if zero_row:
+            x = x.at[m // 2].set(0.0)
+        # weights of N(0, 1/K) quantized per channel to e4m3: w / w_scale spans +-448
+        wf = jax.random.normal(kw, (k, n), jnp.float32) / (k ** 0.5)
+        w_scale = jnp.max(jnp.abs(wf), axis=0) / _FMAX
+        w = jnp.clip(wf / w_scale, -_FMAX, _FMAX).astype(FP8)
+        w_scale = w_scale * jax.random.uniform(ks, (n,), jnp.float32, 0.5, 1.5)  # +-50% across channels
+        return x.astype(dtype), w, w_scale
+
+    return make_args
+
+
+def cases() -> list[Case]:
+    """Blocks 32 x 128 so the grid has several steps in M and N, with edge blocks in both; both modes."""
+    bs = dict(block_sizes=BlockSizes(block_m=32, block_n=128))
+    out = []
+    for mode in MODES:
+        p = dict(bs, activations=mode)
+        out += [
+            Case(f"{mode}: ragged M N f32", _make(50, 256, 300, jnp.float32), p, "float32"),
+            Case(f"{mode}: ragged M N bf16", _make(50, 256, 300, jnp.bfloat16), p, "bfloat16"),
+            Case(f"{mode}: decode M=8, a zero row, bf16", _make(8, 512, 384, jnp.bfloat16, zero_row=True), p,
+                 "bfloat16"),
+            Case(f"{mode}: outlier channels bf16", _make(64, 512, 256, jnp.bfloat16, outlier=True), p, "bfloat16"),
+        ]
+    return out
+
+
+TOLERANCES = {
+    "float32": Tolerance(atol=1e-3, rtol=1e-3, reason=(
+        "both sides quantize (fp8 mode) the same values the same way in f32, and the e4m3 weights are "
+        "exact in any float type; what differs is the f32 accumulation and scaling against float64")),
+    "bfloat16": Tolerance(atol=2e-2, rtol=2e-2, reason=(
+        "bf16 output (2^-8 relative rounding) of O(1) values; in the weight-only mode the MXU "
+        "multiplies bf16 x and exact bf16 weights with an f32 accumulator")),
+}
+
+
+# ----------------------------------------------------------------------------- bench
+
+def _args(m):
+    sds = jax.ShapeDtypeStruct
+    return (sds((m, PROD["k"]), jnp.bfloat16), sds((PROD["k"], PROD["n"]), FP8), sds((PROD["n"],), jnp.float32))
+
+
+def mode_for(chip) -> str:
+    """"fp8" where the chip's MXU multiplies e4m3 (the chip table's `peak_fp8_flops_per_s`), else
+    "bf16": weight-only, the only mode that compiles there (v4)."""
+    return "fp8" if getattr(chip, "peak_fp8_flops_per_s", None) else "bf16"
+
+
+def bench(blocks: BlockSizes | None = None, chip=None, activations: str | None = None) -> BenchSetup:
+    """At the decode shape (M 64), in `activations` mode, by default the target chip's
+    (`mode_for`: e4m3 x e4m3 where the MXU takes e4m3; fp8 without a chip)."""
+    blocks = blocks or DEFAULT_BLOCKS
+    m = PROD["m_decode"]
+    activations = activations or (mode_for(chip) if chip is not None else "fp8")
+
+    def kernel(x, w, w_scale):
+        return fp8_matmul(x, w, w_scale, activations=activations, block_sizes=blocks)
+
+    def xla(x, w, w_scale):
+        return xla_fp8_matmul(x, w, w_scale, activations=activations)
+
+    what = "x e4m3 per token" if activations == "fp8" else "x bf16, weight-only"
+    return BenchSetup(shape=f"M{m} K{PROD['k']} N{PROD['n']} ({what}), w e4m3, scales f32", args=_args(m),
+                      kernel=kernel, xla=xla, blocks=str(blocks))
+
+
+SPEC = KernelSpec(
+    name="fp8_matmul",
+    title="FP8 matmul: e4m3 weights with channel scales, activations quantized per token in VMEM (or weight-only)",
+    replaces=("XLA upcasts the fp8 weights in a fusion (or, fp8 x fp8, quantizes the activations to HBM and "
+              "reads them back for the dot); the kernel converts each weight tile, or quantizes each "
+              "activation block, in VMEM."),
+    signature="fp8_matmul(x, w, w_scale, *, activations='fp8', block_sizes=None, interpret=False)",
+    tuned_for="decode M64 K4096 N14336 (x bf16, w float8_e4m3fn, w_scale f32)",
+    usage=("from tpudiag.kernels.fp8_matmul import fp8_matmul\n"
+           "y = fp8_matmul(x, w_e4m3, w_scale)  # x [M,K] bf16, w [K,N] float8_e4m3fn, w_scale [N] f32 -> [M,N] bf16\n"
+           "y = fp8_matmul(x, w_e4m3, w_scale, activations='bf16')  # weight-only: x stays bf16"),
+    kernel=fp8_matmul,
+    reference=reference,
+    cases=cases,
+    tolerances=TOLERANCES,
+    bench=bench,
+    block_candidates=tuple(BlockSizes(256, n) for n in (512, 1024, 2048, 4096)),
+    differentiable=False,
+    chip_bench=True,
+)
