@@ -1,0 +1,58 @@
+"""`fp8_matmul`'s two modes side by side, at decode and at a prefill chunk, in one run.
+
+The kernel bench row is the fp8 mode (e4m3 x e4m3) at decode; this adds the weight-only mode
+(`activations="bf16"`: the e4m3 tile upcast in VMEM) at the same shape, and both at M 2048, where
+the matmul is compute-bound and the static profile shows the MXU's rate on e4m3 operands. Each row's
+XLA variant is the same program without the kernel.
+
+    python bench/fp8_modes.py --target v5e [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+
+def specs():
+    import jax
+    import jax.numpy as jnp
+
+    from tpudiag.kernels import fp8_matmul as f
+
+    out = []
+    for m in (f.PROD["m_decode"], 2048):
+        for mode in ("fp8", "bf16"):
+            def bench(blocks=None, m=m, mode=mode):
+                s = f.bench(blocks, activations=mode)
+                x = jax.ShapeDtypeStruct((m, f.PROD["k"]), jnp.bfloat16)
+                return dataclasses.replace(s, args=(x, *s.args[1:]), shape=s.shape.replace("M64", f"M{m}"))
+
+            out.append(dataclasses.replace(f.SPEC, name=f"fp8_matmul_{mode}_m{m}", bench=bench, chip_bench=False))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="v5e")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    from tpudiag.api.kernels import kernels_bench
+    from tpudiag.errors import InputError
+    from tpudiag.report.registry import render
+
+    try:
+        result, run = kernels_bench(specs(), args.target, Path(args.out) if args.out else None,
+                                    progress=lambda msg: print(msg, file=sys.stderr))
+    except InputError as e:
+        print(f"fp8_modes: {e}", file=sys.stderr)
+        return 2
+    print(render(result, "md"))
+    print(f"run directory: {run}")
+    return 0 if result.status == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
