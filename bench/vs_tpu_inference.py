@@ -1,7 +1,7 @@
 """tpudiag's serving kernels against the kernels vLLM's TPU backend ships, at the same shapes and target.
 
 The peer is `tpu-inference` (vLLM's TPU backend, Apache 2.0, https://github.com/vllm-project/tpu-inference)
-0.32: its ragged paged attention v3, MLA v1, w8a8 quantized matmul and fused MoE v1, each in the "JAX
+0.32: its ragged paged attention v3, MLA v2, w8a8 quantized matmul and fused MoE v1, each in the "JAX
 kernel" column of `tpudiag kernels bench` beside ours and XLA's lowering of the reference:
 
     ragged_paged_attention  <- kernels.ragged_paged_attention.v3 (KV write off: ours measures attention;

@@ -37,3 +37,30 @@ def test_shapes_serialize_in_the_order_the_detectors_always_wrote_them():
         "rmsnorm": ["rows", "hidden", "dtype", "eps"],
     }
 
+
+
+def test_a_contiguous_caches_batch_is_the_dim_before_its_kv_heads():
+    """The dims of a cache read or written whole, once its positions (S) and head_dim (D) are set
+    aside: the KV heads last, the batch before them, whatever else leads; B != KVH here so the two
+    cannot be confused. The HLO of each layout is the compiled fixtures' (decode_step [B, KVH, S, D],
+    transformers' cached decode [B, S, KVH, D], in tests/test_suggest.py and tests/test_corpus.py)."""
+    from tpudiag.analyze.suggest.detectors.attention import _cache_batch
+
+    b, kvh, s, d = 6, 4, 1024, 128
+    assert _cache_batch([b, s, kvh, d], s, d, b * kvh) == b  # transformers' Flax cache
+    assert _cache_batch([b, kvh, s, d], s, d, b * kvh) == b
+    assert _cache_batch([1, b, s, kvh, d], s, d, b * kvh) == b  # one layer of a stacked cache
+    assert _cache_batch([s, kvh, d], s, d, kvh) == 1  # one sequence
+    assert _cache_batch([b, s, kvh, d], s, d, 3 * kvh) == 0  # the K/V rows say otherwise: unknown
+    assert _cache_batch([b, kvh, 2 * s, d], s, d, b * kvh) == 0  # not this attention's positions
+
+
+def test_block_scaled_fp8_weights_are_not_priced_as_per_channel():
+    from tpudiag.analyze.suggest.detectors.dequant import DequantShapes
+
+    (deq,) = [d for d in DETECTORS if d.name == "dequant_matmul"]
+    per_channel = DequantShapes(weight=(512, 256), weight_dtype="f8e4m3fn", out=(16, 256), dtype="bf16", group=512)
+    assert setup_for(deq, per_channel).kernel == "fp8_matmul"
+    blocked = DequantShapes(weight=(512, 256), weight_dtype="f8e4m3fn", out=(16, 256), dtype="bf16", group=128)
+    assert setup_for(deq, blocked) == ("fp8_matmul takes one scale per output channel; these e4m3 weights have a "
+                                       "scale per 128 rows of K")

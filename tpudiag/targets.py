@@ -231,8 +231,9 @@ CHIPS: dict[str, Chip] = {
         devices_per_chip=1,
         pod_max_chips=256,  # Cloud page: "TPU Pod size 256 chips", largest slice 16x16
         torus_dims=2,
-        # No Cloud figure; libtpu (0.0.50) compiles an e4m3 x e4m3 Mosaic matmul for v6e. Taken at
-        # the bf16 rate, as v5e and v5p (whose static profile does not run on it: an LLO check).
+        # No Cloud figure; libtpu (0.0.50) compiles an e4m3 x e4m3 Mosaic matmul for v6e, but its
+        # static profile aborts on it (an LLO check), so the rate is not measured: taken at the bf16
+        # rate, as the Cloud page gives v5p.
         peak_fp8_flops_per_s=918e12,
         sources=(_CLOUD + "v6e", _SCALING_BOOK, _JAX_TPU_INFO),
     ),

@@ -10,6 +10,7 @@ the detector's typed shapes. Imports jax only when called; compiles and runs not
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -65,19 +66,21 @@ def _flash_attention(shapes, notes) -> AtShapes | str:
 
 
 def _paged_attention(shapes, notes) -> AtShapes | str:
-    """Decode attention whose keys come through a page table: the bundled paged attention at the
-    program's batch, heads, page size and pages a sequence (full lengths: the lengths are data)."""
+    """Decode attention over a KV cache, at the program's batch, heads, page size and pages a
+    sequence (full lengths: the lengths are data): the bundled paged attention where the keys come
+    through a page table, ragged paged attention where the step writes the cache it reads or the
+    cache is contiguous (pages in order)."""
     import jax
 
     from tpudiag.kernels.paged_attention import paged_attention
 
     b, d, page = getattr(shapes, "batch", 0), shapes.head_dim, getattr(shapes, "page_size", 0)
     if not b:
-        return ("the paged kernels read a KV cache in pages; tpudiag could not tell this contiguous cache's "
-                "sequences from its KV heads, so no kernel is priced")
+        return ("the paged kernels read a KV cache in pages; tpudiag found no KV cache whose sequences it could "
+                "tell from its KV heads, so no kernel is priced")
     h, kvh = shapes.batch_heads // b, shapes.kv_batch_heads // b
     if not kvh or h % kvh:
-        return f"paged_attention takes query heads a multiple of the KV heads (here {h} and {kvh})"
+        return f"the paged kernels take query heads a multiple of the KV heads (here {h} and {kvh})"
     if not page:  # a contiguous cache is pages in order
         page = next((p for p in (128, 64, 32, 16) if shapes.kv_len % p == 0), 0)
         if not page:
@@ -241,7 +244,10 @@ def _int8_matmul(shapes, notes) -> AtShapes | str:
     if shapes.weight_dtype in ("s4", "u4"):
         return _int4_matmul(shapes, notes)
     if shapes.weight_dtype == "f8e4m3fn":  # x stays as it is: the weight-only mode
-        m, k, n = shapes.out[0] if len(shapes.out) == 2 else 1, shapes.weight[0], shapes.weight[-1]
+        k, n, m = math.prod(shapes.weight[:-1]), shapes.weight[-1], math.prod(shapes.out[:-1])
+        if shapes.group not in (None, k):
+            return (f"fp8_matmul takes one scale per output channel; these e4m3 weights have a scale per "
+                    f"{shapes.group} rows of K")
         return _fp8_matmul(m, k, n, "bf16", "bf16")
     (k, n), (m, _) = shapes.weight, shapes.out
     if shapes.weight_dtype != "s8":

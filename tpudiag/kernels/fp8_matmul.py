@@ -8,8 +8,8 @@
     activations="bf16" (weight-only: x keeps its precision)
         out[m, n] = (sum_k x[m, k] * bf16(w[k, n])) * w_scale[n]          bf16 x bf16 -> f32
 
-Which chips multiply e4m3 on the MXU is the chip table's `peak_fp8_flops_per_s`: v5e, v5p and v6e
-at their bf16 rate, TPU7x at twice it; v4's MXU takes no fp8 operand (Mosaic: "Unsupported matmul
+Which chips multiply e4m3 on the MXU is the chip table's `peak_fp8_flops_per_s`: v5p and v6e at
+their bf16 rate, v5e below it (163e12, measured), TPU7x at twice it; v4's MXU takes no fp8 operand (Mosaic: "Unsupported matmul
 RHS type"), so only the weight-only mode can run there. Every e4m3 value is exact in bf16, so the
 weight-only mode loses nothing to its upcast, but the upcast is VPU work on every weight.
 

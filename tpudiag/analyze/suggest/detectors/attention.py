@@ -174,8 +174,10 @@ def _matmul_operands(flow: Flow, mm) -> list:
 
 def _cache_batch(cache: list[int], kv_len: int, head_dim: int, kv_rows: int) -> int:
     """The sequences of a contiguous KV cache read or written whole, from its dims: what is left
-    after its positions and head_dim is batch x KV heads in some order ([B, S, KVH, D] as
-    transformers writes it, [B, KVH, S, D] as others do), batch first. 0 where it does not add up."""
+    after its positions and head_dim is batch x KV heads, the KV heads last and the batch before
+    them ([B, S, KVH, D] as transformers writes it, [B, KVH, S, D] as others do, [1, B, S, KVH, D]
+    for one layer of a stacked cache); one sequence where only the KV heads are left. 0 where the
+    dims do not add up to the K/V rows."""
     rest = list(cache)
     for size in (head_dim, kv_len):
         if size not in rest:
@@ -184,7 +186,9 @@ def _cache_batch(cache: list[int], kv_len: int, head_dim: int, kv_rows: int) -> 
     n = 1
     for r in rest:
         n *= r
-    return rest[0] if rest and n == kv_rows else 0
+    if n != kv_rows:
+        return 0
+    return rest[-2] if len(rest) >= 2 else 1
 
 
 def _kv_rows(flow: Flow, qk, pv, rows: int, kv_len: int, head_dim: int) -> int:
