@@ -111,3 +111,14 @@ def test_a_profile_stopped_for_time_keeps_the_ops_it_reached(tmp_path):
     assert 0 < len(profiled) <= len(files) and len(profiled) < len(m.ops)
     assert {o.cycles_source for o in m.ops} == {"static_profile", "none"}
     assert any("the other ops' times are roofline floors" in f for f in m.findings)
+
+
+def test_workers_keep_libtpus_file_logs_to_errors_unless_told(monkeypatch, tmp_path):
+    """libtpu logs to /tmp/tpu_logs; at its default level one static profile writes hundreds of MB of
+    ERROR lines. The compile workers log fatal lines only unless the user set TPU_MIN_LOG_LEVEL."""
+    from tpudiag.capture.tpu_compile import _env
+
+    monkeypatch.delenv("TPU_MIN_LOG_LEVEL", raising=False)
+    assert _env(tmp_path, tmp_path, static=True)["TPU_MIN_LOG_LEVEL"] == "3"
+    monkeypatch.setenv("TPU_MIN_LOG_LEVEL", "0")  # a user debugging libtpu keeps every line
+    assert _env(tmp_path, tmp_path, static=True)["TPU_MIN_LOG_LEVEL"] == "0"

@@ -44,7 +44,8 @@ from tpudiag.capture.tpu_compile import Limits, ModuleCompile, ModuleInput, Modu
 from tpudiag.errors import InputError, one_line
 
 # Environment a task depends on, sent with each Ray task (the node's own environment is not ours).
-_TASK_ENV = ("LIBTPU_INIT_ARGS", "TPUDIAG_CACHE_DIR", "TPUDIAG_NO_CACHE", "ALLOW_MULTIPLE_LIBTPU_LOAD", "XLA_FLAGS")
+_TASK_ENV = ("LIBTPU_INIT_ARGS", "TPUDIAG_CACHE_DIR", "TPUDIAG_NO_CACHE", "ALLOW_MULTIPLE_LIBTPU_LOAD", "XLA_FLAGS",
+             "TPU_MIN_LOG_LEVEL")
 # Seconds to wait for a HOST:PORT Ray address to accept a connection before calling it dead (Ray's
 # own client retries for much longer without a word).
 RAY_CONNECT_TIMEOUT_S = 5.0

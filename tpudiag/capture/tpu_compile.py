@@ -314,6 +314,21 @@ def _run_worker(spec_paths: list[Path], log_path: Path, env: dict, cpu_limit_s: 
     return "ok", None
 
 
+# libtpu's own log level in the workers, unless the user set `TPU_MIN_LOG_LEVEL`: fatal only.
+# libtpu writes its logs to /tmp/tpu_logs, and a static profile's log runs to hundreds of MB a module,
+# at ERROR level, copied into the INFO, WARNING and ERROR files alike (380 MB for one 10-second
+# `kernels bench fp8_matmul`, 77 MB a file; 31 GB over a day of static profiles filled a disk). The
+# fatal line that ends an aborted compile still reaches the worker's own log, which is where tpudiag
+# reads why a compile aborted.
+LIBTPU_LOG_LEVEL = "3"
+
+
+def quiet_libtpu(env: dict) -> dict:
+    """`env` with libtpu's file logging at `LIBTPU_LOG_LEVEL` unless it sets its own."""
+    env.setdefault("TPU_MIN_LOG_LEVEL", LIBTPU_LOG_LEVEL)
+    return env
+
+
 def _env(mdir: Path | None, dump: Path | None, static: bool, fast_forward: bool = True,
          llo_dump: bool = True) -> dict:
     """The worker's environment: the TPU compiler's dumps into `dump` (its LLO bundles only with
@@ -329,7 +344,7 @@ def _env(mdir: Path | None, dump: Path | None, static: bool, fast_forward: bool 
     env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # several workers load libtpu at once
     env["JAX_PLATFORMS"] = "cpu"  # the compile-only client needs no TPU; skip libtpu's device probe
     env["TF_CPP_MIN_LOG_LEVEL"] = env.get("TF_CPP_MIN_LOG_LEVEL", "1")
-    return env
+    return quiet_libtpu(env)
 
 
 def _prepare(inp: ModuleInput, mdir: Path, topology: str) -> tuple[Path, Path]:
