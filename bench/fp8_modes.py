@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 
 
 def specs():
@@ -39,20 +38,9 @@ def main() -> int:
     parser.add_argument("--target", default="v5e")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    from tpudiag.api.kernels import kernels_bench
-    from tpudiag.errors import InputError
-    from tpudiag.report.registry import render
+    from sweep_common import bench_specs
 
-    try:
-        result, run = kernels_bench(specs(), args.target, Path(args.out) if args.out else None,
-                                    progress=lambda msg: print(msg, file=sys.stderr))
-    except InputError as e:
-        print(f"fp8_modes: {e}", file=sys.stderr)
-        return 2
-    print(render(result, "md"))
-    print(f"run directory: {run}")
-    return 0 if result.status == "ok" else 1
-
+    return bench_specs("fp8_modes", specs(), args.target, args.out)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -63,19 +63,9 @@ def main() -> int:
         print("moe_vs_tokamax: tokamax is not installed in this environment (pip install tokamax; jax >= 0.11)",
               file=sys.stderr)
         return 2
-    from pathlib import Path
+    from sweep_common import bench_specs
 
-    from tpudiag.api.kernels import kernels_bench
-    from tpudiag.capture.tpu_compile import Limits
-    from tpudiag.report.registry import render
-
-    result, run = kernels_bench([spec()], args.target, Path(args.out) if args.out else None,
-                                limits=Limits(static_timeout_s=args.timeout),
-                                progress=lambda m: print(m, file=sys.stderr))
-    print(render(result, "md"))
-    print(f"run directory: {run}")
-    return 0 if result.status == "ok" else 1
-
+    return bench_specs("moe_vs_tokamax", [spec()], args.target, args.out, args.timeout)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,7 +9,8 @@ estimate counts at the larger of its two floors. A Pallas call's bytes and FLOPs
 into run directories under one folder, keeps the results and prints a line after each; `print_table` prints
 them; `add_sweep_args` adds the options most sweeps take. The rest serves the two families of sweeps that are
 the same apart from their kernel: one labelled line per compile (cross-entropy, sampling) and
-fwd / training-step modes over a kernel module's bench setups (RMSNorm, RoPE).
+fwd / training-step modes over a kernel module's bench setups (RMSNorm, RoPE). `bench_specs` runs
+`tpudiag kernels bench` on specs whose setups carry a peer (the benches against other libraries).
 
 The scripts run as `python bench/sweep_X.py`, so this folder is sys.path[0] and they import `sweep_common`.
 """
@@ -315,3 +316,27 @@ def _mode_line(r: dict) -> str:
     f = _mode_fields(r)
     return (f"{r['target']:4} {r['mode']:4} {r['what']:6} {r['blocks'] or '':38} {f['cycles']:12,.0f} cycles "
             f"{r['mb']:7.1f} MB  kernel static {r['static_kernel']:10,}  [{f['source']}]  {r['wall_s']:.0f}s")
+
+
+def bench_specs(prog: str, specs, target: str, out=None, static_timeout_s: float | None = None) -> int:
+    """`tpudiag kernels bench` of `specs` (KernelSpecs whose bench setup puts a peer in the "JAX
+    kernel" column) for `target`, its table printed as markdown: the peer benches' whole run (bench/
+    moe_vs_tokamax.py, vs_tpu_inference.py, fp8_modes.py). A bad target is one line naming `prog`
+    and exit 2; 1 where a variant failed."""
+    import sys
+
+    from tpudiag.api.kernels import kernels_bench
+    from tpudiag.capture.tpu_compile import Limits
+    from tpudiag.errors import InputError
+    from tpudiag.report.registry import render
+
+    limits = Limits(static_timeout_s=static_timeout_s) if static_timeout_s else None
+    try:
+        result, run = kernels_bench(specs, target, Path(out) if out else None, limits=limits,
+                                    progress=lambda m: print(m, file=sys.stderr))
+    except InputError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    print(render(result, "md"))
+    print(f"run directory: {run}")
+    return 0 if result.status == "ok" else 1

@@ -209,12 +209,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=400.0)
     args = parser.parse_args()
 
-    from tpudiag.api.kernels import kernels_bench
-    from tpudiag.capture.tpu_compile import Limits
-    from tpudiag.report.registry import render
-    from tpudiag.targets import resolve_target
+    from sweep_common import bench_specs
 
     from tpudiag.errors import InputError
+    from tpudiag.targets import resolve_target
 
     try:
         target = resolve_target(args.target)
@@ -227,12 +225,8 @@ def main() -> int:
     except ImportError as e:
         print(f"vs_tpu_inference: {e}", file=sys.stderr)
         return 2
-    result, run = kernels_bench(specs(target, ti_version, args.kernels), args.target,
-                                Path(args.out) if args.out else None, limits=Limits(static_timeout_s=args.timeout),
-                                progress=lambda m: print(m, file=sys.stderr))
-    print(render(result, "md"))
-    print(f"run directory: {run}")
-    return 0 if result.status == "ok" else 1
+    return bench_specs("vs_tpu_inference", specs(target, ti_version, args.kernels), args.target, args.out,
+                       args.timeout)
 
 
 if __name__ == "__main__":
