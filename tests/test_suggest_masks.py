@@ -90,3 +90,24 @@ def test_classify_reads_offsets_and_windows():
     m = classify((k <= q + 8) & (k > q + 8 - 4))
     assert (m.kind, m.window, m.offset) == ("window", 4, 8)
     assert classify(np.eye(8, 16, dtype=bool) | (k == 0)).kind == "other"
+
+
+
+def test_one_sequence_decode_whose_scores_lose_the_batch_reads_its_length_mask(tmp_path):
+    # Compiled for v6e, XLA drops the batch of one from an absorbed MLA decode and lays its scores
+    # out [keys, heads]: no query axis before the keys. The compile (whose report reads the
+    # patterns) goes through, and the length mask is read as one query row.
+    import tpudiag
+    from tpudiag.kernels.mla_decode import PROD_SCALE, xla_mla_decode
+    from tpudiag.parse.hlo import read_hlo_file
+
+    sds = jax.ShapeDtypeStruct
+    args = (sds((1, 128, 640), jnp.bfloat16), sds((512, 16, 640), jnp.bfloat16), sds((1,), jnp.int32),
+            sds((1, 128), jnp.int32))
+    res = tpudiag.compile(lambda q, kv, n, t: xla_mla_decode(q, kv, n, t, latent=512, sm_scale=PROD_SCALE),
+                          *args, target="v6e", out=tmp_path / "run", static_profile=False, jobs=1)
+    (module,) = res.report.modules
+    assert module.status == "ok"
+    hlo = read_hlo_file(next((tmp_path / "run").rglob("optimized.hlo.txt")))
+    (att,) = [m for m in find_patterns(hlo) if m.pattern.startswith("attention")]
+    assert att.shapes.q_len == 1 and att.shapes.kv_len == 2048 and att.shapes.mask == "inputs"

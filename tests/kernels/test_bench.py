@@ -117,3 +117,59 @@ def test_the_pallas_kernels_hbm_floor_is_its_own_cost_estimate(bench):
     hlo = next((run / "modules").glob("*rmsnorm.kernel/hlo/*after_optimizations.txt")).read_text()
     declared = [int(b) for b in re.findall(r'"bytes_accessed":"(\d+)"', hlo)]
     assert sorted(o["bytes_accessed"] for o in calls) == sorted(declared)
+
+
+def _no_xla_setup(blocks=None):
+    return dataclasses.replace(_small_setup(blocks), xla=_broken, jax_kernel=None, jax_name=None)
+
+
+def test_a_row_whose_xla_variant_failed_renders_in_every_format(tmp_path):
+    # XLA's lowering of a reference can fail where the kernel compiles (a gather that does not fit
+    # HBM at a long prefill chunk): the row keeps its kernel figures and its floor, without XLA's ratio.
+    import io
+
+    from rich.console import Console
+
+    from tpudiag.report.registry import formats, render, renderer
+
+    spec = dataclasses.replace(rmsnorm.SPEC, bench=_no_xla_setup)
+    result, _ = run_bench([spec], "v5e", tmp_path / "run", static_profile=False, jobs=1)
+    (row,) = result.kernels
+    assert row.kernel_cycles and row.xla_cycles is None and row.xla_vs_floor is None
+    assert row.floor_cycles and row.kernel_vs_floor
+    md = render(result, "md")
+    assert f"ours {row.kernel_vs_floor:.2f}x)" in md and "XLA" not in md.split("\n")[-2]
+    for fmt in formats(result):
+        if fmt == "terminal":
+            out = io.StringIO()
+            renderer(result, fmt)(result, Console(file=out, width=200))
+            assert "rmsnorm" in out.getvalue()
+        else:
+            assert render(result, fmt)
+
+
+def _uncosted_scale(x, y, w):
+    """x * w in a Pallas call that declares no cost estimate (as JAX's ragged paged attention)."""
+    from jax.experimental import pallas as pl
+
+    def body(x_ref, w_ref, o_ref):
+        o_ref[...] = x_ref[...] * w_ref[...]
+
+    return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, w.reshape(1, -1))
+
+
+def _uncosted_setup(blocks=None):
+    return dataclasses.replace(_small_setup(blocks), jax_kernel=_uncosted_scale, jax_name="no cost estimate")
+
+
+def test_a_variant_counting_no_flops_is_left_out_of_the_floor_and_said_so(tmp_path):
+    from tpudiag.report.registry import render
+
+    spec = dataclasses.replace(rmsnorm.SPEC, bench=_uncosted_setup)
+    result, _ = run_bench([spec], "v5e", tmp_path / "run", static_profile=False, jobs=1)
+    (row,) = result.kernels
+    v = row.variants
+    assert v["jax"].status == "ok" and v["jax"].flops == 0 and v["kernel"].flops > 0
+    assert row.floor_cycles == min(v["kernel"].floor_cycles, v["xla"].floor_cycles)
+    assert v["jax"].floor_cycles < row.floor_cycles  # the least of the three, were it counted
+    assert "jax counts no FLOPs (a Pallas call without a cost estimate)" in render(result, "md")

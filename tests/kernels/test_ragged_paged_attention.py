@@ -106,6 +106,27 @@ def test_work_items_follow_the_q_blocks_and_the_sequences():
     assert len(blk) == 48 // 16 + 4 and (blk[~live] == 2).all()  # padding items stay on the last block
 
 
+
+@pytest.mark.parametrize("tokens, seqs, pps", [(64, 64, 16), (8192, 1, 64), (1024, 4, 16), (512, 1, 4)])
+def test_the_cost_estimate_reads_the_pages_the_work_items_read(tokens, seqs, pps):
+    """step_work against the kernel's own schedule on the layouts it assumes: the rows split evenly,
+    each chunk the last positions of a full table, aligned to q blocks of 128 (pages of 128). Decode
+    (64 sequences of 1), one 8192-token prefill chunk, 4 chunks of 256, one first chunk of 512."""
+    page, q_block = 128, 128
+    q = tokens // seqs
+    padded = -(-tokens // q_block) * q_block
+    kv_lens = jnp.full((seqs,), pps * page, jnp.int32)
+    cu = jnp.arange(seqs + 1, dtype=jnp.int32) * q
+    *_, lo, hi, qpos0, kv_end = (np.asarray(a) for a in R._work_items(kv_lens, cu, jnp.array([seqs], jnp.int32),
+                                                                       padded, q_block))
+    live = kv_end > 0
+    pages = int(sum(-(-int(e) // page) for e in kv_end[live]))
+    pairs = sum(int(p0 + r + 1) for p0, a, b in zip(qpos0[live], lo[live], hi[live]) for r in range(a, b))
+    assert R.step_work(tokens, seqs, pps, page, q_block) == (pages, pairs)
+    if seqs == 1 and q == pps * page:  # a whole prompt: 64 blocks re-read the pages before them
+        assert pages > pps and pairs == q * (q + 1) // 2
+
+
 @pytest.mark.parametrize("bad", [dict(q_block=16, q_sub=6), dict(q_sub=0), dict(pages_per_block=1.5)])
 def test_block_sizes_validate_themselves(bad):
     with pytest.raises(ValueError):

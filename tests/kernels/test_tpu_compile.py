@@ -31,6 +31,7 @@ from tests.kernels.test_tiling import MIB, _need, _pallas_calls
 from tpudiag.api.pipeline import compile_inputs
 from tpudiag.capture.lower import lower_for_tpu
 from tpudiag.capture.tpu_compile import ModuleInput
+from tpudiag.kernels import fp8_matmul, int4_matmul, w8a8_matmul
 from tpudiag.kernels.registry import all_specs
 from tpudiag.targets import require_libtpu, resolve_target
 
@@ -53,11 +54,14 @@ def lowered(tmp_path_factory):
     require_libtpu()
     out = tmp_path_factory.mktemp("lowered")
     inputs, calls = [], {}
-    for spec in all_specs():
-        setup = spec.bench()  # default blocks
-        calls[spec.name] = list(_pallas_calls(jax.make_jaxpr(setup.kernel)(*setup.args_for("kernel")).jaxpr))
-        path = lower_for_tpu(setup.kernel, setup.args_for("kernel"), out / f"{spec.name}.mlir")
-        inputs.append(ModuleInput(name=spec.name, path=path, kind="mlir"))
+    # Default blocks; and a prefill chunk for the quantized matmuls, in M blocks of 512 (the 8-bit
+    # ones with x quantized once per M block).
+    prefill = {"w8a8_matmul@m2048": w8a8_matmul.bench(m=2048), "fp8_matmul@m2048": fp8_matmul.bench(m=2048),
+               "int4_matmul@m2048": int4_matmul.bench(m=2048)}
+    for name, setup in [(spec.name, spec.bench()) for spec in all_specs()] + list(prefill.items()):
+        calls[name] = list(_pallas_calls(jax.make_jaxpr(setup.kernel)(*setup.args_for("kernel")).jaxpr))
+        path = lower_for_tpu(setup.kernel, setup.args_for("kernel"), out / f"{name}.mlir")
+        inputs.append(ModuleInput(name=name, path=path, kind="mlir"))
     return inputs, calls
 
 

@@ -53,3 +53,18 @@ def test_blocks_off_the_tiling_are_refused():
         q.BlockSizes(block_m=48)
     with pytest.raises(ValueError, match="block_n must be a positive multiple of 128"):
         q.BlockSizes(block_n=100)
+
+
+def test_a_prefill_chunk_takes_m_blocks_of_512_and_quantizes_x_once_per_block():
+    from tpudiag.kernels import fp8_matmul, int4_matmul
+
+    assert q.default_blocks(64) == q.DEFAULT_BLOCKS and q.default_blocks(2048).block_m == 512
+    assert int4_matmul.default_blocks(8192).block_m == 512 and "block_m=512" in int4_matmul.bench(m=2048).blocks
+    assert "block_m=512" in fp8_matmul.bench(m=2048, activations="fp8").blocks
+    assert "block_m=256" in fp8_matmul.bench(m=2048, activations="bf16").blocks  # keeps its upcast tile
+    # Several M blocks: x's blocks are quantized into VMEM scratch once, the N axis sequential.
+    x, w, s = _args(2048, 256, 384, jnp.bfloat16)
+    (eqn,) = [e for e in jax.make_jaxpr(lambda *a: q.w8a8_matmul(*a))(x, w, s).jaxpr.eqns[0].params["jaxpr"].eqns
+              if e.primitive.name == "pallas_call"]
+    assert eqn.params["grid_mapping"].grid == (4, 1)
+    assert [str(v.aval.dtype) for v in eqn.params["jaxpr"].invars[-2:]] == ["int8", "float32"]

@@ -149,8 +149,9 @@ def _price(cands, indices, target, *, static_profile, jobs, limits, progress) ->
         for n, (key, s) in enumerate(setups.items()):
             path = Path(tmp) / f"{n:02d}-{s.kernel}.mlir"
             try:
-                # debug_info=False: a stable cache key, whoever calls
-                lower_for_tpu(s.fn, s.args, path, debug_info=False, donate_argnums=s.donate)
+                # debug_info=False: a stable cache key, whoever calls; traced as for the target's chip
+                lower_for_tpu(s.fn, s.args, path, debug_info=False, topology=target.topology,
+                              donate_argnums=s.donate)
             except Exception as e:  # the kernel refused these shapes while tracing (block sizes, VMEM)
                 failed[key] = f"{s.kernel} does not lower at {s.description}: {str(e).splitlines()[0][:200]}"
                 continue

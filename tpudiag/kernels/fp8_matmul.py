@@ -33,9 +33,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, fit_block
-from tpudiag.kernels.w8a8_matmul import BlockSizes, whole_k_call
+from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
+from tpudiag.kernels.tiling import block_bytes, check_matmul_operands
+from tpudiag.kernels.w8a8_matmul import (BlockSizes, default_blocks, several_m_blocks, whole_k_call, x_cache_shapes,
+                                         x_cached_kernel)
 
 # Production shape: Llama 3 8B's MLP up/gate projection (K 4096 -> N 14336), as the other quantized
 # matmuls; decode M 64 tokens.
@@ -101,17 +102,26 @@ def fp8_matmul(x, w, w_scale, *, activations: str = "fp8", block_sizes: BlockSiz
     `activations="fp8"` quantizes x per token to e4m3 and multiplies e4m3 on the MXU; "bf16" upcasts
     the weight tile in VMEM (weight-only). Any M and N; K is one block."""
     _check(x, w, w_scale, activations)
-    bs, name = block_sizes or DEFAULT_BLOCKS, f"tpudiag_fp8_matmul_{activations}"
+    # the fp8 mode takes w8a8's prefill blocks; the weight-only mode keeps its upcast tile across M
+    bs = block_sizes or (default_blocks(x.shape[0]) if activations == "fp8" else DEFAULT_BLOCKS)
+    name = f"tpudiag_fp8_matmul_{activations}"
+    several = several_m_blocks(bs, x.shape[0])
     if activations == "fp8":
-        def scratch(bm, bn, k):  # x's f32 copy and its e4m3 quantization; the f32 accumulator and its scaled copy
-            return block_bytes((bm, k), 4) + block_bytes((bm, k), 1) + 2 * block_bytes((bm, bn), 4)
+        def scratch(bm, bn, k):  # x's f32 copy and its e4m3 quantization (kept, with its scales, where
+            # cached); the f32 accumulator and its scaled copy
+            return block_bytes((bm, k), 4) + 2 * block_bytes((bm, k), 1) + block_bytes((bm, 1), 4) + \
+                2 * block_bytes((bm, bn), 4)
 
+        if several:  # x's blocks quantized once each, M kept parallel
+            return whole_k_call(x_cached_kernel(quantize_rows_fp8, jnp.float32), x, w, w_scale, bs,
+                                scratch=scratch, name=name, interpret=interpret, x_cached=True,
+                                scratch_shapes=x_cache_shapes(FP8))
         return whole_k_call(_fp8_kernel, x, w, w_scale, bs, scratch=scratch, name=name, interpret=interpret)
 
     def scratch(bm, bn, k):  # the upcast weight tile, the f32 accumulator and its scaled copy
         return block_bytes((k, bn), jnp.dtype(x.dtype).itemsize) + 2 * block_bytes((bm, bn), 4)
 
-    if fit_block(bs.block_m, x.shape[0]) >= x.shape[0]:  # one M block: nothing to reuse the upcast tile
+    if not several:  # one M block: nothing to reuse the upcast tile
         return whole_k_call(_weight_only_kernel, x, w, w_scale, bs, scratch=scratch, name=name, interpret=interpret)
     return whole_k_call(_weight_only_cached_kernel, x, w, w_scale, bs, scratch=scratch, name=name,
                         interpret=interpret, n_outer=True,
@@ -195,9 +205,9 @@ TOLERANCES = {
 
 # ----------------------------------------------------------------------------- bench
 
-def _args(m):
+def _args(m: int, p: dict = PROD):
     sds = jax.ShapeDtypeStruct
-    return (sds((m, PROD["k"]), jnp.bfloat16), sds((PROD["k"], PROD["n"]), FP8), sds((PROD["n"],), jnp.float32))
+    return (sds((m, p["k"]), jnp.bfloat16), sds((p["k"], p["n"]), FP8), sds((p["n"],), jnp.float32))
 
 
 def mode_for(chip) -> str:
@@ -206,12 +216,15 @@ def mode_for(chip) -> str:
     return "fp8" if getattr(chip, "peak_fp8_flops_per_s", None) else "bf16"
 
 
-def bench(blocks: BlockSizes | None = None, chip=None, activations: str | None = None) -> BenchSetup:
-    """At the decode shape (M 64), in `activations` mode, by default the target chip's
-    (`mode_for`: e4m3 x e4m3 where the MXU takes e4m3; fp8 without a chip)."""
-    blocks = blocks or DEFAULT_BLOCKS
-    m = PROD["m_decode"]
+def bench(blocks: BlockSizes | None = None, chip=None, activations: str | None = None, m: int | None = None,
+          shape: dict | None = None) -> BenchSetup:
+    """At the decode shape (M 64) by default, in `activations` mode, by default the target chip's
+    (`mode_for`: e4m3 x e4m3 where the MXU takes e4m3; fp8 without a chip). `m` and `shape` (K, N)
+    give other shapes."""
+    p = at_shape(PROD, shape)
+    m = m or p["m_decode"]
     activations = activations or (mode_for(chip) if chip is not None else "fp8")
+    blocks = blocks or (default_blocks(m) if activations == "fp8" else DEFAULT_BLOCKS)
 
     def kernel(x, w, w_scale):
         return fp8_matmul(x, w, w_scale, activations=activations, block_sizes=blocks)
@@ -220,7 +233,7 @@ def bench(blocks: BlockSizes | None = None, chip=None, activations: str | None =
         return xla_fp8_matmul(x, w, w_scale, activations=activations)
 
     what = "x e4m3 per token" if activations == "fp8" else "x bf16, weight-only"
-    return BenchSetup(shape=f"M{m} K{PROD['k']} N{PROD['n']} ({what}), w e4m3, scales f32", args=_args(m),
+    return BenchSetup(shape=f"M{m} K{p['k']} N{p['n']} ({what}), w e4m3, scales f32", args=_args(m, p),
                       kernel=kernel, xla=xla, blocks=str(blocks))
 
 
@@ -231,7 +244,8 @@ SPEC = KernelSpec(
               "reads them back for the dot); the kernel converts each weight tile, or quantizes each "
               "activation block, in VMEM."),
     signature="fp8_matmul(x, w, w_scale, *, activations='fp8', block_sizes=None, interpret=False)",
-    tuned_for="decode M64 K4096 N14336 (x bf16, w float8_e4m3fn, w_scale f32)",
+    tuned_for=("decode M64 K4096 N14336 (x bf16, w float8_e4m3fn, w_scale f32); in the fp8 mode a prefill "
+               "chunk (M >= 2048) in M blocks of 512"),
     usage=("from tpudiag.kernels.fp8_matmul import fp8_matmul\n"
            "y = fp8_matmul(x, w_e4m3, w_scale)  # x [M,K] bf16, w [K,N] float8_e4m3fn, w_scale [N] f32 -> [M,N] bf16\n"
            "y = fp8_matmul(x, w_e4m3, w_scale, activations='bf16')  # weight-only: x stays bf16"),

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from tpudiag.kernels.grouped_matmul import BlockSizes as GmmBlocks
 from tpudiag.kernels.grouped_matmul import _pad_to, gmm_pallas, make_plan
 from tpudiag.kernels.grouped_matmul_schedule import keep_in_hbm, make_schedule
-from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 
 SCORINGS = ("softmax", "sigmoid")
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
@@ -264,17 +264,19 @@ TOLERANCES = {
 }
 
 
-def _prod_args():
-    p = PROD
+def _prod_args(p: dict):
     sds = jax.ShapeDtypeStruct
     return (sds((p["tokens"], p["d"]), jnp.bfloat16), sds((p["d"], p["e"]), jnp.bfloat16),
             sds((p["e"], p["d"], p["f"]), jnp.bfloat16), sds((p["e"], p["d"], p["f"]), jnp.bfloat16),
             sds((p["e"], p["f"], p["d"]), jnp.bfloat16))
 
 
-def bench(blocks: BlockSizes | None = None) -> BenchSetup:
+def bench(blocks: BlockSizes | None = None, shape: dict | None = None) -> BenchSetup:
+    """At Qwen3-30B-A3B's MoE over 2048 tokens by default; `shape` replaces fields of PROD (`tokens`,
+    or another model's `d`, `f`, `e`, `top_k`)."""
     blocks = blocks or BlockSizes()
-    k = PROD["top_k"]
+    p = at_shape(PROD, shape)
+    k = p["top_k"]
 
     def kernel(x, r, wg, wu, wd):
         return fused_moe(x, r, wg, wu, wd, top_k=k, block_sizes=blocks)
@@ -285,7 +287,9 @@ def bench(blocks: BlockSizes | None = None) -> BenchSetup:
     def jax_kernel(x, r, wg, wu, wd):
         return megablox_moe(x, r, wg, wu, wd, top_k=k)
 
-    return BenchSetup(shape=TUNED_FOR, args=_prod_args(), kernel=kernel, xla=xla, jax_kernel=jax_kernel,
+    shape_text = TUNED_FOR if not shape else (f"T{p['tokens']} D{p['d']} F{p['f']} E{p['e']} top-{k} softmax "
+                                              f"renormalized, bf16")
+    return BenchSetup(shape=shape_text, args=_prod_args(p), kernel=kernel, xla=xla, jax_kernel=jax_kernel,
                       jax_name="megablox gmm x3 (MaxText's sparse-matmul route, tiling 512)", blocks=blocks.text())
 
 

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, check_multiples, fit_block, vmem_limit
 
 # Production shape: Llama 3 8B's MLP up/gate projection (K 4096 -> N 14336), groups of 128 along K;
@@ -58,6 +58,15 @@ class BlockSizes:
 # N 2048 x K 2048 1.04x / 1.03x. N 2048 with all of K is not a candidate: its f32 dequantized tile
 # alone would be 32 MiB of VMEM.
 DEFAULT_BLOCKS = BlockSizes(block_m=256, block_n=1024, block_k=4096)
+# A prefill chunk (M >= 2048) in M blocks of 512, as w8a8_matmul: the weights are read half as often.
+# On v6e at K4096 N14336, M2048 0.82x -> 0.66x XLA, M8192 to its compute floor (bench/sweep_serving.py).
+PREFILL_M = 2048
+PREFILL_BLOCKS = BlockSizes(block_m=512, block_n=1024, block_k=4096)
+
+
+def default_blocks(m: int) -> BlockSizes:
+    """The blocks `block_sizes=None` takes for x [M, K]."""
+    return PREFILL_BLOCKS if m >= PREFILL_M else DEFAULT_BLOCKS
 
 
 def _check_shapes(x, w, scales):
@@ -118,7 +127,7 @@ def int4_matmul(x, w, scales, *, block_sizes: BlockSizes | None = None, interpre
     """x [M, K] (bf16 or f32) @ (w int4 [K, N] * scales [K / G, N] per group of G rows) -> [M, N] in
     x's dtype. Any M and N; K a multiple of the K block (`_k_block`)."""
     _check_shapes(x, w, scales)
-    bs = block_sizes or DEFAULT_BLOCKS
+    bs = block_sizes or default_blocks(x.shape[0])
     m, k = x.shape
     n = w.shape[1]
     groups = scales.shape[0]
@@ -227,22 +236,24 @@ TOLERANCES = {
 
 # ----------------------------------------------------------------------------- bench
 
-def _args(m):
+def _args(m: int, p: dict = PROD):
     sds = jax.ShapeDtypeStruct
-    k, n, g = PROD["k"], PROD["n"], PROD["group"]
+    k, n, g = p["k"], p["n"], p["group"]
     return sds((m, k), jnp.bfloat16), sds((k, n), jnp.int4), sds((k // g, n), jnp.float32)
 
 
-def bench(blocks: BlockSizes | None = None, m: int | None = None) -> BenchSetup:
-    """At the decode shape by default (M 64); `m=2048` gives a prefill chunk."""
-    blocks = blocks or DEFAULT_BLOCKS
-    m = m or PROD["m_decode"]
+def bench(blocks: BlockSizes | None = None, m: int | None = None, shape: dict | None = None) -> BenchSetup:
+    """At the decode shape by default (M 64); `m=2048` gives a prefill chunk; `shape` replaces K, N
+    and the group size."""
+    p = at_shape(PROD, shape)
+    m = m or p["m_decode"]
+    blocks = blocks or default_blocks(m)
 
     def kernel(x, w, scales):
         return int4_matmul(x, w, scales, block_sizes=blocks)
 
-    return BenchSetup(shape=f"M{m} K{PROD['k']} N{PROD['n']} x bf16, w int4, groups of {PROD['group']} f32",
-                      args=_args(m), kernel=kernel, xla=xla_int4_matmul, blocks=str(blocks))
+    return BenchSetup(shape=f"M{m} K{p['k']} N{p['n']} x bf16, w int4, groups of {p['group']} f32",
+                      args=_args(m, p), kernel=kernel, xla=xla_int4_matmul, blocks=str(blocks))
 
 
 SPEC = KernelSpec(
@@ -251,7 +262,8 @@ SPEC = KernelSpec(
     replaces=("XLA writes the group scales broadcast to the weights' whole shape (bf16, 4x the int4 bytes) to "
               "HBM and reads them back in the dot; the kernel streams int4 tiles and dequantizes each in VMEM."),
     signature="int4_matmul(x, w, scales, *, block_sizes=None, interpret=False)",
-    tuned_for="decode M64 K4096 N14336, groups of 128 (x bf16, w int4, scales f32)",
+    tuned_for=("decode M64 K4096 N14336, groups of 128 (x bf16, w int4, scales f32); a prefill chunk "
+               "(M >= 2048) in M blocks of 512"),
     usage=("from tpudiag.kernels.int4_matmul import int4_matmul\n"
            "y = int4_matmul(x, w_int4, scales)  # x [M,K] bf16, w [K,N] jnp.int4, scales [K/128,N] f32 -> [M,N] bf16"),
     kernel=int4_matmul,

@@ -41,7 +41,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.paged_attention import BlockSizes, _interpret_mode  # pages per block, as there
 from tpudiag.kernels.page_stream import check_table, page_table, stream_pages
-from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, vmem_limit
 
 # Production shape: DeepSeek V3's MLA (128 heads, kv_lora_rank 512, qk_rope_head_dim 64; softmax
@@ -252,8 +252,7 @@ TOLERANCES = {
 
 # ----------------------------------------------------------------------------- bench
 
-def _prod_args():
-    p = PROD
+def _prod_args(p: dict):
     pps = p["context"] // p["page_size"]
     width = padded_width(p["latent"], p["rope"])
     sds = jax.ShapeDtypeStruct
@@ -262,17 +261,23 @@ def _prod_args():
             sds((p["batch"],), jnp.int32), sds((p["batch"], pps), jnp.int32))
 
 
-def bench(blocks: BlockSizes | None = None) -> BenchSetup:
+def bench(blocks: BlockSizes | None = None, shape: dict | None = None) -> BenchSetup:
+    """At the production shape by default; `shape` replaces fields of PROD (`batch`, `context`,
+    `heads`: 16 for DeepSeek V3's 128 heads at tensor parallelism 8, say)."""
     blocks = blocks or DEFAULT_BLOCKS
+    p = at_shape(PROD, shape)
+    scale = PROD_SCALE  # DeepSeek V3's 1/sqrt(128 + 64); a scale changes no cycles
 
     def kernel(q, kv, lengths, table):
-        return mla_decode(q, kv, lengths, table, latent=PROD["latent"], sm_scale=PROD_SCALE, block_sizes=blocks)
+        return mla_decode(q, kv, lengths, table, latent=p["latent"], sm_scale=scale, block_sizes=blocks)
 
-    p = PROD
-    shape = (f"B{p['batch']} H{p['heads']} latent{p['latent']} rope{p['rope']} (rows of "
-             f"{padded_width(p['latent'], p['rope'])}) page{p['page_size']} "
-             f"ctx{p['context']} bf16 (full lengths)")
-    return BenchSetup(shape=shape, args=_prod_args(), kernel=kernel, xla=xla_mla_decode, blocks=str(blocks))
+    def xla(q, kv, lengths, table):
+        return xla_mla_decode(q, kv, lengths, table, latent=p["latent"], sm_scale=scale)
+
+    shape_text = (f"B{p['batch']} H{p['heads']} latent{p['latent']} rope{p['rope']} (rows of "
+                  f"{padded_width(p['latent'], p['rope'])}) page{p['page_size']} "
+                  f"ctx{p['context']} bf16 (full lengths)")
+    return BenchSetup(shape=shape_text, args=_prod_args(p), kernel=kernel, xla=xla, blocks=str(blocks))
 
 
 SPEC = KernelSpec(

@@ -41,7 +41,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.paged_attention import _interpret_mode
 from tpudiag.kernels.page_stream import stream_pages
-from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, vmem_limit
 
 # Production shape: Llama 3 8B heads (32 q, 8 KV, D 128), pages of 128 tokens (the page sizes JAX's
@@ -158,6 +158,24 @@ def _work_items(kv_lens, cu_q_lens, num_seqs, tokens_padded: int, q_block: int):
     qpos0 = s_kvlen - s_qlen + start - s_cs
     kv_end = jnp.where(live, qpos0 + hi, 0)
     return [a.astype(jnp.int32) for a in (blk, seq, lo, hi, qpos0, kv_end)]
+
+
+def step_work(tokens: int, seqs: int, pages_per_seq: int, page_size: int, q_block: int) -> tuple[int, float]:
+    """(pages read, query-key pairs) of a step of `tokens` rows over `seqs` sequences with tables of
+    `pages_per_seq` pages, from the shapes alone (the lengths are data): the cost estimate's figures.
+
+    The rows are taken as split evenly, q = tokens / seqs a sequence, each sequence's chunk the last
+    q positions of a full table and aligned to q blocks (the pairs, concave in q, are then the most
+    any split of the rows can have; a chunk that straddles a block boundary reads its pages once
+    more than counted). A chunk spans ceil(q / q_block) q blocks, and each block reads the pages up
+    to its causal end again: an 8192-token prefill chunk in blocks of 128 reads its first pages 64
+    times. Each new token attends to the positions up to its own (causal), so a chunk of the whole
+    context costs half the square. A decode step (q = 1) reads each table once."""
+    ctx = pages_per_seq * page_size
+    q = min(tokens / max(seqs, 1), ctx)
+    blocks = max(1, math.ceil(q / q_block))
+    pages = sum(math.ceil(min(ctx, ctx - q + (b + 1) * q_block) / page_size) for b in range(blocks))
+    return seqs * min(pages, blocks * pages_per_seq), seqs * (q * ctx - q * (q - 1) / 2)
 
 
 def _row_token(rows: int, groups: int):
@@ -350,13 +368,10 @@ def ragged_paged_attention_grouped(qg, k_pages, v_pages, kv_lens, page_table, cu
                                pages_per_block=ppb, pages_per_seq=pages_per_seq, items=items,
                                sliding_window=sliding_window, soft_cap=soft_cap)
     itemsize = jnp.dtype(k_pages.dtype).itemsize
-    # Honest HBM traffic with full tables: each sequence's pages once for K and once for V (a
-    # prefill chunk over several q blocks reads its pages once a block: not counted), q in, out.
-    kv_bytes = 2 * seqs * pages_per_seq * kv_heads * page_size * head_dim * itemsize
+    pages_read, keys = step_work(padded, seqs, pages_per_seq, page_size, q_block)
+    kv_bytes = 2 * pages_read * kv_heads * page_size * head_dim * itemsize  # K and V
     qo_bytes = 2 * qg.size * jnp.dtype(qg.dtype).itemsize
-    ctx = pages_per_seq * page_size
-    tokens = padded
-    cost = pl.CostEstimate(flops=4 * tokens * ctx * q_heads * head_dim, transcendentals=tokens * ctx * q_heads,
+    cost = pl.CostEstimate(flops=int(4 * keys * q_heads * head_dim), transcendentals=int(keys * q_heads),
                            bytes_accessed=int(kv_bytes + qo_bytes + 4 * (6 * items + page_table.size)))
     rows = q_block * groups
     kv_buf = pltpu.VMEM((2, kv_heads, ppb, page_size, head_dim), k_pages.dtype)
@@ -490,18 +505,7 @@ TOLERANCES = {
 
 # ----------------------------------------------------------------------------- bench
 
-def _prod_lengths():
-    """The production step: sequence 0 a 512-token prefill chunk at positions 1536-2047, then 63
-    decode tokens at context 2048; 576 rows, the last one padding."""
-    p = PROD
-    q_lens = np.array([p["prefill"]] + [1] * (p["seqs"] - 1), np.int32)
-    kv_lens = np.full(p["seqs"], p["context"], np.int32)
-    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    return q_lens, kv_lens, cu
-
-
-def _prod_args():
-    p = PROD
+def _prod_args(p: dict):
     pps = p["context"] // p["page_size"]
     sds = jax.ShapeDtypeStruct
     pool = (p["kv_heads"], p["seqs"] * pps, p["page_size"], p["head_dim"])
@@ -510,19 +514,17 @@ def _prod_args():
             sds((p["seqs"] + 1,), jnp.int32), sds((1,), jnp.int32))
 
 
-def _kernel_args(blocks: BlockSizes):
+def _kernel_args(p: dict, blocks: BlockSizes):
     """Ours takes q in its grouped layout, [KVH, T_padded * G, D] (`grouped_layout`)."""
-    p = PROD
-    args = list(_prod_args())
+    args = list(_prod_args(p))
     groups = p["q_heads"] // p["kv_heads"]
     padded = -(-p["tokens"] // blocks.q_block) * blocks.q_block
     return (jax.ShapeDtypeStruct((p["kv_heads"], padded * groups, p["head_dim"]), jnp.bfloat16), *args[1:])
 
 
-def _jax_args():
+def _jax_args(p: dict):
     """JAX's kernel keeps K and V in one pool, [pages, page_size, 2 * KVH (K, V interleaved), D]."""
-    p = PROD
-    args = list(_prod_args())
+    args = list(_prod_args(p))
     pages = p["seqs"] * p["context"] // p["page_size"]
     combined = jax.ShapeDtypeStruct((pages, p["page_size"], 2 * p["kv_heads"], p["head_dim"]), jnp.bfloat16)
     return (args[0], combined, *args[3:])
@@ -536,29 +538,44 @@ def _jax_args():
 JAX_BLOCKS = dict(num_kv_pages_per_block=16, num_queries_per_block=32, vmem_limit_bytes=64 * 2**20)
 
 
-def _jax_kernel(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs):
-    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention as jax_rpa
+def _jax_blocks(p: dict) -> dict:
+    """JAX_BLOCKS, its pages a block clipped to a sequence's page table (its kernel refuses more)."""
+    return dict(JAX_BLOCKS, num_kv_pages_per_block=min(JAX_BLOCKS["num_kv_pages_per_block"],
+                                                       p["context"] // p["page_size"]))
 
-    return jax_rpa(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sm_scale=1.0 / math.sqrt(q.shape[-1]),
-                   **JAX_BLOCKS)
 
-
-def bench(blocks: BlockSizes | None = None) -> BenchSetup:
+def bench(blocks: BlockSizes | None = None, shape: dict | None = None) -> BenchSetup:
+    """At the production step by default; `shape` replaces fields of PROD (`seqs` sequences, `tokens`
+    rows of which the first sequence holds `prefill`, at `context` positions): another model's heads,
+    a decode-only batch (`prefill=1, tokens=seqs`) or one prefill chunk (`seqs=1`)."""
     blocks = blocks or DEFAULT_BLOCKS
+    p = at_shape(PROD, shape)
+    jax_blocks = _jax_blocks(p)
 
     def kernel(qg, k, v, kv_lens, table, cu, num_seqs):
-        return ragged_paged_attention_grouped(qg, k, v, kv_lens, table, cu, num_seqs, q_heads=PROD["q_heads"],
+        return ragged_paged_attention_grouped(qg, k, v, kv_lens, table, cu, num_seqs, q_heads=p["q_heads"],
                                               block_sizes=blocks)
 
-    p = PROD
-    shape = (f"H{p['q_heads']} KVH{p['kv_heads']} D{p['head_dim']} page{p['page_size']} ctx{p['context']} bf16, "
-             f"{p['seqs']} sequences: a {p['prefill']}-token prefill chunk and {p['seqs'] - 1} decode tokens "
-             f"({p['tokens']} rows; ours with q in its grouped layout)")
-    return BenchSetup(shape=shape, args=_prod_args(), kernel=kernel, xla=xla_ragged_paged_attention,
-                      jax_kernel=_jax_kernel,
-                      variant_args={"kernel": _kernel_args(blocks), "jax": _jax_args()},
-                      jax_name=f"jax ragged_paged_attention ({JAX_BLOCKS['num_kv_pages_per_block']} pages, "
-                      f"{JAX_BLOCKS['num_queries_per_block']} queries a block)", blocks=str(blocks))
+    def jax_kernel(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs):
+        from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention as jax_rpa
+
+        return jax_rpa(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs,
+                       sm_scale=1.0 / math.sqrt(q.shape[-1]), **jax_blocks)
+
+    if p["prefill"] == 1:
+        batch = f"{p['seqs']} decode token{'s' if p['seqs'] > 1 else ''}"
+    elif p["seqs"] == 1:
+        batch = f"one {p['tokens']}-token prefill chunk"
+    else:
+        batch = f"a {p['prefill']}-token prefill chunk and {p['seqs'] - 1} decode tokens"
+    seqs = f"{p['seqs']} sequence{'s' if p['seqs'] > 1 else ''}"
+    shape_text = (f"H{p['q_heads']} KVH{p['kv_heads']} D{p['head_dim']} page{p['page_size']} ctx{p['context']} "
+                  f"bf16, {seqs}: {batch} ({p['tokens']} rows; ours with q in its grouped layout)")
+    return BenchSetup(shape=shape_text, args=_prod_args(p), kernel=kernel, xla=xla_ragged_paged_attention,
+                      jax_kernel=jax_kernel,
+                      variant_args={"kernel": _kernel_args(p, blocks), "jax": _jax_args(p)},
+                      jax_name=f"jax ragged_paged_attention ({jax_blocks['num_kv_pages_per_block']} pages, "
+                      f"{jax_blocks['num_queries_per_block']} queries a block)", blocks=str(blocks))
 
 
 SPEC = KernelSpec(

@@ -91,6 +91,16 @@ class BenchSetup:
         return self.variant_args.get(variant, self.args)
 
 
+def at_shape(prod: dict, shape: dict | None) -> dict:
+    """A kernel's production shape `prod` with the fields of `shape` replaced: its bench setup at
+    another real model's shape (`bench(shape={"seqs": 256, ...})`, bench/sweep_serving.py). A field
+    `prod` does not have is a ValueError naming it and the fields there are."""
+    unknown = sorted(set(shape or ()) - set(prod))
+    if unknown:
+        raise ValueError(f"unknown shape field(s) {', '.join(unknown)}; this kernel's are {', '.join(prod)}")
+    return {**prod, **(shape or {})}
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """One bundled kernel. `kernel(*args, interpret=False, **params)` is the public jitted wrapper;

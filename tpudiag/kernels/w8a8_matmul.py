@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, check_multiples, fit_block, vmem_limit
 
 # Production shape: Llama 3 8B's MLP up/gate projection (K 4096 -> N 14336); decode M 64 tokens,
@@ -57,6 +57,16 @@ class BlockSizes:
 # than 1024 and 1.17x than 512 (fewer re-reads of x, longer weight DMAs); block_m does not matter
 # at M64 (the block is all of M) and 256 keeps a prefill chunk's x block at 2 MiB.
 DEFAULT_BLOCKS = BlockSizes()
+# A prefill chunk (M >= PREFILL_M) in M blocks of 512: with 256 the weights are read once per M
+# block, 32 times at M8192, and at K4096 N14336 on v6e the kernel is HBM-bound 1.14x above XLA's
+# figure; with 512 it sits at its compute floor, 0.90x XLA (bench/sweep_serving.py, matmul-blocks).
+PREFILL_M = 2048
+PREFILL_BLOCKS = BlockSizes(block_m=512)
+
+
+def default_blocks(m: int) -> BlockSizes:
+    """The blocks `block_sizes=None` takes for x [M, K]."""
+    return PREFILL_BLOCKS if m >= PREFILL_M else DEFAULT_BLOCKS
 
 
 def _check_shapes(x, w, w_scale):
@@ -83,14 +93,44 @@ def w8a8_kernel(x_ref, w_ref, s_ref, o_ref):
     o_ref[...] = (acc.astype(jnp.float32) * sx * s_ref[...]).astype(o_ref.dtype)
 
 
+def x_cached_kernel(quantize, acc_dtype):
+    """A kernel for `whole_k_call(..., x_cached=True)`: grid (i over M, j over N, j sequential). The
+    block's rows are quantized once, at the first N block, into VMEM scratch (`x_cache_shapes`) and
+    reused by the others: quantizing is VPU work on every element of x, done once per N block
+    otherwise (at M8192 K4096 N14336 on v6e, 7 times x's elements against one matmul)."""
+    def kernel(x_ref, w_ref, s_ref, o_ref, xq_ref, sx_ref):
+        @pl.when(pl.program_id(1) == 0)
+        def _():
+            xq, sx = quantize(x_ref[...])
+            xq_ref[...] = xq
+            sx_ref[...] = sx
+
+        acc = jnp.dot(xq_ref[...], w_ref[...], preferred_element_type=acc_dtype)
+        o_ref[...] = (acc.astype(jnp.float32) * sx_ref[...] * s_ref[...]).astype(o_ref.dtype)
+
+    return kernel
+
+
+def x_cache_shapes(dtype):
+    """The VMEM scratch of an `x_cached_kernel`: x's quantized rows and their scales."""
+    return lambda bm, bn, k: [pltpu.VMEM((bm, k), dtype), pltpu.VMEM((bm, 1), jnp.float32)]
+
+
+def several_m_blocks(bs: BlockSizes, m: int) -> bool:
+    """Whether x [M, K] spans more than one M block: where a kernel may cache what it made of x (or
+    of a weight tile) across the other grid axis and keep the M axis parallel for megacore chips."""
+    return fit_block(bs.block_m, m) < m
+
+
 def whole_k_call(kernel, x, w, w_scale, bs: BlockSizes, *, scratch, name: str, interpret: bool,
-                 n_outer: bool = False, scratch_shapes: Callable | None = None):
+                 n_outer: bool = False, x_cached: bool = False, scratch_shapes: Callable | None = None):
     """`kernel(x_ref, w_ref, s_ref, o_ref, *scratch_refs)` over the output tiles with the whole K in
     each block: x [M, K] @ an 8-bit w [K, N] * w_scale [N] -> [M, N] in x's dtype. The grid is (i over
     M, j over N), or with `n_outer` (j over N, i over M, the inner axis sequential: a kernel may keep
-    what it made of its weight tile in `scratch_shapes(bm, bn, k)` across the M blocks).
-    `scratch(bm, bn, k)` is the VMEM the kernel's temporaries take. Shared by the 8-bit matmuls
-    (this one, fp8_matmul)."""
+    what it made of its weight tile in `scratch_shapes(bm, bn, k)` across the M blocks), or with
+    `x_cached` (i over M, j over N sequential: a kernel may keep what it made of x's block across the
+    N blocks). `scratch(bm, bn, k)` is the VMEM the kernel's temporaries take. Shared by the 8-bit
+    matmuls (this one, fp8_matmul)."""
     m, k = x.shape
     n = w.shape[1]
     bm, bn = fit_block(bs.block_m, m), fit_block(bs.block_n, n)
@@ -112,7 +152,8 @@ def whole_k_call(kernel, x, w, w_scale, bs: BlockSizes, *, scratch, name: str, i
         grid, order = (gn, gm), (lambda f: lambda j, i: f(i, j))
         semantics = ("parallel", "arbitrary")
     else:
-        grid, order, semantics = (gm, gn), (lambda f: f), ("parallel", "parallel")
+        grid, order = (gm, gn), (lambda f: f)
+        semantics = ("parallel", "arbitrary" if x_cached else "parallel")
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
@@ -136,11 +177,19 @@ def w8a8_matmul(x, w, w_scale, *, block_sizes: BlockSizes | None = None, interpr
     x's dtype. Any M and N; K is one block."""
     _check_shapes(x, w, w_scale)
 
-    def scratch(bm, bn, k):  # the f32 copy of x and its int8 quantization, the int32 accumulator and its f32 copy
-        return block_bytes((bm, k), 4) + block_bytes((bm, k), 1) + 2 * block_bytes((bm, bn), 4)
+    bs = block_sizes or default_blocks(x.shape[0])
 
-    return whole_k_call(w8a8_kernel, x, w, w_scale, block_sizes or DEFAULT_BLOCKS, scratch=scratch,
-                        name="tpudiag_w8a8_matmul", interpret=interpret)
+    def scratch(bm, bn, k):  # x's f32 copy and its int8 quantization (kept, with its scales, where cached),
+        # the int32 accumulator and its f32 copy
+        return block_bytes((bm, k), 4) + 2 * block_bytes((bm, k), 1) + block_bytes((bm, 1), 4) + \
+            2 * block_bytes((bm, bn), 4)
+
+    if several_m_blocks(bs, x.shape[0]):  # x's blocks quantized once each, M kept parallel
+        return whole_k_call(x_cached_kernel(quantize_rows, jnp.int32), x, w, w_scale, bs, scratch=scratch,
+                            name="tpudiag_w8a8_matmul", interpret=interpret, x_cached=True,
+                            scratch_shapes=x_cache_shapes(jnp.int8))
+    return whole_k_call(w8a8_kernel, x, w, w_scale, bs, scratch=scratch, name="tpudiag_w8a8_matmul",
+                        interpret=interpret)
 
 
 def reference(x, w, w_scale, *, block_sizes=None):
@@ -205,21 +254,23 @@ TOLERANCES = {
 
 # ----------------------------------------------------------------------------- bench
 
-def _args(m):
+def _args(m: int, p: dict = PROD):
     sds = jax.ShapeDtypeStruct
-    return (sds((m, PROD["k"]), jnp.bfloat16), sds((PROD["k"], PROD["n"]), jnp.int8), sds((PROD["n"],), jnp.float32))
+    return (sds((m, p["k"]), jnp.bfloat16), sds((p["k"], p["n"]), jnp.int8), sds((p["n"],), jnp.float32))
 
 
-def bench(blocks: BlockSizes | None = None, m: int | None = None) -> BenchSetup:
-    """At the decode shape by default (M 64); `m=2048` gives a prefill chunk."""
-    blocks = blocks or DEFAULT_BLOCKS
-    m = m or PROD["m_decode"]
+def bench(blocks: BlockSizes | None = None, m: int | None = None, shape: dict | None = None) -> BenchSetup:
+    """At the decode shape by default (M 64); `m=2048` gives a prefill chunk; `shape` replaces K and
+    N (another projection: {"k": 8192, "n": 3584})."""
+    p = at_shape(PROD, shape)
+    m = m or p["m_decode"]
+    blocks = blocks or default_blocks(m)
 
     def kernel(x, w, w_scale):
         return w8a8_matmul(x, w, w_scale, block_sizes=blocks)
 
-    return BenchSetup(shape=f"M{m} K{PROD['k']} N{PROD['n']} x bf16 (int8 per token), w int8, scales f32",
-                      args=_args(m), kernel=kernel, xla=xla_w8a8_matmul, blocks=str(blocks))
+    return BenchSetup(shape=f"M{m} K{p['k']} N{p['n']} x bf16 (int8 per token), w int8, scales f32",
+                      args=_args(m, p), kernel=kernel, xla=xla_w8a8_matmul, blocks=str(blocks))
 
 
 SPEC = KernelSpec(
@@ -228,7 +279,8 @@ SPEC = KernelSpec(
     replaces=("XLA quantizes the activations in a fusion of its own (x read, int8 x and its scales written "
               "to HBM and read back by the int8 dot); the kernel quantizes each block in VMEM."),
     signature="w8a8_matmul(x, w, w_scale, *, block_sizes=None, interpret=False)",
-    tuned_for="decode M64 K4096 N14336 (x bf16, w int8, w_scale f32); prefill M2048",
+    tuned_for=("decode M64 K4096 N14336 (x bf16, w int8, w_scale f32); a prefill chunk (M >= 2048) in M blocks "
+               "of 512"),
     usage=("from tpudiag.kernels.w8a8_matmul import w8a8_matmul\n"
            "y = w8a8_matmul(x, w_int8, w_scale)  # x [M,K] bf16, w [K,N] int8, w_scale [N] f32 -> [M,N] bf16"),
     kernel=w8a8_matmul,

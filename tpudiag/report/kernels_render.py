@@ -41,8 +41,8 @@ def _vs_xla(r) -> str:
 def _floor(r) -> str:
     if r.floor_cycles is None:
         return "-"
-    vs = "" if r.kernel_vs_floor is None else f" (ours {r.kernel_vs_floor:.2f}x, XLA {r.xla_vs_floor:.2f}x)"
-    return fmt_cycles(r.floor_cycles) + vs
+    parts = [f"{who} {x:.2f}x" for who, x in (("ours", r.kernel_vs_floor), ("XLA", r.xla_vs_floor)) if x is not None]
+    return fmt_cycles(r.floor_cycles) + (f" ({', '.join(parts)})" if parts else "")
 
 
 def render_list(doc: dict, console: Console) -> None:
@@ -124,8 +124,12 @@ def _bench_rows(bench):
         v = r.variants
         floors = ", ".join(f"{name} {f.ops_floor_only}/{f.ops} ops at floor"
                            for name, f in v.items() if f.status == "ok" and f.ops_floor_only)
+        uncounted = [name for name, f in v.items() if f.status == "ok" and not f.flops]
+        bytes_only = "" if not uncounted or not any(f.flops for f in v.values() if f.status == "ok") else (
+            f"{', '.join(uncounted)} counts no FLOPs (a Pallas call without a cost estimate): its figure has no "
+            "compute floor, and it is left out of the row's floor")
         errors = "; ".join(f"{name}: {f.error}" for name, f in v.items() if f.status != "ok")
-        yield r, floors, errors
+        yield r, floors, bytes_only, errors
 
 
 def _goal_floor(bench) -> str:
@@ -142,14 +146,16 @@ def render_bench(bench, console: Console) -> None:
     table = Table(show_edge=False)
     for col in ("kernel", "shape", "ours", "XLA", "vs XLA", "JAX kernel", "vs JAX", "floor"):
         table.add_column(col, overflow="fold", justify="left" if col in ("kernel", "shape") else "right")
-    for r, _, _ in _bench_rows(bench):
+    for r, *_ in _bench_rows(bench):
         table.add_row(plain(r.name), plain(r.shape), fmt_cycles(r.kernel_cycles), fmt_cycles(r.xla_cycles),
                       _vs_xla(r), fmt_cycles(r.jax_cycles), _ratio(r.ratio_vs_jax, r.goal_vs_jax), _floor(r))
     console.print(table)
-    for r, floors, errors in _bench_rows(bench):
+    for r, floors, bytes_only, errors in _bench_rows(bench):
         if floors:
             console.print(plain(f"{r.name}: {floors} (no static estimate: counted at the roofline floor)",
                                 style="yellow"))
+        if bytes_only:
+            console.print(plain(f"{r.name}: {bytes_only}", style="yellow"))
         if errors:
             console.print(plain(f"{r.name}: {errors}", style="red", newlines=True))
     goals = (f"goals: <= {bench.kernels[0].goal_vs_xla:.2f}x XLA (or within {_goal_floor(bench)} of the floor), "
@@ -170,15 +176,16 @@ def render_bench_markdown(bench) -> str:
              f"summed); a kernel within {_goal_floor(bench)} of it meets the XLA goal.", "",
              "| kernel | shape | blocks | ours | XLA | vs XLA | JAX kernel | vs JAX | floor |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r, _, _ in _bench_rows(bench):
+    for r, *_ in _bench_rows(bench):
         lines.append(f"| {_esc(r.name)} | {_esc(r.shape)} | {_esc(r.blocks or '-')} | "
                      f"{fmt_cycles(r.kernel_cycles)} | {fmt_cycles(r.xla_cycles)} | "
                      f"{_vs_xla(r)} | {fmt_cycles(r.jax_cycles)} | "
                      f"{_ratio(r.ratio_vs_jax, r.goal_vs_jax)} | {_floor(r)} |")
-    notes = [(r.name, floors, errors) for r, floors, errors in _bench_rows(bench) if floors or errors]
+    notes = [(r.name, (floors, bytes_only, errors)) for r, floors, bytes_only, errors in _bench_rows(bench)
+             if floors or bytes_only or errors]
     if notes:
         lines.append("")
-        lines += [f"- {_esc(n)}: {_esc('; '.join(x for x in (f, e) if x))}" for n, f, e in notes]
+        lines += [f"- {_esc(n)}: {_esc('; '.join(x for x in parts if x))}" for n, parts in notes]
         lines.append("")
         lines.append("An op at floor had no static estimate (the profile aborted, timed out or gave 0) and counts "
                      "at the larger of its HBM and compute floors.")

@@ -65,8 +65,16 @@ def classify(keep: np.ndarray) -> Mask:
 
 def _keep_of(array: np.ndarray, q_axis: int, k_axis: int) -> np.ndarray | None:
     """The [queries, keys] matrix of a mask broadcast over the scores; None where it differs between
-    the other axes (heads, batch)."""
-    moved = np.moveaxis(array, (q_axis, k_axis), (-2, -1))
+    the other axes (heads, batch). q_axis < 0: the scores' query axis is not known; it is taken as
+    the one before the last unless that is the keys' axis, where the scores have one query a row
+    (decode scores [keys, heads] with the batch of one dropped)."""
+    k_axis %= array.ndim
+    if q_axis < 0:
+        q_axis = array.ndim - 2
+    if q_axis == k_axis:
+        moved = np.moveaxis(array, k_axis, -1)[..., None, :]
+    else:
+        moved = np.moveaxis(array, (q_axis, k_axis), (-2, -1))
     flat = moved.reshape(-1, *moved.shape[-2:])
     first = flat[0]
     strides = [s for n, s in zip(moved.shape[:-2], moved.strides[:-2]) if n > 1]
@@ -83,7 +91,7 @@ def _beneath(flow, target, value, q_axis: int, k_axis: int) -> str:
         ev = evaluate(flow.g, target, parameters=fill)
         if not ev.ok or ev.value.ndim < 2:
             return ""
-        keep = _keep_of(value(ev.value).astype(bool), q_axis if q_axis >= 0 else ev.value.ndim - 2, k_axis)
+        keep = _keep_of(value(ev.value).astype(bool), q_axis, k_axis)
         if keep is None or not keep.any(axis=1).all():  # a query that sees no key: the inputs mask it
             continue
         kind = classify(keep)
@@ -136,7 +144,7 @@ def read_mask(flow, qk, x, chain: list, q_axis: int, k_axis: int) -> Mask:
         a = value(ev.value).astype(bool)
         if a.ndim < 2:
             continue
-        keep = _keep_of(a, q_axis if q_axis >= 0 else a.ndim - 2, k_axis)
+        keep = _keep_of(a, q_axis, k_axis)
         if keep is None:
             return Mask("inputs", detail="it differs between heads or sequences")
         keeps.append(keep)
