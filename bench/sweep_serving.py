@@ -145,7 +145,10 @@ def summary(run_dirs) -> str:
 
     rows = {}
     for d in run_dirs:
-        for rep in sorted(Path(d).glob("**/report.json")):
+        reports = sorted(Path(d).glob("**/report.json"))
+        if not reports:
+            raise ValueError(f"{d}: no report.json under it (an --out folder of this script)")
+        for rep in reports:
             doc = json.loads(rep.read_text())
             for r in doc.get("kernels", ()):
                 rows[(doc["target"]["chip"], r["name"])] = r
@@ -174,7 +177,11 @@ def main() -> int:
     from pathlib import Path
 
     if args.summary:
-        print(summary(args.summary))
+        try:
+            print(summary(args.summary))
+        except (ValueError, OSError) as e:  # a folder with no runs, an unreadable report
+            print(f"sweep_serving: {e}", file=sys.stderr)
+            return 2
         return 0
 
     from sweep_common import STATIC_TIMEOUT_S, bench_specs
