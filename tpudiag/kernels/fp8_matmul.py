@@ -35,8 +35,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, check_matmul_operands
-from tpudiag.kernels.w8a8_matmul import (BlockSizes, default_blocks, several_m_blocks, whole_k_call, x_cache_shapes,
-                                         x_cached_kernel)
+from tpudiag.kernels.w8a8_matmul import (BlockSizes, default_blocks, quantized_x_call, several_m_blocks,
+                                         whole_k_call)
 
 # Production shape: Llama 3 8B's MLP up/gate projection (K 4096 -> N 14336), as the other quantized
 # matmuls; decode M 64 tokens.
@@ -65,14 +65,6 @@ def quantize_rows_fp8(x):
     scale = jnp.where(amax > 0, amax / _FMAX, 1.0)
     xq = jnp.clip(xf / scale, -_FMAX, _FMAX).astype(FP8)
     return xq, scale
-
-
-def _fp8_kernel(x_ref, w_ref, s_ref, o_ref):
-    """Grid (i over M, j over N): quantize this block's rows to e4m3, one e4m3 x e4m3 matmul over the
-    whole K, both scales on the f32 result."""
-    xq, sx = quantize_rows_fp8(x_ref[...])
-    acc = jnp.dot(xq, w_ref[...], preferred_element_type=jnp.float32) * sx
-    o_ref[...] = (acc * s_ref[...]).astype(o_ref.dtype)
 
 
 def _weight_only_kernel(x_ref, w_ref, s_ref, o_ref):
@@ -105,23 +97,14 @@ def fp8_matmul(x, w, w_scale, *, activations: str = "fp8", block_sizes: BlockSiz
     # the fp8 mode takes w8a8's prefill blocks; the weight-only mode keeps its upcast tile across M
     bs = block_sizes or (default_blocks(x.shape[0]) if activations == "fp8" else DEFAULT_BLOCKS)
     name = f"tpudiag_fp8_matmul_{activations}"
-    several = several_m_blocks(bs, x.shape[0])
     if activations == "fp8":
-        def scratch(bm, bn, k):  # x's f32 copy and its e4m3 quantization (kept, with its scales, where
-            # cached); the f32 accumulator and its scaled copy
-            return block_bytes((bm, k), 4) + 2 * block_bytes((bm, k), 1) + block_bytes((bm, 1), 4) + \
-                2 * block_bytes((bm, bn), 4)
-
-        if several:  # x's blocks quantized once each, M kept parallel
-            return whole_k_call(x_cached_kernel(quantize_rows_fp8, jnp.float32), x, w, w_scale, bs,
-                                scratch=scratch, name=name, interpret=interpret, x_cached=True,
-                                scratch_shapes=x_cache_shapes(FP8))
-        return whole_k_call(_fp8_kernel, x, w, w_scale, bs, scratch=scratch, name=name, interpret=interpret)
+        return quantized_x_call(quantize_rows_fp8, FP8, jnp.float32, x, w, w_scale, bs, name=name,
+                                interpret=interpret)
 
     def scratch(bm, bn, k):  # the upcast weight tile, the f32 accumulator and its scaled copy
         return block_bytes((k, bn), jnp.dtype(x.dtype).itemsize) + 2 * block_bytes((bm, bn), 4)
 
-    if not several:  # one M block: nothing to reuse the upcast tile
+    if not several_m_blocks(bs, x.shape[0]):  # one M block: nothing to reuse the upcast tile
         return whole_k_call(_weight_only_kernel, x, w, w_scale, bs, scratch=scratch, name=name, interpret=interpret)
     return whole_k_call(_weight_only_cached_kernel, x, w, w_scale, bs, scratch=scratch, name=name,
                         interpret=interpret, n_outer=True,

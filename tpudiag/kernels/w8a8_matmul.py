@@ -85,35 +85,51 @@ def quantize_rows(x):
     return xq, scale
 
 
-def w8a8_kernel(x_ref, w_ref, s_ref, o_ref):
-    """Grid (i over M, j over N): quantize this block's rows, one int8 x int8 -> int32 matmul over
-    the whole K, both scales on the int32 result."""
-    xq, sx = quantize_rows(x_ref[...])
-    acc = jnp.dot(xq, w_ref[...], preferred_element_type=jnp.int32)
-    o_ref[...] = (acc.astype(jnp.float32) * sx * s_ref[...]).astype(o_ref.dtype)
+def quantizing_kernel(quantize, acc_dtype, *, cached: bool):
+    """The 8-bit matmuls' kernel with x quantized in VMEM: quantize the block's rows (`quantize`:
+    rows -> (quantized, scale [rows, 1] f32)), one matmul over the whole K into `acc_dtype`, both
+    scales on the result. Grid (i over M, j over N). `cached` (several M blocks, j sequential): the
+    rows are quantized once, at the first N block, into VMEM scratch and reused
+    by the others: quantizing is VPU work on every element of x, otherwise done once per N block
+    (at M8192 K4096 N14336, 7 times)."""
+    def finish(xq, sx, w_ref, s_ref, o_ref):
+        acc = jnp.dot(xq, w_ref[...], preferred_element_type=acc_dtype)
+        o_ref[...] = (acc.astype(jnp.float32) * sx * s_ref[...]).astype(o_ref.dtype)
 
+    def kernel(x_ref, w_ref, s_ref, o_ref):
+        finish(*quantize(x_ref[...]), w_ref, s_ref, o_ref)
 
-def x_cached_kernel(quantize, acc_dtype):
-    """A kernel for `whole_k_call(..., x_cached=True)`: grid (i over M, j over N, j sequential). The
-    block's rows are quantized once, at the first N block, into VMEM scratch (`x_cache_shapes`) and
-    reused by the others: quantizing is VPU work on every element of x, done once per N block
-    otherwise (at M8192 K4096 N14336 on v6e, 7 times x's elements against one matmul)."""
-    def kernel(x_ref, w_ref, s_ref, o_ref, xq_ref, sx_ref):
+    def cached_kernel(x_ref, w_ref, s_ref, o_ref, xq_ref, sx_ref):
         @pl.when(pl.program_id(1) == 0)
         def _():
-            xq, sx = quantize(x_ref[...])
-            xq_ref[...] = xq
-            sx_ref[...] = sx
+            xq_ref[...], sx_ref[...] = quantize(x_ref[...])
 
-        acc = jnp.dot(xq_ref[...], w_ref[...], preferred_element_type=acc_dtype)
-        o_ref[...] = (acc.astype(jnp.float32) * sx_ref[...] * s_ref[...]).astype(o_ref.dtype)
+        finish(xq_ref[...], sx_ref[...], w_ref, s_ref, o_ref)
 
-    return kernel
+    return cached_kernel if cached else kernel
 
 
-def x_cache_shapes(dtype):
-    """The VMEM scratch of an `x_cached_kernel`: x's quantized rows and their scales."""
-    return lambda bm, bn, k: [pltpu.VMEM((bm, k), dtype), pltpu.VMEM((bm, 1), jnp.float32)]
+def quantized_x_call(quantize, quant_dtype, acc_dtype, x, w, w_scale, bs: BlockSizes, *, name: str,
+                     interpret: bool):
+    """x quantized per token in VMEM (`quantize`, to `quant_dtype`) @ an 8-bit w [K, N] * w_scale [N]:
+    `whole_k_call` of a `quantizing_kernel`, cached across N where x spans several M blocks (M kept
+    parallel for megacore chips; with one M block N stays parallel instead). Shared by w8a8 and
+    fp8_matmul's fp8 mode."""
+    cached = several_m_blocks(bs, x.shape[0])
+
+    def scratch(bm, bn, k):  # x's f32 copy and its quantization (kept, with its scales, where cached),
+        # the accumulator and its f32 copy
+        return block_bytes((bm, k), 4) + 2 * block_bytes((bm, k), 1) + block_bytes((bm, 1), 4) + \
+            2 * block_bytes((bm, bn), 4)
+
+    return whole_k_call(quantizing_kernel(quantize, acc_dtype, cached=cached), x, w, w_scale, bs,
+                        scratch=scratch, name=name, interpret=interpret, x_cached=cached,
+                        scratch_shapes=_x_cache(quant_dtype) if cached else None)
+
+
+def _x_cache(quant_dtype):
+    """A cached `quantizing_kernel`'s VMEM scratch: x's quantized rows and their scales."""
+    return lambda bm, bn, k: [pltpu.VMEM((bm, k), quant_dtype), pltpu.VMEM((bm, 1), jnp.float32)]
 
 
 def several_m_blocks(bs: BlockSizes, m: int) -> bool:
@@ -129,8 +145,8 @@ def whole_k_call(kernel, x, w, w_scale, bs: BlockSizes, *, scratch, name: str, i
     M, j over N), or with `n_outer` (j over N, i over M, the inner axis sequential: a kernel may keep
     what it made of its weight tile in `scratch_shapes(bm, bn, k)` across the M blocks), or with
     `x_cached` (i over M, j over N sequential: a kernel may keep what it made of x's block across the
-    N blocks). `scratch(bm, bn, k)` is the VMEM the kernel's temporaries take. Shared by the 8-bit
-    matmuls (this one, fp8_matmul)."""
+    N blocks, as `quantizing_kernel` does). `scratch(bm, bn, k)` is the VMEM the kernel's
+    temporaries take. Shared by the 8-bit matmuls (this one, fp8_matmul)."""
     m, k = x.shape
     n = w.shape[1]
     bm, bn = fit_block(bs.block_m, m), fit_block(bs.block_n, n)
@@ -177,19 +193,9 @@ def w8a8_matmul(x, w, w_scale, *, block_sizes: BlockSizes | None = None, interpr
     x's dtype. Any M and N; K is one block."""
     _check_shapes(x, w, w_scale)
 
-    bs = block_sizes or default_blocks(x.shape[0])
-
-    def scratch(bm, bn, k):  # x's f32 copy and its int8 quantization (kept, with its scales, where cached),
-        # the int32 accumulator and its f32 copy
-        return block_bytes((bm, k), 4) + 2 * block_bytes((bm, k), 1) + block_bytes((bm, 1), 4) + \
-            2 * block_bytes((bm, bn), 4)
-
-    if several_m_blocks(bs, x.shape[0]):  # x's blocks quantized once each, M kept parallel
-        return whole_k_call(x_cached_kernel(quantize_rows, jnp.int32), x, w, w_scale, bs, scratch=scratch,
-                            name="tpudiag_w8a8_matmul", interpret=interpret, x_cached=True,
-                            scratch_shapes=x_cache_shapes(jnp.int8))
-    return whole_k_call(w8a8_kernel, x, w, w_scale, bs, scratch=scratch, name="tpudiag_w8a8_matmul",
-                        interpret=interpret)
+    return quantized_x_call(quantize_rows, jnp.int8, jnp.int32, x, w, w_scale,
+                            block_sizes or default_blocks(x.shape[0]), name="tpudiag_w8a8_matmul",
+                            interpret=interpret)
 
 
 def reference(x, w, w_scale, *, block_sizes=None):

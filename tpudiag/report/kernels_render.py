@@ -17,6 +17,7 @@ from tpudiag.report.markdown import _esc
 from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
 from tpudiag.report.units import fmt_cycles, fmt_ghz, printable
+from tpudiag.results.kernels import uncounted_variants
 
 LIST_SCHEMA = "tpudiag.kernels/1"
 
@@ -124,8 +125,8 @@ def _bench_rows(bench):
         v = r.variants
         floors = ", ".join(f"{name} {f.ops_floor_only}/{f.ops} ops at floor"
                            for name, f in v.items() if f.status == "ok" and f.ops_floor_only)
-        uncounted = [name for name, f in v.items() if f.status == "ok" and not f.flops]
-        bytes_only = "" if not uncounted or not any(f.flops for f in v.values() if f.status == "ok") else (
+        uncounted = uncounted_variants(v)
+        bytes_only = "" if not uncounted else (
             f"{', '.join(uncounted)} counts no FLOPs (a Pallas call without a cost estimate): its figure has no "
             "compute floor, and it is left out of the row's floor")
         errors = "; ".join(f"{name}: {f.error}" for name, f in v.items() if f.status != "ok")

@@ -37,6 +37,17 @@ class VariantFigures(Model):
     floor_cycles: int | None = field(default=None, metadata={"omit_none": True})
 
 
+def uncounted_variants(figures: dict[str, VariantFigures]) -> tuple[str, ...]:
+    """The compiled variants that count no FLOPs where another does: each holds a Pallas call that
+    declares no `pl.CostEstimate` (JAX's and tpu-inference's ragged paged attention). XLA charges it
+    its operands' bytes and no compute, so its floor is below the work of a compute-bound shape (a
+    long prefill chunk); a bench row's floor leaves it out."""
+    ok = {name: f for name, f in figures.items() if f.status == "ok"}
+    if not any(f.flops for f in ok.values()):
+        return ()
+    return tuple(name for name, f in ok.items() if not f.flops)
+
+
 _WITH_JAX = {"present_if": "jax_name"}  # keys a row has only where JAX has its own kernel
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tpudiag.config import KERNEL_GOALS, KernelGoals
 from tpudiag.results.compile import CompileTarget, ModuleReport, OpEstimate
-from tpudiag.results.kernels import BENCH_SCHEMA, VARIANTS, KernelBench, KernelRow, VariantFigures
+from tpudiag.results.kernels import BENCH_SCHEMA, VARIANTS, KernelBench, KernelRow, VariantFigures, uncounted_variants
 
 # `OpEstimate.bound_by` -> what the bench calls the figure that set an op's time.
 _HOW = {"static_cycles": "static", "hbm": "hbm_floor", "compute": "compute_floor", "ici": "ici"}
@@ -70,15 +70,6 @@ def _ratio(a: int | None, b: int | None) -> float | None:
     return None if not a or not b else round(a / b, 4)
 
 
-def counted_variants(figures: dict[str, VariantFigures]) -> list[VariantFigures]:
-    """The compiled variants whose work is counted: where any variant counts FLOPs, the ones that
-    count none are left out. Those hold a Pallas call that declares no `pl.CostEstimate` (JAX's and
-    tpu-inference's ragged paged attention): XLA charges it its operands' bytes and no FLOPs, a
-    floor below the work of a compute-bound shape (a long prefill chunk)."""
-    ok = [f for f in figures.values() if f.status == "ok"]
-    return [f for f in ok if f.flops] if any(f.flops for f in ok) else ok
-
-
 def kernel_row(name: str, shape: str, blocks: str | None, jax_name: str | None, figures: dict[str, VariantFigures],
                goals: KernelGoals = KERNEL_GOALS) -> KernelRow:
     """One `kernels` row of the bench document."""
@@ -86,7 +77,9 @@ def kernel_row(name: str, shape: str, blocks: str | None, jax_name: str | None, 
     kc = k.corrected_cycles if k else None
     xc = x.corrected_cycles if x else None
     ratio = _ratio(kc, xc)
-    floors = [f.floor_cycles for f in counted_variants(figures) if f.floor_cycles]
+    uncounted = uncounted_variants(figures)
+    floors = [f.floor_cycles for name, f in figures.items()
+              if f.status == "ok" and f.floor_cycles and name not in uncounted]
     floor = min(floors) if floors else None
     vs_floor = _ratio(kc, floor)
     jax = {}
