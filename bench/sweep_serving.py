@@ -29,6 +29,7 @@ served with its experts sharded over chips, and `fused_moe` is a one-chip kernel
 
     python bench/sweep_serving.py --target v6e [--families rpa mla matmul moe] [--out DIR]
     python bench/sweep_serving.py --summary DIR [DIR ...]    (one table of earlier runs' rows)
+    python bench/sweep_serving.py --target v5e --families matmul --rows int4.   (some rows only)
 
 Prints one Markdown table a family (`tpudiag kernels bench`'s, with a row a shape) and where its
 run directory is. One bad target is one line and exit 2.
@@ -171,6 +172,8 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="one run directory a family goes under it")
     parser.add_argument("--static-timeout", type=float, default=None,
                         help="seconds a module's static profile may take (default: sweep_common's)")
+    parser.add_argument("--rows", nargs="+", metavar="TEXT",
+                        help="run only the rows whose name contains one of these (e.g. int4. b1)")
     parser.add_argument("--summary", nargs="+", metavar="RUN_DIR",
                         help="print one table of the rows under these earlier --out folders and stop")
     args = parser.parse_args()
@@ -190,7 +193,11 @@ def main() -> int:
     for family in args.families:
         print(f"\n### {family} on {args.target}\n", flush=True)
         out = Path(args.out) / family if args.out else None
-        code = bench_specs("sweep_serving", specs(family), args.target, out,
+        rows = [sp for sp in specs(family) if not args.rows or any(t in sp.name for t in args.rows)]
+        if not rows:
+            print(f"sweep_serving: no {family} row matches {' '.join(args.rows)}", file=sys.stderr)
+            continue
+        code = bench_specs("sweep_serving", rows, args.target, out,
                            args.static_timeout or STATIC_TIMEOUT_S)
         if code == 2:
             return 2

@@ -1,7 +1,8 @@
 """The fused MoE (tpudiag/kernels/fused_moe.py) beyond `kernels verify`'s cases: its routing is
 top-k of the logits with renormalized weights (checked against numpy by hand), ties go to the lower
 expert, a token routed to one expert gets that expert alone, the kernel agrees with the dense
-reference when most experts get no token, and bad shapes are refused by name."""
+reference when most experts get no token, the default blocks follow D, and bad shapes are refused
+by name."""
 
 from __future__ import annotations
 
@@ -71,3 +72,14 @@ def test_bad_shapes_are_refused_by_name(change, says):
         fm.fused_moe(*args, top_k=5, interpret=True)
     with pytest.raises(ValueError, match="scoring must be one of"):
         fm.fused_moe(*args, top_k=2, scoring="relu", interpret=True)
+
+
+def test_the_default_blocks_hold_all_of_d_so_an_experts_weights_are_read_once():
+    """Qwen3-30B-A3B's D 2048 keeps the tuned BlockSizes(); at Qwen3-235B-A22B's D 4096 gate/up's K
+    block and down's N block grow to all of D (rows of 256), where K blocks of 2048 would fetch every
+    expert's weights again for each row tile."""
+    assert fm.default_blocks(2048) == fm.BlockSizes()
+    big = fm.default_blocks(4096)
+    assert (big.gate_up.block_k, big.gate_up.block_n, big.down.block_k, big.down.block_n) == (4096, 768, 768, 4096)
+    assert big.gate_up.block_m == big.down.block_m == 256
+    assert "block_k=4096" in fm.bench(shape={"d": 4096, "f": 1536}).blocks

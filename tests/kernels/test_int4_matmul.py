@@ -1,7 +1,7 @@
 """The int4 kernel (tpudiag/kernels/int4_matmul.py) beyond `kernels verify`'s cases: in interpret
 mode at f32 it equals the dequantize-then-matmul reference to f32 rounding over several K steps, a
-zero-scale group contributes nothing, the K block is whole groups, and bad shapes and blocks are
-refused by name."""
+zero-scale group contributes nothing, the K block is whole groups, a few rows of bf16 x go through
+exact int8 digits, and bad shapes and blocks are refused by name."""
 
 from __future__ import annotations
 
@@ -63,3 +63,38 @@ def test_blocks_off_the_tiling_are_refused():
         q.BlockSizes(block_m=24)
     with pytest.raises(ValueError, match="block_k must be a positive multiple of 128"):
         q.BlockSizes(block_k=100)
+
+
+def test_int8_digits_reconstruct_bf16_rows_exactly():
+    """Three digits of 7 bits hold a bf16 row exactly down to 2^-12 of its largest magnitude: here
+    an outlier of 300 beside values of O(1), a row of zeros, and a row of tiny values."""
+    x = jax.random.normal(jax.random.key(3), (3, 256), jnp.float32).astype(jnp.bfloat16)
+    x = x.at[0, 5].set(300.0).at[1].set(0.0).at[2].multiply(1e-6)
+    digits, scales = q._digits(x.astype(jnp.float32))
+    d = np.asarray(digits, np.float64).reshape(3, 3, 256)
+    assert digits.dtype == jnp.int8 and np.abs(d).max() <= 64
+    back = sum(d[i] * np.asarray(scales[i], np.float64) for i in range(3))
+    xs = np.asarray(x, np.float64)
+    big = np.abs(xs) >= np.abs(xs).max(axis=1, keepdims=True) * 2.0 ** -12
+    assert (back[big] == xs[big]).all() and (back[1] == 0).all()
+    assert (np.abs(back - xs) <= np.abs(xs).max(axis=1, keepdims=True) * 2.0 ** -20).all()
+
+
+def test_a_few_bf16_rows_take_the_int8_digit_kernel_and_round_once():
+    """At M 4 (bf16) the kernel multiplies int8 digits on the MXU's int8 path (int32 sums) and its
+    result is the float64 product rounded once to bf16, to a unit in the last place; at M 17 it
+    converts the weights instead."""
+    x, w, s = q._make(4, 512, 256, 128, jnp.bfloat16)(jax.random.key(4))
+    x = x.at[0, 9].set(-250.0)
+
+    def int32_dots(m):
+        xm = jnp.zeros((m, 512), jnp.bfloat16)
+        return "preferred_element_type=int32" in str(jax.make_jaxpr(
+            lambda a: q.int4_matmul(a, w, s, interpret=True))(xm))
+
+    assert int32_dots(4) and int32_dots(q.DIGITS_MAX_M) and not int32_dots(q.DIGITS_MAX_M + 1)
+    got = np.asarray(q.int4_matmul(x, w, s, interpret=True).astype(jnp.float32), np.float64)
+    exact = np.asarray(x, np.float64) @ (np.asarray(w.astype(jnp.float32), np.float64)
+                                         * np.repeat(np.asarray(s, np.float64), 128, axis=0))
+    ulp = np.abs(np.asarray(jnp.asarray(exact, jnp.float32).astype(jnp.bfloat16), np.float64)) * 2.0 ** -7
+    assert (np.abs(got - exact) <= ulp + 1e-30).all()

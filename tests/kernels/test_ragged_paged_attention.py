@@ -92,19 +92,29 @@ def test_write_kv_pages_touches_only_the_new_positions():
     assert float(v[0, 1, 1, 0]) == -3.0
 
 
+def _items(kv_lens, cu, num_seqs, padded, q_block):
+    """The work-item table the scalar-core kernel builds (interpret mode), as its six fields."""
+    table = R.work_items(kv_lens, cu, jnp.array([num_seqs], jnp.int32), padded, q_block, interpret=True)
+    return np.asarray(table).reshape(6, -1)
+
+
 def test_work_items_follow_the_q_blocks_and_the_sequences():
     """Blocks of 16 tokens; sequences of 21, 1, 0 and 13 new tokens (the 0 is skipped)."""
     cu = jnp.array([0, 21, 22, 22, 35], jnp.int32)
     kv_lens = jnp.array([70, 33, 40, 13], jnp.int32)
-    blk, seq, lo, hi, qpos0, kv_end = (np.asarray(a) for a in R._work_items(kv_lens, cu, jnp.array([4], jnp.int32),
-                                                                            48, 16))
+    blk, seq, lo, hi, qpos0, kv_end = _items(kv_lens, cu, 4, 48, 16)
     live = kv_end > 0
     assert list(zip(blk[live], seq[live], lo[live], hi[live])) == [
         (0, 0, 0, 16), (1, 0, 0, 5), (1, 1, 5, 6), (1, 3, 6, 16), (2, 3, 0, 3)]
     # sequence 0's 21 new tokens are positions 49-69: block 1's rows 0-4 are positions 65-69
     assert qpos0[live][1] == 65 and kv_end[live][1] == 70
     assert len(blk) == 48 // 16 + 4 and (blk[~live] == 2).all()  # padding items stay on the last block
-
+    assert ((lo == 0) & (hi == 0))[~live].all()  # and own no rows
+    # With two live sequences the last two are padding: no items, and the padding on block 1.
+    blk, seq, lo, hi, _, kv_end = _items(kv_lens, cu, 2, 48, 16)
+    live = kv_end > 0
+    assert list(zip(blk[live], seq[live], lo[live], hi[live])) == [(0, 0, 0, 16), (1, 0, 0, 5), (1, 1, 5, 6)]
+    assert (blk[~live] == 1).all() and (hi[~live] == 0).all()
 
 
 @pytest.mark.parametrize("tokens, seqs, pps", [(64, 64, 16), (8192, 1, 64), (1024, 4, 16), (512, 1, 4)])
@@ -117,8 +127,7 @@ def test_the_cost_estimate_reads_the_pages_the_work_items_read(tokens, seqs, pps
     padded = -(-tokens // q_block) * q_block
     kv_lens = jnp.full((seqs,), pps * page, jnp.int32)
     cu = jnp.arange(seqs + 1, dtype=jnp.int32) * q
-    *_, lo, hi, qpos0, kv_end = (np.asarray(a) for a in R._work_items(kv_lens, cu, jnp.array([seqs], jnp.int32),
-                                                                       padded, q_block))
+    *_, lo, hi, qpos0, kv_end = _items(kv_lens, cu, seqs, padded, q_block)
     live = kv_end > 0
     pages = int(sum(-(-int(e) // page) for e in kv_end[live]))
     pairs = sum(int(p0 + r + 1) for p0, a, b in zip(qpos0[live], lo[live], hi[live]) for r in range(a, b))

@@ -31,7 +31,7 @@ from tests.kernels.test_tiling import MIB, _need, _pallas_calls
 from tpudiag.api.pipeline import compile_inputs
 from tpudiag.capture.lower import lower_for_tpu
 from tpudiag.capture.tpu_compile import ModuleInput
-from tpudiag.kernels import fp8_matmul, int4_matmul, w8a8_matmul
+from tpudiag.kernels import fp8_matmul, fused_moe, int4_matmul, w8a8_matmul
 from tpudiag.kernels.registry import all_specs
 from tpudiag.targets import require_libtpu, resolve_target
 
@@ -54,10 +54,12 @@ def lowered(tmp_path_factory):
     require_libtpu()
     out = tmp_path_factory.mktemp("lowered")
     inputs, calls = [], {}
-    # Default blocks; and a prefill chunk for the quantized matmuls, in M blocks of 512 (the 8-bit
-    # ones with x quantized once per M block).
+    # Default blocks; a prefill chunk for the quantized matmuls, in M blocks of 512 (the 8-bit ones
+    # with x quantized once per M block); int4 at one row (x's int8 digits on the int8 MXU path); the
+    # fused MoE at Qwen3-235B-A22B's D 4096 (its default blocks hold all of D).
     prefill = {"w8a8_matmul@m2048": w8a8_matmul.bench(m=2048), "fp8_matmul@m2048": fp8_matmul.bench(m=2048),
-               "int4_matmul@m2048": int4_matmul.bench(m=2048)}
+               "int4_matmul@m2048": int4_matmul.bench(m=2048), "int4_matmul@m1": int4_matmul.bench(m=1),
+               "fused_moe@d4096": fused_moe.bench(shape={"d": 4096, "f": 1536, "tokens": 256})}
     for name, setup in [(spec.name, spec.bench()) for spec in all_specs()] + list(prefill.items()):
         calls[name] = list(_pallas_calls(jax.make_jaxpr(setup.kernel)(*setup.args_for("kernel")).jaxpr))
         path = lower_for_tpu(setup.kernel, setup.args_for("kernel"), out / f"{name}.mlir")

@@ -65,6 +65,19 @@ class BlockSizes:
         return f"gate_up: {self.gate_up.text()}; down: {self.down.text()}"
 
 
+def default_blocks(d: int) -> BlockSizes:
+    """The blocks `block_sizes=None` takes for a model dimension D: all of D as gate/up's K block and
+    down's N block, so the expert's weight blocks do not change while the grid walks its row tiles
+    and each is read once; F in blocks of 768. Row tiles of 128 up to D 2048 (Qwen3-30B-A3B's D,
+    where these are `BlockSizes()`), 256 above. At Qwen3-235B-A22B's D 4096 and F 1536, 2048 tokens
+    (v6e, `bench/sweep_serving.py`): 10.21M cycles with `BlockSizes()`, whose K blocks of 2048 make
+    every row tile fetch its expert's weights again, 8.88M with rows of 256 alone, 7.41M with all of
+    D (with rows of 128 and all of D the static-profile compile runs out of VMEM)."""
+    rows = 128 if d <= 2048 else 256
+    return BlockSizes(gate_up=GmmBlocks(block_m=rows, block_k=d, block_n=768, compute_m=128),
+                      down=GmmBlocks(block_m=rows, block_k=768, block_n=d, compute_m=128))
+
+
 def route(x, router_w, *, top_k: int, scoring: str = "softmax", renormalize: bool = True):
     """(weights [T, top_k] f32 (f64 for f64 inputs), experts [T, top_k] int32). The experts are
     chosen on the logits: softmax and sigmoid are increasing, so they rank the experts alike and
@@ -153,10 +166,11 @@ def fused_moe(x, router_w, w_gate, w_up, w_down, *, top_k: int, scoring: str = "
 
     x and the expert weights all bfloat16 or all float32; router_w [D, E] any float dtype.
     `scoring` "softmax" (Mixtral, Qwen3) or "sigmoid" (DeepSeek V3's scores); `renormalize` divides
-    the chosen weights by their sum. `interpret=True` runs the Pallas interpreter (CPU).
+    the chosen weights by their sum. `block_sizes` defaults to `default_blocks(D)`. `interpret=True`
+    runs the Pallas interpreter (CPU).
     """
     _check(x, router_w, w_gate, w_up, w_down, top_k, scoring)
-    blocks = block_sizes or BlockSizes()
+    blocks = block_sizes or default_blocks(x.shape[1])
     t, d = x.shape
     e = router_w.shape[1]
     weights, experts = route(x, router_w, top_k=top_k, scoring=scoring, renormalize=renormalize)
@@ -274,8 +288,8 @@ def _prod_args(p: dict):
 def bench(blocks: BlockSizes | None = None, shape: dict | None = None) -> BenchSetup:
     """At Qwen3-30B-A3B's MoE over 2048 tokens by default; `shape` replaces fields of PROD (`tokens`,
     or another model's `d`, `f`, `e`, `top_k`)."""
-    blocks = blocks or BlockSizes()
     p = at_shape(PROD, shape)
+    blocks = blocks or default_blocks(p["d"])
     k = p["top_k"]
 
     def kernel(x, r, wg, wu, wd):

@@ -15,6 +15,14 @@ long); block_k is a multiple of G, so a step's groups are whole. Edge blocks in 
 masking (rows and columns past the array are dropped when the block is written); K must be a
 multiple of the K block. No gradient: this is an inference kernel.
 
+At a few rows of bf16 x (M <= 16: decode at small batches) the conversion of every weight to bf16
+is most of the kernel's time, and the MXU has little else to do. There the kernel converts nothing:
+each row of x is split exactly into three int8 digits at power-of-two scales (x = d1 s1 + d2 s2 +
+d3 s3, 7 bits a digit), the digit rows are multiplied by the int8 weights on the MXU's int8 path
+(int32 sums, exact), and each group's sums are scaled by the group scales and the digit scales in
+f32 (`int4_digits_kernel`). A bf16 x (8 significant bits) is exact in the three digits down to
+2^-12 of its row's largest magnitude; below that the error is at most 2^-20 of it.
+
 Holds the kernel, the pure-JAX reference, the plain-JAX version users write, and the `SPEC`.
 """
 
@@ -25,6 +33,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -62,6 +71,14 @@ DEFAULT_BLOCKS = BlockSizes(block_m=256, block_n=1024, block_k=4096)
 # On v6e at K4096 N14336, M2048 0.82x -> 0.66x XLA, M8192 to its compute floor (bench/sweep_serving.py).
 PREFILL_M = 2048
 PREFILL_BLOCKS = BlockSizes(block_m=512, block_n=1024, block_k=4096)
+
+
+# Rows of bf16 x up to which the kernel multiplies x's int8 digits by the int8 weights instead of
+# converting the weights (`int4_digits_kernel`). Llama 3 8B's up projection (K4096 N14336, groups of
+# 128): v6e 64.1k -> 35.6k cycles at M1 and 64.2k -> 41.8k at M16; v5e 72.3k -> at its HBM floor
+# (57.2k) at M1 and 72.9k -> 62.7k at M16. At M32 the per-group scaling of 3 x 32 digit rows costs
+# more than the conversion it saves on v5e (79.0k against 74.1k).
+DIGITS_MAX_M = 16
 
 
 def default_blocks(m: int) -> BlockSizes:
@@ -122,10 +139,56 @@ def int4_kernel(x_ref, w_ref, s_ref, o_ref, acc_ref, *, group: int):
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
 
+def _digits(x, n: int = 3):
+    """x [rows, K] f32 as n int8 digit rows [n * rows, K] and their scales (n arrays [rows, 1]):
+    x = sum_i d_i * s_i with s_1 the power of two that puts the row's largest magnitude below 64 and
+    s_(i+1) = s_i / 128, so every digit is in [-64, 64] and every step is exact in f32."""
+    amax = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+    # amax's exponent field e: amax < 2^(e - 126), so s_1 = 2^(e - 132) keeps |x / s_1| < 64. A
+    # floor on e keeps the last scale a normal f32 (a row of zeros gets digits of zero).
+    i32 = jnp.int32
+    e = jnp.maximum(lax.shift_right_logical(lax.bitcast_convert_type(amax, i32), i32(23)), i32(20))
+    scales = [lax.bitcast_convert_type(lax.shift_left(e - i32(5 + 7 * i), i32(23)), jnp.float32) for i in range(n)]
+    digits, r = [], x
+    for sc in scales:
+        d = jnp.floor(r / sc + 0.5)
+        r = r - d * sc
+        digits.append(d)
+    return jnp.concatenate(digits, axis=0).astype(jnp.int8), scales
+
+
+def int4_digits_kernel(x_ref, w_ref, s_ref, o_ref, acc_ref, *, group: int):
+    """`int4_kernel` for a few rows of bf16 x: x's three int8 digit rows times this step's int4
+    weights (unpacked to int8, not converted) on the int8 MXU path, one dot a group, each group's
+    int32 sums scaled by its group scales into f32; the digits' scales applied once a step."""
+    @pl.when(pl.program_id(2) == 0)
+    def _init():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    bm = x_ref.shape[0]
+    bk, bn = w_ref.shape
+    digits, dscale = _digits(x_ref[...].astype(jnp.float32))
+    w = w_ref[...].astype(jnp.int8)
+    sc = s_ref[...].astype(jnp.float32)
+    if sc.ndim == 3:  # the [groups, 1, bn] layout
+        sc = sc[:, 0, :]
+    acc = jnp.zeros((3 * bm, bn), jnp.float32)
+    for g in range(bk // group):
+        cols = slice(g * group, (g + 1) * group)
+        part = jnp.dot(digits[:, cols], w[cols], preferred_element_type=jnp.int32)
+        acc = acc + part.astype(jnp.float32) * sc[g:g + 1]
+    acc_ref[...] += sum(acc[i * bm:(i + 1) * bm] * dscale[i] for i in range(3))
+
+    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+    def _done():
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
 @functools.partial(jax.jit, static_argnames=("block_sizes", "interpret"))
 def int4_matmul(x, w, scales, *, block_sizes: BlockSizes | None = None, interpret=False):
     """x [M, K] (bf16 or f32) @ (w int4 [K, N] * scales [K / G, N] per group of G rows) -> [M, N] in
-    x's dtype. Any M and N; K a multiple of the K block (`_k_block`)."""
+    x's dtype. Any M and N; K a multiple of the K block (`_k_block`). bf16 x of at most
+    `DIGITS_MAX_M` rows takes the int8-digit kernel (x must be finite there)."""
     _check_shapes(x, w, scales)
     bs = block_sizes or default_blocks(x.shape[0])
     m, k = x.shape
@@ -154,9 +217,13 @@ def int4_matmul(x, w, scales, *, block_sizes: BlockSizes | None = None, interpre
     s_block = (bk // group, bn) if flat else (bk // group, 1, bn)
     blocks = (block_bytes((bm, bk), xb) + block_bytes((bk, bn), 1) + block_bytes(s_block, sb)
               + block_bytes((bm, bn), xb))
-    scratch = block_bytes((bm, bn), 4) * 2 + block_bytes((bk, bn), 4) + block_bytes((bk, bn), xb)
+    digits = x.dtype == jnp.bfloat16 and m <= DIGITS_MAX_M
+    if digits:  # the accumulator, the int8 weight tile, the digits' f32 sums and their product
+        scratch = block_bytes((bm, bn), 4) + block_bytes((bk, bn), 1) + block_bytes((3 * bm, bn), 4) * 2
+    else:
+        scratch = block_bytes((bm, bn), 4) * 2 + block_bytes((bk, bn), 4) + block_bytes((bk, bn), xb)
     return pl.pallas_call(
-        functools.partial(int4_kernel, group=group),
+        functools.partial(int4_digits_kernel if digits else int4_kernel, group=group),
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         grid=(gm, gn, gk),
         in_specs=[pl.BlockSpec((bm, bk), lambda i, j, l: (i, l)),
@@ -212,14 +279,17 @@ def _make(m, k, n, group, dtype, zero_group=False):
 
 def cases() -> list[Case]:
     """Blocks 16 x 128 x 128 (one group of 128, or two of 64, per K step) so the grid has several
-    steps in M, N and K, with edge blocks in M and N."""
+    steps in M, N and K, with edge blocks in M and N. bf16 x of at most 16 rows takes the int8-digit
+    kernel."""
     bs = dict(block_sizes=BlockSizes(block_m=16, block_n=128, block_k=128))
     whole_k = dict(block_sizes=BlockSizes(block_m=16, block_n=128, block_k=512))
     return [
         Case("ragged M N, groups of 128, f32", _make(40, 512, 300, 128, jnp.float32), bs, "float32"),
         Case("ragged M N, groups of 128, bf16", _make(40, 512, 300, 128, jnp.bfloat16), bs, "bfloat16"),
-        Case("decode M=8, groups of 64, whole K, a zero group, bf16",
+        Case("decode M=8, groups of 64, whole K, a zero group, bf16 (int8 digits)",
              _make(8, 512, 256, 64, jnp.bfloat16, zero_group=True), whole_k, "bfloat16"),
+        Case("decode M=3, K in 4 steps, ragged N, bf16 (int8 digits)", _make(3, 512, 300, 128, jnp.bfloat16), bs,
+             "bfloat16"),
         Case("per-channel (one group), bf16", _make(32, 256, 256, 256, jnp.bfloat16), whole_k, "bfloat16"),
     ]
 
@@ -230,7 +300,8 @@ TOLERANCES = {
         "the f32 accumulation runs in another order over K blocks (MXU passes at f32)")),
     "bfloat16": Tolerance(atol=3e-2, rtol=3e-2, reason=(
         "the kernel, as the plain-JAX version, rounds each dequantized weight to bf16 (2^-9 relative) "
-        "and takes x in bf16; the output is bf16 of O(1) values summed over K up to 512")),
+        "and takes x in bf16; the output is bf16 of O(1) values summed over K up to 512 (the int8-digit "
+        "kernel's sums are exact to 2^-20 of the row's largest |x| before that rounding)")),
 }
 
 
@@ -263,7 +334,7 @@ SPEC = KernelSpec(
               "HBM and reads them back in the dot; the kernel streams int4 tiles and dequantizes each in VMEM."),
     signature="int4_matmul(x, w, scales, *, block_sizes=None, interpret=False)",
     tuned_for=("decode M64 K4096 N14336, groups of 128 (x bf16, w int4, scales f32); a prefill chunk "
-               "(M >= 2048) in M blocks of 512"),
+               "(M >= 2048) in M blocks of 512; M <= 16 of bf16 x as int8 digits on the int8 MXU path"),
     usage=("from tpudiag.kernels.int4_matmul import int4_matmul\n"
            "y = int4_matmul(x, w_int4, scales)  # x [M,K] bf16, w [K,N] jnp.int4, scales [K/128,N] f32 -> [M,N] bf16"),
     kernel=int4_matmul,

@@ -108,12 +108,6 @@ def _token_seqs(cu_q_lens, num_seqs, tokens: int):
     return seq.astype(jnp.int32), t < lax.dynamic_index_in_dim(cu_q_lens, num_seqs[0], keepdims=False)
 
 
-def _pick(x, idx):
-    """x[idx] for a short int vector x, as a one-hot sum: the TPU compiler's static profile aborts
-    on small gathers ("Unsupported DMA direction"), and the wrapper's bookkeeping is tiny."""
-    return jnp.sum(jnp.where(idx[:, None] == jnp.arange(x.shape[0])[None, :], x[None, :], 0), axis=1)
-
-
 def write_kv_pages(k_pages, v_pages, new_k, new_v, kv_lens, page_table, cu_q_lens, num_seqs):
     """The step's new keys and values [T, KVH, D] scattered into their pages: token i of sequence s
     goes to position kv_lens[s] - q_len[s] + i. Rows past cu_q_lens[num_seqs] are dropped. Returns
@@ -131,33 +125,70 @@ def write_kv_pages(k_pages, v_pages, new_k, new_v, kv_lens, page_table, cu_q_len
     return k_pages, v_pages
 
 
-def _work_items(kv_lens, cu_q_lens, num_seqs, tokens_padded: int, q_block: int):
+def _items_kernel(kv_ref, cu_ref, n_ref, out_ref, *, seqs: int, items: int, q_block: int):
+    """The work-item table on the scalar core: one pass over the sequences, an item for each q
+    block a live sequence's rows touch, then the padding items. out_ref: SMEM [6 * items], the
+    fields in `_Items.FIELDS` order, each `items` long."""
+    n_live = n_ref[0]
+
+    def put(w, blk, seq, lo, hi, qpos0, kv_end):
+        for k, v in enumerate((blk, seq, lo, hi, qpos0, kv_end)):
+            out_ref[k * items + w] = v
+
+    def sequence(s, carry):
+        w, last_blk = carry
+        cs, kv_len = cu_ref[s], kv_ref[s]
+        q_len = jnp.where(s < n_live, cu_ref[s + 1] - cs, 0)
+        first = lax.div(cs, q_block)
+        count = jnp.where(q_len > 0, lax.div(cs + q_len - 1, q_block) - first + 1, 0)
+
+        def item(b, w):
+            start = (first + b) * q_block
+            hi = jnp.minimum(cs + q_len - start, q_block)
+            qpos0 = kv_len - q_len + start - cs
+            put(w, first + b, s, jnp.maximum(cs - start, 0), hi, qpos0, qpos0 + hi)
+            return w + 1
+
+        w = lax.fori_loop(0, count, item, w)
+        return w, jnp.where(count > 0, first + count - 1, last_blk)
+
+    live_items, last_blk = lax.fori_loop(0, seqs, sequence, (jnp.int32(0), jnp.int32(0)))
+    # Padding items: no rows and nothing to read, on the last live q block (its q and output blocks
+    # stay where they are), on the last sequence's table row.
+    s = seqs - 1
+    q_len = jnp.where(s < n_live, cu_ref[s + 1] - cu_ref[s], 0)
+    qpos0 = kv_ref[s] - q_len + last_blk * q_block - cu_ref[s]
+
+    def pad(w, carry):
+        put(w, last_blk, jnp.int32(s), jnp.int32(0), jnp.int32(0), qpos0, jnp.int32(0))
+        return carry
+
+    lax.fori_loop(live_items, items, pad, 0)
+
+
+def work_items(kv_lens, cu_q_lens, num_seqs, tokens_padded: int, q_block: int, *, interpret=False):
     """The grid's work items, one per (q block, sequence) overlapping, in token order, padded to
-    the static bound (q blocks + sequences) with empty items on the last live block. Each is
-    (block, seq, lo, hi, qpos0, kv_end): the item's rows are tokens lo..hi-1 of the block; qpos0 is
-    the KV position of the block's first token as sequence seq counts it; kv_end the positions the
-    item reads (the causal end of its last row)."""
+    the static bound (q blocks + sequences) with empty items on the last live block: int32 [6 *
+    items], the fields blk, seq, lo, hi, qpos0, kv_end one after another. The item's rows are tokens
+    lo..hi-1 of q block blk; qpos0 is the KV position of the block's first token as sequence seq
+    counts it; kv_end the positions the item reads (the causal end of its last row).
+
+    Built by a small Pallas call on the scalar core: the same table built with XLA ops takes
+    three fusions, each with the fixed cost of a vector op, more than the attention itself costs
+    for one decode sequence."""
     seqs = kv_lens.shape[0]
-    n_blocks = tokens_padded // q_block
-    cs, ce = cu_q_lens[:-1], cu_q_lens[1:]
-    q_len = jnp.where(jnp.arange(seqs) < num_seqs[0], ce - cs, 0)
-    first = cs // q_block
-    count = jnp.where(q_len > 0, (cs + q_len - 1) // q_block - first + 1, 0)
-    ends = jnp.cumsum(count)
-    w = jnp.arange(n_blocks + seqs, dtype=jnp.int32)
-    seq = jnp.clip(jnp.searchsorted(ends, w, side="right", method="compare_all"), 0, seqs - 1).astype(jnp.int32)
-    live = w < ends[-1]
-    s_first, s_ends, s_count = _pick(first, seq), _pick(ends, seq), _pick(count, seq)
-    s_cs, s_qlen, s_kvlen = _pick(cs, seq), _pick(q_len, seq), _pick(kv_lens, seq)
-    blk = s_first + w - (s_ends - s_count)
-    last_blk = jnp.max(jnp.where(count > 0, first + count - 1, 0))
-    blk = jnp.where(live, blk, last_blk)
-    start = blk * q_block
-    lo = jnp.where(live, jnp.maximum(s_cs - start, 0), 0)
-    hi = jnp.where(live, jnp.minimum(s_cs + s_qlen - start, q_block), 0)
-    qpos0 = s_kvlen - s_qlen + start - s_cs
-    kv_end = jnp.where(live, qpos0 + hi, 0)
-    return [a.astype(jnp.int32) for a in (blk, seq, lo, hi, qpos0, kv_end)]
+    items = tokens_padded // q_block + seqs
+    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+    return pl.pallas_call(
+        functools.partial(_items_kernel, seqs=seqs, items=items, q_block=q_block),
+        out_shape=jax.ShapeDtypeStruct((6 * items,), jnp.int32),
+        in_specs=[smem, smem, smem],
+        out_specs=smem,
+        compiler_params=pltpu.CompilerParams(vmem_limit_bytes=vmem_limit(0)),  # no VMEM blocks
+        cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=4 * (2 * seqs + 2 + 6 * items)),
+        interpret=interpret,
+        name="tpudiag_rpa_work_items",
+    )(kv_lens, cu_q_lens, num_seqs)
 
 
 def step_work(tokens: int, seqs: int, pages_per_seq: int, page_size: int, q_block: int) -> tuple[int, float]:
@@ -217,7 +248,7 @@ def ragged_paged_attention_kernel(items_ref, table_ref, q_ref, k_hbm_ref, v_hbm_
                                   sliding_window: int | None, soft_cap: float | None):
     """One grid step = one work item w: the rows lo..hi-1 of q block blk[w], sequence seq[w].
 
-    items_ref: SMEM [6 * items], the item table (`_work_items`); table_ref: SMEM, the page table.
+    items_ref: SMEM [6 * items], the item table (`work_items`); table_ref: SMEM, the page table.
 
     q_ref, o_ref: [KVH, q_block * G, D] VMEM blocks (row r is token r // G, head group r % G).
     k_hbm_ref, v_hbm_ref: the page pools, left in HBM; k_buf, v_buf: [2, KVH, pages_per_block,
@@ -362,7 +393,7 @@ def ragged_paged_attention_grouped(qg, k_pages, v_pages, kv_lens, page_table, cu
     q_block = bs.q_block
     padded = qg.shape[1] // groups
     items = padded // q_block + seqs
-    work = _work_items(kv_lens, cu_q_lens, num_seqs, padded, q_block)
+    work = work_items(kv_lens, cu_q_lens, num_seqs, padded, q_block, interpret=interpret)
     qo_spec = pl.BlockSpec((kv_heads, q_block * groups, head_dim), lambda w, items_ref, _: (0, items_ref[w], 0))
     kernel = functools.partial(ragged_paged_attention_kernel, sm_scale=sm_scale, q_sub=bs.q_sub, groups=groups,
                                pages_per_block=ppb, pages_per_seq=pages_per_seq, items=items,
@@ -395,7 +426,7 @@ def ragged_paged_attention_grouped(qg, k_pages, v_pages, kv_lens, page_table, cu
         cost_estimate=cost,
         interpret=_interpret_mode(interpret),
         name="tpudiag_ragged_paged_attention",
-    )(jnp.concatenate(work), page_table.reshape(-1), qg, k_pages, v_pages)
+    )(work, page_table.reshape(-1), qg, k_pages, v_pages)
 
 
 def _attend(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs, *, sm_scale, sliding_window,
