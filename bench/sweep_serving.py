@@ -8,12 +8,14 @@ one, JAX's own kernel:
     rpa     ragged_paged_attention: Llama 3 8B (32 query heads, 8 KV, D128, pages of 128) decode
             batches 1, 8, 64, 256 at context 2048, one prefill chunk of 512, 2048, 8192 tokens, and
             the production mixed step; Llama 3 70B at tensor parallelism 8 (8 query heads, 1 KV head
-            a chip) at decode 64, 256 and a 2048-token chunk
-    rpa-blocks  the same points at the blocks for their kind of batch, as a serving engine picks
-            them: a decode-only batch in q blocks of 16 tokens (the default 128 pads one token to
-            128 rows), a prefill chunk in q blocks of 256 computed 128 at a time (each q block reads
-            the pages before it again, so small blocks make a long chunk HBM-bound; 512 runs the
-            static-profile compile out of VMEM with 8 KV heads); the mixed step at the defaults
+            a chip) at decode 64, 256 and a 2048-token chunk; every point at the mixed step's blocks
+            (q blocks of 128 computed 16 tokens at a time)
+    rpa-blocks  the same points at the blocks for their kind of batch, which the kernel's defaults
+            pick from the shapes (`default_blocks`): a decode-only batch in q blocks of 16 tokens
+            (128 pads one token to 128 rows), a prefill chunk in q blocks of 256 computed 128 at a
+            time (each q block reads the pages before it again, so small blocks make a long chunk
+            HBM-bound; 512 runs the static-profile compile out of VMEM with 8 KV heads); the mixed
+            step is not repeated
     mla     mla_decode: DeepSeek V3 (128 heads, latent 512 + RoPE 64, pages of 16) at batch 1, 8, 32,
             128 and context 2048, and batch 32 at context 8192
     matmul  w8a8_matmul, int4_matmul, fp8_matmul (the chip's mode): Llama 3 8B's up projection
@@ -63,15 +65,14 @@ def rpa_points() -> list[tuple[str, dict]]:
     return pts
 
 
-DECODE_BLOCKS = {"q_block": 16, "q_sub": 16, "pages_per_block": 4}
-PREFILL_BLOCKS = {"q_block": 256, "q_sub": 128, "pages_per_block": 4}
+def blocks_for(shape: dict):
+    """The RPA blocks for a point's kind of batch, pinned (None: a mixed step's): the kernel's own
+    DECODE_BLOCKS and PREFILL_BLOCKS, which its defaults pick from the batch's shapes."""
+    from tpudiag.kernels import ragged_paged_attention as rpa
 
-
-def blocks_for(shape: dict) -> dict | None:
-    """The RPA blocks for a point's kind of batch (None: the defaults, for a mixed step)."""
     if shape.get("prefill") == 1:
-        return DECODE_BLOCKS
-    return PREFILL_BLOCKS if shape.get("seqs") == 1 else None
+        return rpa.DECODE_BLOCKS
+    return rpa.PREFILL_BLOCKS if shape.get("seqs") == 1 else None
 
 
 def specs(family: str) -> list:
@@ -82,12 +83,13 @@ def specs(family: str) -> list:
     if family == "rpa":
         for name, shape in rpa_points():
             out.append(_spec(ragged_paged_attention.SPEC, f"rpa.{name}",
-                             lambda blocks=None, chip=None, shape=shape: ragged_paged_attention.bench(blocks, shape)))
+                             lambda blocks=None, chip=None, shape=shape: ragged_paged_attention.bench(
+                                 blocks or ragged_paged_attention.DEFAULT_BLOCKS, shape)))
     elif family == "rpa-blocks":
         for name, shape in rpa_points():
             if blocks_for(shape) is None:
                 continue
-            blocks = ragged_paged_attention.BlockSizes(**blocks_for(shape))
+            blocks = blocks_for(shape)
             out.append(_spec(ragged_paged_attention.SPEC, f"rpa.{name}.q{blocks.q_block}",
                              lambda _=None, chip=None, shape=shape, blocks=blocks:
                              ragged_paged_attention.bench(blocks, shape)))
@@ -189,7 +191,7 @@ def main() -> int:
 
     from sweep_common import STATIC_TIMEOUT_S, bench_specs
 
-    rc = 0
+    rc, ran = 0, 0
     for family in args.families:
         print(f"\n### {family} on {args.target}\n", flush=True)
         out = Path(args.out) / family if args.out else None
@@ -197,12 +199,13 @@ def main() -> int:
         if not rows:
             print(f"sweep_serving: no {family} row matches {' '.join(args.rows)}", file=sys.stderr)
             continue
+        ran += 1
         code = bench_specs("sweep_serving", rows, args.target, out,
                            args.static_timeout or STATIC_TIMEOUT_S)
         if code == 2:
             return 2
         rc = max(rc, code)
-    return rc
+    return rc if ran else 2
 
 
 if __name__ == "__main__":

@@ -162,3 +162,14 @@ def test_the_grouped_layout_round_trips():
     g = R.grouped_layout(q, 4, 16)
     assert g.shape == (4, 32 * 3, 128)
     np.testing.assert_array_equal(np.asarray(R.token_layout(g, 21, 12)), np.asarray(q))
+
+
+def test_the_default_blocks_follow_the_kind_of_batch():
+    """From the shapes alone: a decode batch (rows <= sequences) in q blocks of 16, one prefill
+    chunk of 256 rows or more in q blocks of 256, anything else (a mixed step, a short chunk) at 128;
+    the bench takes the same, so its rows are what a caller without blocks gets."""
+    assert R.default_blocks(64, 64) == R.default_blocks(1, 8) == R.DECODE_BLOCKS
+    assert R.default_blocks(8192, 1) == R.PREFILL_BLOCKS and R.PREFILL_BLOCKS.q_block == 256
+    assert R.default_blocks(576, 64) == R.default_blocks(100, 1) == R.DEFAULT_BLOCKS
+    assert R.bench(shape={"seqs": 8, "prefill": 1, "tokens": 8}).blocks == str(R.DECODE_BLOCKS)
+    assert R.bench().blocks == str(R.DEFAULT_BLOCKS)

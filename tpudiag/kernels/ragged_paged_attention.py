@@ -76,6 +76,24 @@ class BlockSizes:
 
 
 DEFAULT_BLOCKS = BlockSizes()
+# A decode batch (at most one new token a sequence) in q blocks of 16: 128 would pad a token to 128
+# rows. One prefill chunk in q blocks of 256 computed 128 at a time: each q block reads the pages
+# before its causal end again, so blocks of 128 leave an 8192-token chunk HBM-bound (v6e 1.31M
+# cycles against 1.05M, its compute floor; bench/sweep_serving.py). 512 runs the static-profile
+# compile out of VMEM with 8 KV heads.
+DECODE_BLOCKS = BlockSizes(q_block=16, q_sub=16, pages_per_block=4)
+PREFILL_BLOCKS = BlockSizes(q_block=256, q_sub=128, pages_per_block=4)
+
+
+def default_blocks(tokens: int, seqs: int) -> BlockSizes:
+    """The blocks `block_sizes=None` takes for a batch of `tokens` rows over `seqs` sequences, from
+    the shapes alone (the lengths are data): a decode batch (tokens <= seqs) `DECODE_BLOCKS`, one
+    sequence of at least 256 tokens `PREFILL_BLOCKS`, a mixed batch `DEFAULT_BLOCKS`."""
+    if tokens <= seqs:
+        return DECODE_BLOCKS
+    if seqs == 1 and tokens >= PREFILL_BLOCKS.q_block:
+        return PREFILL_BLOCKS
+    return DEFAULT_BLOCKS
 
 
 def _check_shapes(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs):
@@ -355,11 +373,11 @@ def ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, 
     kv_lens int32 [S] (each sequence's positions, the new tokens included), page_table int32
     [S, pages_per_seq], cu_q_lens int32 [S + 1] (token row offsets), num_seqs int32 [1] (the live
     sequences; the rest are padding). kv_lens[s] >= q_len[s] and kv_lens[s] <= pages_per_seq *
-    page_size are the caller's to keep. sm_scale defaults to 1/sqrt(D). Rows past
-    cu_q_lens[num_seqs] are zeros.
+    page_size are the caller's to keep. sm_scale defaults to 1/sqrt(D); block_sizes to
+    `default_blocks(T, S)`. Rows past cu_q_lens[num_seqs] are zeros.
     """
     _check_shapes(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs)
-    bs = block_sizes or DEFAULT_BLOCKS
+    bs = block_sizes or default_blocks(q.shape[0], kv_lens.shape[0])
     tokens, q_heads, _ = q.shape
     qg = grouped_layout(q, k_pages.shape[0], bs.q_block)
     out = token_layout(ragged_paged_attention_grouped(
@@ -381,9 +399,9 @@ def ragged_paged_attention_grouped(qg, k_pages, v_pages, kv_lens, page_table, cu
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window}")
     if soft_cap is not None and not soft_cap > 0:
         raise ValueError(f"soft_cap must be positive or None, got {soft_cap}")
-    bs = block_sizes or DEFAULT_BLOCKS
     kv_heads, _, page_size, head_dim = k_pages.shape
     groups = q_heads // kv_heads
+    bs = block_sizes or default_blocks(qg.shape[1] // groups, kv_lens.shape[0])
     if qg.ndim != 3 or qg.shape[0] != kv_heads or qg.shape[2] != head_dim or qg.shape[1] % (bs.q_block * groups):
         raise ValueError(f"qg must be [kv_heads={kv_heads}, tokens * {groups}, {head_dim}] with tokens a multiple of "
                          f"q_block={bs.q_block} (grouped_layout makes it), got {qg.shape}")
@@ -578,9 +596,10 @@ def _jax_blocks(p: dict) -> dict:
 def bench(blocks: BlockSizes | None = None, shape: dict | None = None) -> BenchSetup:
     """At the production step by default; `shape` replaces fields of PROD (`seqs` sequences, `tokens`
     rows of which the first sequence holds `prefill`, at `context` positions): another model's heads,
-    a decode-only batch (`prefill=1, tokens=seqs`) or one prefill chunk (`seqs=1`)."""
-    blocks = blocks or DEFAULT_BLOCKS
+    a decode-only batch (`prefill=1, tokens=seqs`) or one prefill chunk (`seqs=1`). `blocks`
+    defaults to the kernel's for the batch (`default_blocks`)."""
     p = at_shape(PROD, shape)
+    blocks = blocks or default_blocks(p["tokens"], p["seqs"])
     jax_blocks = _jax_blocks(p)
 
     def kernel(qg, k, v, kv_lens, table, cu, num_seqs):
