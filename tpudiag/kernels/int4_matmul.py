@@ -172,12 +172,12 @@ def int4_digits_kernel(x_ref, w_ref, s_ref, o_ref, acc_ref, *, group: int):
     sc = s_ref[...].astype(jnp.float32)
     if sc.ndim == 3:  # the [groups, 1, bn] layout
         sc = sc[:, 0, :]
-    acc = jnp.zeros((3 * bm, bn), jnp.float32)
+    acc = jnp.zeros((len(dscale) * bm, bn), jnp.float32)
     for g in range(bk // group):
         cols = slice(g * group, (g + 1) * group)
         part = jnp.dot(digits[:, cols], w[cols], preferred_element_type=jnp.int32)
         acc = acc + part.astype(jnp.float32) * sc[g:g + 1]
-    acc_ref[...] += sum(acc[i * bm:(i + 1) * bm] * dscale[i] for i in range(3))
+    acc_ref[...] += sum(acc[i * bm:(i + 1) * bm] * ds for i, ds in enumerate(dscale))
 
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
     def _done():

@@ -288,14 +288,17 @@ def ragged_paged_attention_grouped(qg, k_pages, v_pages, kv_lens, page_table, cu
                                    soft_cap: float | None = None, block_sizes: BlockSizes | None = None,
                                    interpret=False):
     """The kernel on q in the grouped layout (`grouped_layout`), returning the same layout; rows of
-    tokens past cu_q_lens[num_seqs] are left unwritten (undefined)."""
+    tokens past cu_q_lens[num_seqs] are left unwritten (undefined). qg's tokens are padded to whole
+    q blocks, so the blocks are the caller's: `block_sizes` defaults to the mixed step's
+    (`DEFAULT_BLOCKS`); a decode batch or a prefill chunk pads with and passes `default_blocks(T, S)`,
+    as `ragged_paged_attention` does."""
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window}")
     if soft_cap is not None and not soft_cap > 0:
         raise ValueError(f"soft_cap must be positive or None, got {soft_cap}")
     kv_heads, _, page_size, head_dim = k_pages.shape
     groups = q_heads // kv_heads
-    bs = block_sizes or default_blocks(qg.shape[1] // groups, kv_lens.shape[0])
+    bs = block_sizes or DEFAULT_BLOCKS
     if qg.ndim != 3 or qg.shape[0] != kv_heads or qg.shape[2] != head_dim or qg.shape[1] % (bs.q_block * groups):
         raise ValueError(f"qg must be [kv_heads={kv_heads}, tokens * {groups}, {head_dim}] with tokens a multiple of "
                          f"q_block={bs.q_block} (grouped_layout makes it), got {qg.shape}")
