@@ -33,7 +33,7 @@ def spec():
     def tokamax_moe(x, router_w, w_gate_up, w_down):
         t, d = x.shape
         weights, experts = fm.route(x, router_w, top_k=k)
-        order, group_sizes = fm.sort_pairs(experts, router_w.shape[1])
+        order, group_sizes, _ = fm.sort_pairs(experts, router_w.shape[1])
         h = tokamax.ragged_dot(x[order // k], w_gate_up, group_sizes, preferred_element_type=x.dtype,
                                implementation="mosaic_tpu_v2", fuse_gateup_activation="silu")
         y = tokamax.ragged_dot(h, w_down, group_sizes, preferred_element_type=x.dtype, implementation="mosaic_tpu_v2")

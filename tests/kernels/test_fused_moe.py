@@ -1,10 +1,14 @@
 """The fused MoE (tpudiag/kernels/fused_moe.py) beyond `kernels verify`'s cases: its routing is
 top-k of the logits with renormalized weights (checked against numpy by hand), ties go to the lower
 expert, a token routed to one expert gets that expert alone, the kernel agrees with the dense
-reference when most experts get no token, the default blocks follow D, and bad shapes are refused
-by name."""
+reference when most experts get no token, the default blocks follow D, the rows are moved by
+one-hot matmuls up to ONEHOT_MAX_TOKENS tokens and by gathers above (the two agree), and bad shapes
+are refused by name."""
 
 from __future__ import annotations
+
+import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -72,6 +76,8 @@ def test_bad_shapes_are_refused_by_name(change, says):
         fm.fused_moe(*args, top_k=5, interpret=True)
     with pytest.raises(ValueError, match="scoring must be one of"):
         fm.fused_moe(*args, top_k=2, scoring="relu", interpret=True)
+    with pytest.raises(ValueError, match="dispatch must be one of"):
+        fm.fused_moe(*args, top_k=2, dispatch="scatter", interpret=True)
 
 
 def test_the_default_blocks_hold_all_of_d_so_an_experts_weights_are_read_once():
@@ -83,3 +89,52 @@ def test_the_default_blocks_hold_all_of_d_so_an_experts_weights_are_read_once():
     assert (big.gate_up.block_k, big.gate_up.block_n, big.down.block_k, big.down.block_n) == (4096, 768, 768, 4096)
     assert big.gate_up.block_m == big.down.block_m == 256
     assert "block_k=4096" in fm.bench(shape={"d": 4096, "f": 1536}).blocks
+
+
+def _primitives(fn, *args, **kw) -> set[str]:
+    """The primitives named in fn's jaxpr text (nested jaxprs included)."""
+    return set(re.findall(r"\b([a-z_]+)\[", str(jax.make_jaxpr(functools.partial(fn, **kw))(*args))))
+
+
+@pytest.mark.parametrize("t,gathers", [(fm.ONEHOT_MAX_TOKENS, False), (fm.ONEHOT_MAX_TOKENS + 1, True)])
+def test_the_rows_move_by_one_hot_matmuls_up_to_the_token_limit_and_by_gathers_above(t, gathers):
+    """Up to ONEHOT_MAX_TOKENS tokens the program has no gather and no scatter (the rows move by
+    matmuls, the weights ride the sort); above it the row gathers and the inverse permutation's
+    scatter are back."""
+    sds = jax.ShapeDtypeStruct
+    args = (sds((t, 128), jnp.bfloat16), sds((128, 8), jnp.float32), sds((8, 128, 128), jnp.bfloat16),
+            sds((8, 128, 128), jnp.bfloat16), sds((8, 128, 128), jnp.bfloat16))
+    prims = _primitives(fm.fused_moe, *args, top_k=2, block_sizes=SMALL, interpret=True)
+    assert ("gather" in prims) == gathers and ("scatter" in prims) == gathers, sorted(prims)
+    assert "dot_general" in prims and "sort" in prims
+
+
+def test_one_hot_and_gathered_dispatch_give_the_same_layer():
+    """The same inputs both ways: the rows are moved exactly either way, the experts are the same
+    calls, and the combines differ only in the last bits of f32 (the one-hot combine's weights carry
+    16 significant bits), so the bf16 outputs agree to one unit in the last place."""
+    args = fm._make(24, 128, 256, 16, jnp.bfloat16)(jax.random.key(5))
+    one = fm.fused_moe(*args, top_k=4, block_sizes=SMALL, dispatch="onehot", interpret=True)
+    gat = fm.fused_moe(*args, top_k=4, block_sizes=SMALL, dispatch="gather", interpret=True)
+    one, gat = np.asarray(one, np.float32), np.asarray(gat, np.float32)
+    np.testing.assert_allclose(one, gat, rtol=2 ** -7, atol=1e-6)  # a bf16 ulp is up to 2^-7 relative
+    assert np.mean(one == gat) > 0.95
+
+
+def test_the_sort_carries_each_pairs_weight_and_the_one_hot_combine_keeps_it_past_bf16():
+    """sort_pairs' sorted weights are the pairs' own (as a gather by the order would take them);
+    the one-hot combine of rows of ones returns each token's weight sum to f32's 2^-16 relative,
+    where weights rounded to bf16 would be off by up to 2^-9."""
+    rng = np.random.default_rng(0)
+    t, k, e = 16, 4, 8
+    experts = jnp.asarray(np.stack([rng.permutation(e)[:k] for _ in range(t)]), jnp.int32)
+    weights = jnp.asarray(rng.uniform(0.1, 1.0, (t, k)), jnp.float32)
+    order, sizes, ws = fm.sort_pairs(experts, e, weights)
+    np.testing.assert_array_equal(np.asarray(ws), np.asarray(weights).reshape(-1)[np.asarray(order)])
+    np.testing.assert_array_equal(np.asarray(sizes), np.bincount(np.asarray(experts).ravel(), minlength=e))
+    ones = jnp.ones((t * k, 128), jnp.bfloat16)
+    got = np.asarray(fm.onehot_combine(ones, order, ws, k, t))
+    want = np.asarray(weights, np.float64).sum(axis=1)
+    np.testing.assert_allclose(got, np.broadcast_to(want[:, None], got.shape), rtol=2 ** -16)
+    rounded = np.asarray(weights.astype(jnp.bfloat16), np.float64).sum(axis=1)
+    assert np.max(np.abs(rounded - want) / want) > 2 ** -14  # what bf16 weights would have lost

@@ -42,6 +42,22 @@ def test_the_k_block_is_whole_groups_dividing_k():
         q._k_block(128, 768, 96)
 
 
+@pytest.mark.parametrize("m,n,dtype,block_n", [
+    (64, 3584, jnp.bfloat16, 896), (2048, 3584, jnp.bfloat16, 1792), (2048, 14336, jnp.bfloat16, 2048),
+    (1, 14336, jnp.bfloat16, 2048), (16, 3584, jnp.bfloat16, 1792), (1, 14336, jnp.float32, 1024)])
+def test_n_is_split_into_even_blocks(m, n, dtype, block_n):
+    """Llama 3 70B's projection at TP8 (N 3584): decode in 4 N blocks of 896, a prefill chunk in 2
+    of 1792 (blocks of up to 2048: x is fetched again for every N block when K takes two). The int8
+    digit kernel (bf16 x, M <= 16) takes N blocks of up to 2048 too; f32 x at M 1 converts its
+    weights and keeps the decode blocks."""
+    sds = jax.ShapeDtypeStruct
+    args = (sds((m, 8192), dtype), sds((8192, n), jnp.int4), sds((64, n), jnp.float32))
+    (call,) = [e for e in jax.make_jaxpr(q.int4_matmul)(*args).jaxpr.eqns[0].params["jaxpr"].eqns
+               if e.primitive.name == "pallas_call"]
+    w_block = [getattr(b, "block_size", b) for b in call.params["grid_mapping"].block_mappings[1].block_shape]
+    assert w_block[-1] == block_n and call.params["grid_mapping"].grid[1] == -(-n // block_n)
+
+
 @pytest.mark.parametrize("shapes,says", [
     (((4, 8), (16, 8), (1, 8)), "contraction dims differ"),
     (((4, 8), (8, 16), (3, 16)), r"scales must be \[K / G, N=16\] with G dividing K=8"),

@@ -34,6 +34,18 @@ def test_block_bytes_pads_the_two_minor_dims_to_whole_tiles():
     assert tiling.block_bytes((300,), 4) == 8 * 384 * 4  # a 1-D block is one row
 
 
+def test_balanced_blocks_split_a_dimension_evenly_into_the_fewest_blocks():
+    assert tiling.balanced_block(1024, 3584, 128) == 896  # 4 blocks, not 3 of 1024 and an edge of 512
+    assert tiling.balanced_block(2048, 3584, 128) == 1792
+    assert tiling.balanced_block(1024, 14336, 128) == 1024  # already even
+    assert tiling.balanced_block(128, 300, 128) == 128  # no smaller multiple of 128 covers 300 in 3
+    assert tiling.balanced_block(1024, 1000, 128) == 1000  # one block: the whole dimension
+    for block, dim in [(1024, 3584), (512, 1000), (2048, 14400), (384, 385)]:
+        b = tiling.balanced_block(block, dim, 128)
+        count = -(-dim // block)
+        assert b <= block and b % 128 == 0 and -(-dim // b) == count, (block, dim, b)
+
+
 def test_vmem_limit_is_twice_the_need_plus_headroom_between_floor_and_ceiling():
     assert tiling.VMEM_BYTES == 128 * MIB  # v5e and v6e, from tpudiag/targets.py
     assert tiling.vmem_need(10 * MIB, 3 * MIB) == 23 * MIB

@@ -9,15 +9,16 @@ returns out [T, D] in x's dtype:
     w[t, j] = scores[t, experts[t, j]]          (divided by their sum with `renormalize`)
     out[t] = sum_j w[t, j] * (silu(x[t] @ w_gate[e]) * (x[t] @ w_up[e])) @ w_down[e],  e = experts[t, j]
 
-How: the T * top_k (token, expert) pairs are sorted by expert (a stable argsort) and their token
-rows gathered into expert order; two Pallas grouped-matmul calls over the sorted rows
-(`grouped_matmul.gmm_pallas` and its visit schedule) compute the experts: the first multiplies
-each row by its expert's gate and up matrices together and applies the SwiGLU in VMEM, so only
-silu(g) * u [T * top_k, F] goes to HBM; the second multiplies by the down matrices. Each expert's
-weights are read once per column block and only for the rows routed to it: top_k / E of the dense
-dispatch's FLOPs. The combine (the pairs back to token order, weighted and summed in f32) is one XLA
-gather fusion. Forward only: a serving kernel (training takes `grouped_matmul`, which has a
-backward).
+How: the T * top_k (token, expert) pairs are sorted by expert (one stable sort carrying each
+pair's index and weight) and their token rows taken into expert order; two Pallas grouped-matmul
+calls over the sorted rows (`grouped_matmul.gmm_pallas` and its visit schedule) compute the
+experts: the first multiplies each row by its expert's gate and up matrices together and applies
+the SwiGLU in VMEM, so only silu(g) * u [T * top_k, F] goes to HBM; the second multiplies by the
+down matrices. Each expert's weights are read once per column block and only for the rows routed to
+it: top_k / E of the dense dispatch's FLOPs. The combine takes the pairs back to token order,
+weighted and summed in f32. Moving the rows (`dispatch`): up to `ONEHOT_MAX_TOKENS` tokens by
+one-hot matmuls on the MXU ([T * top_k, T] selections, exact), above by XLA's row gathers. Forward
+only: a serving kernel (training takes `grouped_matmul`, which has a backward).
 
 Holds the routing, the kernel wrapper, the pure-JAX reference (the dense dispatch: every expert on
 every token, weighted by the routing), MaxText-style routing through JAX's megablox gmm for the
@@ -78,6 +79,17 @@ def default_blocks(d: int) -> BlockSizes:
                       down=GmmBlocks(block_m=rows, block_k=768, block_n=d, compute_m=128))
 
 
+# Tokens up to which `dispatch=None` moves the rows by one-hot matmuls ("onehot") instead of XLA's
+# row gathers and the inverse permutation's scatter ("gather"). The matmuls cost 6 * P * T * D FLOPs
+# (P = T * top_k rows: the dispatch, and the combine's f32 weights as two bf16 halves) where the
+# gathers move about 8 * P * D bytes, so they pay while 0.75 * T is under the chip's FLOPs per HBM
+# byte (v5p 166, v5e 240, v6e 560). Qwen3-30B-A3B's layer (bench/sweep_serving.py): v6e T256 1.39M
+# -> 1.35M cycles, T512 1.46M -> 1.40M but v5e T512 2.47M -> 2.51M (floors), v6e T1024 1.52M ->
+# 1.60M. Without the gathers and the scatter, v5e's static profile runs (it aborts on them).
+ONEHOT_MAX_TOKENS = 256
+DISPATCHES = ("onehot", "gather")
+
+
 def route(x, router_w, *, top_k: int, scoring: str = "softmax", renormalize: bool = True):
     """(weights [T, top_k] f32 (f64 for f64 inputs), experts [T, top_k] int32). The experts are
     chosen on the logits: softmax and sigmoid are increasing, so they rank the experts alike and
@@ -95,18 +107,22 @@ def route(x, router_w, *, top_k: int, scoring: str = "softmax", renormalize: boo
     return weights, experts.astype(jnp.int32)
 
 
-def sort_pairs(experts, num_experts: int):
-    """(order, group_sizes): the (token, expert) pairs (pair i = token i // top_k, its
-    (i % top_k)-th expert) sorted by expert, stably, as sorted position -> pair; and the pairs each
-    expert gets, int32 [E]."""
+def sort_pairs(experts, num_experts: int, weights=None):
+    """(order, group_sizes, sorted_weights): the (token, expert) pairs (pair i = token i // top_k, its
+    (i % top_k)-th expert) sorted by expert, stably, as sorted position -> pair; the pairs each expert
+    gets, int32 [E]; and with `weights` [T, top_k] each sorted pair's weight (carried by the same
+    sort; None without)."""
     flat = experts.reshape(-1)
-    order = jnp.argsort(flat, stable=True).astype(jnp.int32)
+    carried = (flat, jnp.arange(flat.shape[0], dtype=jnp.int32))
+    if weights is not None:
+        carried += (weights.reshape(-1),)
+    out = jax.lax.sort(carried, num_keys=1, is_stable=True)
     group_sizes = jnp.sum(flat[:, None] == jnp.arange(num_experts, dtype=jnp.int32)[None, :], axis=0,
                           dtype=jnp.int32)
-    return order, group_sizes
+    return out[1], group_sizes, out[2] if weights is not None else None
 
 
-def _check(x, router_w, w_gate, w_up, w_down, top_k, scoring) -> None:
+def _check(x, router_w, w_gate, w_up, w_down, top_k, scoring, dispatch=None) -> None:
     """Shape and dtype errors, raised before anything is traced into a kernel."""
     if x.ndim != 2:
         raise ValueError(f"x must be [T, D], got shape {x.shape}")
@@ -125,6 +141,8 @@ def _check(x, router_w, w_gate, w_up, w_down, top_k, scoring) -> None:
         raise ValueError(f"top_k must be between 1 and the {e} experts, got {top_k}")
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    if dispatch is not None and dispatch not in DISPATCHES:
+        raise ValueError(f"dispatch must be one of {DISPATCHES} or None, got {dispatch!r}")
     if min(t, d, f) == 0:
         raise ValueError(f"empty operand: x {x.shape}, experts [{e}, {d}, {f}]")
     dts = {jnp.dtype(a.dtype) for a in (x, w_gate, w_up, w_down)}
@@ -139,42 +157,77 @@ def inverse_permutation(order):
     return jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=jnp.int32))
 
 
+def _tokens_of(order, top_k: int, t: int):
+    """[P, T] bool: sorted pair s belongs to token t."""
+    tok = order // top_k
+    return tok[:, None] == jnp.arange(t, dtype=tok.dtype)[None, :]
+
+
+def onehot_dispatch(x, order, top_k: int):
+    """x's row for each sorted pair, as a [P, T] one-hot matmul (one non-zero term a row: exact)."""
+    sel = _tokens_of(order, top_k, x.shape[0]).astype(x.dtype)
+    hi = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
+    return jnp.dot(sel, x, precision=hi, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def onehot_combine(y, order, sorted_weights, top_k: int, t: int):
+    """out [T, D] f32: each token's pairs' rows of y (sorted order) weighted and summed, as a [P, T]
+    matmul contracted over P. bf16 y takes the f32 weights as two bf16 halves (16 significant bits);
+    f32 y takes them whole at Precision.HIGHEST."""
+    wt = jnp.where(_tokens_of(order, top_k, t), sorted_weights[:, None].astype(jnp.float32), 0.0)
+    dims = (((0,), (0,)), ((), ()))
+    if y.dtype == jnp.float32:
+        return jax.lax.dot_general(wt, y, dims, precision=jax.lax.Precision.HIGHEST,
+                                   preferred_element_type=jnp.float32)
+    hi = wt.astype(y.dtype)
+    lo = (wt - hi.astype(jnp.float32)).astype(y.dtype)
+    return (jax.lax.dot_general(hi, y, dims, preferred_element_type=jnp.float32)
+            + jax.lax.dot_general(lo, y, dims, preferred_element_type=jnp.float32))
+
+
 def _experts(xs, w_gate, w_up, w_down, group_sizes, blocks: BlockSizes, interpret: bool):
     """The sorted rows through their experts: [M, D] -> [M, D], two grouped-matmul calls. The
     weights stay in HBM: XLA would otherwise prefetch a weight that fits VMEM there whole before the
-    call (all E experts, where the kernel reads only the experts rows are routed to)."""
-    w_gate, w_up, w_down = (keep_in_hbm(w) for w in (w_gate, w_up, w_down))
+    call (all E experts, where the kernel reads only the experts rows are routed to). They are padded
+    to the blocks first: jax 0.12 refuses to pad an array pinned to a memory space."""
     p1 = make_plan(xs.shape, w_gate.shape, blocks.gate_up)
     s1 = make_schedule(group_sizes, m=p1.m, block_m=p1.bm, m_tiles=p1.m_tiles)
     shape1 = (p1.e, p1.kp, p1.np_)
-    h = gmm_pallas(_pad_to(xs, (p1.mp, p1.kp)), _pad_to(w_gate, shape1), s1, bm=p1.bm, bk=p1.bk, bn=p1.bn,
-                   cm=p1.cm, v_max=p1.v_max, transpose_rhs=False, out_dtype=xs.dtype, interpret=interpret,
-                   up=_pad_to(w_up, shape1), name="fused_moe_gate_up")[:p1.m, :p1.n]
+    h = gmm_pallas(_pad_to(xs, (p1.mp, p1.kp)), keep_in_hbm(_pad_to(w_gate, shape1)), s1, bm=p1.bm, bk=p1.bk,
+                   bn=p1.bn, cm=p1.cm, v_max=p1.v_max, transpose_rhs=False, out_dtype=xs.dtype, interpret=interpret,
+                   up=keep_in_hbm(_pad_to(w_up, shape1)), name="fused_moe_gate_up")[:p1.m, :p1.n]
     p2 = make_plan(h.shape, w_down.shape, blocks.down)
     s2 = s1 if p2.bm == p1.bm and p2.m_tiles == p1.m_tiles else make_schedule(
         group_sizes, m=p2.m, block_m=p2.bm, m_tiles=p2.m_tiles)
-    y = gmm_pallas(_pad_to(h, (p2.mp, p2.kp)), _pad_to(w_down, (p2.e, p2.kp, p2.np_)), s2, bm=p2.bm, bk=p2.bk,
+    w_down = keep_in_hbm(_pad_to(w_down, (p2.e, p2.kp, p2.np_)))
+    y = gmm_pallas(_pad_to(h, (p2.mp, p2.kp)), w_down, s2, bm=p2.bm, bk=p2.bk,
                    bn=p2.bn, cm=p2.cm, v_max=p2.v_max, transpose_rhs=False, out_dtype=xs.dtype,
                    interpret=interpret, name="fused_moe_down")
     return y[:p2.m, :p2.n]
 
 
-@functools.partial(jax.jit, static_argnames=("top_k", "scoring", "renormalize", "block_sizes", "interpret"))
+@functools.partial(jax.jit, static_argnames=("top_k", "scoring", "renormalize", "block_sizes", "dispatch",
+                                             "interpret"))
 def fused_moe(x, router_w, w_gate, w_up, w_down, *, top_k: int, scoring: str = "softmax", renormalize: bool = True,
-              block_sizes: BlockSizes | None = None, interpret: bool = False):
+              block_sizes: BlockSizes | None = None, dispatch: str | None = None, interpret: bool = False):
     """A routed SwiGLU MoE layer: x [T, D] -> [T, D] (see the module docstring).
 
     x and the expert weights all bfloat16 or all float32; router_w [D, E] any float dtype.
     `scoring` "softmax" (Mixtral, Qwen3) or "sigmoid" (DeepSeek V3's scores); `renormalize` divides
-    the chosen weights by their sum. `block_sizes` defaults to `default_blocks(D)`. `interpret=True`
-    runs the Pallas interpreter (CPU).
+    the chosen weights by their sum. `block_sizes` defaults to `default_blocks(D)`. `dispatch`
+    "onehot" or "gather" moves the rows to and from expert order that way; None takes "onehot" up to
+    `ONEHOT_MAX_TOKENS` tokens. `interpret=True` runs the Pallas interpreter (CPU).
     """
-    _check(x, router_w, w_gate, w_up, w_down, top_k, scoring)
+    _check(x, router_w, w_gate, w_up, w_down, top_k, scoring, dispatch)
     blocks = block_sizes or default_blocks(x.shape[1])
     t, d = x.shape
     e = router_w.shape[1]
     weights, experts = route(x, router_w, top_k=top_k, scoring=scoring, renormalize=renormalize)
-    order, group_sizes = sort_pairs(experts, e)
+    if (dispatch or ("onehot" if t <= ONEHOT_MAX_TOKENS else "gather")) == "onehot":
+        order, group_sizes, sorted_weights = sort_pairs(experts, e, weights)
+        y = _experts(onehot_dispatch(x, order, top_k), w_gate, w_up, w_down, group_sizes, blocks, interpret)
+        return onehot_combine(y, order, sorted_weights, top_k, t).astype(x.dtype)
+    order, group_sizes, _ = sort_pairs(experts, e)
     # (On v5e the TPU static profiler aborts on these row gathers and the scatter, "Unsupported DMA
     # direction"; pinning their operands to HBM does not help there and fails to trace on jax 0.12.)
     y = _experts(x[order // top_k], w_gate, w_up, w_down, group_sizes, blocks, interpret)
@@ -211,7 +264,7 @@ def megablox_moe(x, router_w, w_gate, w_up, w_down, *, top_k: int, scoring: str 
     t, d = x.shape
     e = router_w.shape[1]
     weights, experts = route(x, router_w, top_k=top_k, scoring=scoring, renormalize=renormalize)
-    order, group_sizes = sort_pairs(experts, e)
+    order, group_sizes, _ = sort_pairs(experts, e)
     xs = x[order // top_k]
     m = xs.shape[0]
     tiling = (min(512, m), min(512, d), min(512, w_gate.shape[2]))
@@ -248,7 +301,9 @@ def cases() -> list[Case]:
     # contraction and column blocks; cases that share shapes share compiled interpret programs.
     small = {"block_sizes": BlockSizes(GmmBlocks(block_m=32, block_k=128, block_n=128, compute_m=16),
                                        GmmBlocks(block_m=32, block_k=128, block_n=128, compute_m=16))}
+    gathered = {"block_sizes": small["block_sizes"], "dispatch": "gather"}
     f32, bf16 = jnp.float32, jnp.bfloat16
+    # The cases' few tokens take the one-hot dispatch by default; two take the gathers too.
     return [
         Case("f32 top-2 of 8, softmax renormalized, K in 2 blocks (accumulators)",
              _make(40, 256, 256, 8, f32), {"top_k": 2}, "float32", kernel_params=small),
@@ -264,6 +319,10 @@ def cases() -> list[Case]:
         Case("f32 top-1, D 96 and F 200 off the lanes, 7 tokens", _make(7, 96, 200, 4, f32), {"top_k": 1},
              "float32", kernel_params=small),
         Case("bf16 default blocks on a small shape", _make(16, 128, 128, 8, bf16), {"top_k": 2}, "bfloat16"),
+        Case("bf16 top-2 of 8, rows moved by gathers", _make(40, 256, 256, 8, bf16), {"top_k": 2}, "bfloat16",
+             kernel_params=gathered),
+        Case("f32 top-1, D 96 and F 200 off the lanes, rows moved by gathers", _make(7, 96, 200, 4, f32),
+             {"top_k": 1}, "float32", kernel_params=gathered),
     ]
 
 
@@ -314,7 +373,7 @@ SPEC = KernelSpec(
               "times the useful FLOPs, 16x for Qwen3's top-8 of 128) or sorts and calls three grouped matmuls "
               "with gate, up and the SwiGLU through HBM between them."),
     signature=("fused_moe(x, router_w, w_gate, w_up, w_down, *, top_k, scoring='softmax', renormalize=True, "
-               "block_sizes=None, interpret=False)"),
+               "block_sizes=None, dispatch=None, interpret=False)"),
     tuned_for=TUNED_FOR,
     usage=("from tpudiag.kernels.fused_moe import fused_moe\n"
            "# x [T, D] bf16, router_w [D, E], w_gate and w_up [E, D, F], w_down [E, F, D] bf16\n"

@@ -38,7 +38,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
-from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, check_multiples, fit_block, vmem_limit
+from tpudiag.kernels.tiling import (balanced_block, block_bytes, check_matmul_operands, check_multiples, fit_block,
+                                    vmem_limit)
 
 # Production shape: Llama 3 8B's MLP up/gate projection (K 4096 -> N 14336), groups of 128 along K;
 # decode M 64 tokens, prefill chunks M 2048.
@@ -49,7 +50,8 @@ PROD = dict(m_decode=64, m_prefill=2048, k=4096, n=14336, group=128)
 class BlockSizes:
     """Output tile per grid step (block_m x block_n) and the K block of each accumulation step.
     block_m is a multiple of 16 (bf16 sublanes), block_n of 128 (lanes), block_k of 128 and of the
-    group size. A dimension smaller than its block is taken whole."""
+    group size. A dimension smaller than its block is taken whole; N is split into even blocks of
+    at most block_n (`tiling.balanced_block`)."""
 
     block_m: int = 256
     block_n: int = 1024
@@ -69,8 +71,12 @@ class BlockSizes:
 DEFAULT_BLOCKS = BlockSizes(block_m=256, block_n=1024, block_k=4096)
 # A prefill chunk (M >= 2048) in M blocks of 512, as w8a8_matmul: the weights are read half as often.
 # On v6e at K4096 N14336, M2048 0.82x -> 0.66x XLA, M8192 to its compute floor (bench/sweep_serving.py).
+# N blocks of up to 2048: where K takes two blocks x is fetched again for every N block, so fewer N
+# blocks read it less often. Llama 3 70B's projection at TP8 (K8192 N3584, M2048): N blocks of 1024
+# (4, the last half empty) 297.6k cycles on v6e and 1.09M on v5e; two of 1792 256.6k and 948k.
+# At 8B's K4096 N14336: v6e 501.3k -> 489.9k.
 PREFILL_M = 2048
-PREFILL_BLOCKS = BlockSizes(block_m=512, block_n=1024, block_k=4096)
+PREFILL_BLOCKS = BlockSizes(block_m=512, block_n=2048, block_k=4096)
 
 
 # Rows of bf16 x up to which the kernel multiplies x's int8 digits by the int8 weights instead of
@@ -79,10 +85,18 @@ PREFILL_BLOCKS = BlockSizes(block_m=512, block_n=1024, block_k=4096)
 # (57.2k) at M1 and 72.9k -> 62.7k at M16. At M32 the per-group scaling of 3 x 32 digit rows costs
 # more than the conversion it saves on v5e (79.0k against 74.1k).
 DIGITS_MAX_M = 16
+# The digit kernel's blocks: N blocks of up to 2048 (its tiles hold no converted weights, so wide ones
+# fit). At M1 the kernel is HBM-bound, and the fewer, longer weight DMAs come closer to the floor:
+# v6e 8B (N 14336) 35.7k -> 34.6k cycles (floor 33.4k), 70B at TP8 (N 3584) 20.7k -> 18.7k; M16
+# 41.8k -> 40.7k and 23.4k -> 22.7k; v5e M16 63.3k -> 60.0k, M1 at its floor either way.
+DIGITS_BLOCKS = BlockSizes(block_m=16, block_n=2048, block_k=4096)
 
 
-def default_blocks(m: int) -> BlockSizes:
-    """The blocks `block_sizes=None` takes for x [M, K]."""
+def default_blocks(m: int, digits: bool = False) -> BlockSizes:
+    """The blocks `block_sizes=None` takes for x [M, K]; `digits`: bf16 x of at most `DIGITS_MAX_M`
+    rows (the int8-digit kernel)."""
+    if digits:
+        return DIGITS_BLOCKS
     return PREFILL_BLOCKS if m >= PREFILL_M else DEFAULT_BLOCKS
 
 
@@ -190,12 +204,14 @@ def int4_matmul(x, w, scales, *, block_sizes: BlockSizes | None = None, interpre
     x's dtype. Any M and N; K a multiple of the K block (`_k_block`). bf16 x of at most
     `DIGITS_MAX_M` rows takes the int8-digit kernel (x must be finite there)."""
     _check_shapes(x, w, scales)
-    bs = block_sizes or default_blocks(x.shape[0])
     m, k = x.shape
+    digits = x.dtype == jnp.bfloat16 and m <= DIGITS_MAX_M
+    bs = block_sizes or default_blocks(m, digits)
     n = w.shape[1]
     groups = scales.shape[0]
     group = k // groups
-    bm, bn, bk = fit_block(bs.block_m, m), fit_block(bs.block_n, n), _k_block(bs.block_k, k, group)
+    # N in even blocks (`balanced_block`): 70B's N 3584 at TP8 in blocks of 1024 computes 4096 columns.
+    bm, bn, bk = fit_block(bs.block_m, m), balanced_block(bs.block_n, n, 128), _k_block(bs.block_k, k, group)
     gm, gn, gk = pl.cdiv(m, bm), pl.cdiv(n, bn), k // bk
     xb = jnp.dtype(x.dtype).itemsize
     sb = jnp.dtype(scales.dtype).itemsize
@@ -217,7 +233,6 @@ def int4_matmul(x, w, scales, *, block_sizes: BlockSizes | None = None, interpre
     s_block = (bk // group, bn) if flat else (bk // group, 1, bn)
     blocks = (block_bytes((bm, bk), xb) + block_bytes((bk, bn), 1) + block_bytes(s_block, sb)
               + block_bytes((bm, bn), xb))
-    digits = x.dtype == jnp.bfloat16 and m <= DIGITS_MAX_M
     if digits:  # the accumulator, the int8 weight tile, the digits' f32 sums and their product
         scratch = block_bytes((bm, bn), 4) + block_bytes((bk, bn), 1) + block_bytes((3 * bm, bn), 4) * 2
     else:
@@ -318,7 +333,7 @@ def bench(blocks: BlockSizes | None = None, m: int | None = None, shape: dict | 
     and the group size."""
     p = at_shape(PROD, shape)
     m = m or p["m_decode"]
-    blocks = blocks or default_blocks(m)
+    blocks = blocks or default_blocks(m, m <= DIGITS_MAX_M)  # x is bf16 here
 
     def kernel(x, w, scales):
         return int4_matmul(x, w, scales, block_sizes=blocks)
@@ -334,7 +349,8 @@ SPEC = KernelSpec(
               "HBM and reads them back in the dot; the kernel streams int4 tiles and dequantizes each in VMEM."),
     signature="int4_matmul(x, w, scales, *, block_sizes=None, interpret=False)",
     tuned_for=("decode M64 K4096 N14336, groups of 128 (x bf16, w int4, scales f32); a prefill chunk "
-               "(M >= 2048) in M blocks of 512; M <= 16 of bf16 x as int8 digits on the int8 MXU path"),
+               "(M >= 2048) in M blocks of 512 and N blocks of up to 2048; M <= 16 of bf16 x as int8 digits on "
+               "the int8 MXU path, N blocks of up to 2048; N split into even blocks"),
     usage=("from tpudiag.kernels.int4_matmul import int4_matmul\n"
            "y = int4_matmul(x, w_int4, scales)  # x [M,K] bf16, w [K,N] jnp.int4, scales [K/128,N] f32 -> [M,N] bf16"),
     kernel=int4_matmul,

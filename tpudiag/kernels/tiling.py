@@ -60,6 +60,16 @@ def fit_block(block: int, dim: int) -> int:
     return dim if block >= dim else block
 
 
+def balanced_block(block: int, dim: int, multiple: int) -> int:
+    """The block that splits `dim` into as few blocks of at most `block` as fit, as evenly as a
+    multiple of `multiple` allows: N 3584 in blocks of at most 1024 takes 4 of 896 rather than 3 of
+    1024 and an edge of 512 computed as 1024. The whole dimension where `block` covers it."""
+    if block >= dim:
+        return dim
+    count = -(-dim // block)
+    return min(block, -(-(-(-dim // count)) // multiple) * multiple)
+
+
 def block_bytes(shape: tuple[int, ...], itemsize: int) -> int:
     """VMEM bytes one buffer of a block of `shape` takes (squeezed dims left out). Mosaic lays the
     two minor dims out in whole (sublanes x 128-lane) tiles, 8 sublanes of 32-bit words, so 16
