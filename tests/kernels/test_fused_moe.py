@@ -138,3 +138,20 @@ def test_the_sort_carries_each_pairs_weight_and_the_one_hot_combine_keeps_it_pas
     np.testing.assert_allclose(got, np.broadcast_to(want[:, None], got.shape), rtol=2 ** -16)
     rounded = np.asarray(weights.astype(jnp.bfloat16), np.float64).sum(axis=1)
     assert np.max(np.abs(rounded - want) / want) > 2 ** -14  # what bf16 weights would have lost
+
+
+@pytest.mark.parametrize("poison", [jnp.inf, jnp.nan])
+def test_a_token_with_a_non_finite_element_spoils_only_its_own_output(poison):
+    """A batch where one token holds inf or NaN: that token's output row is NaN, and every other
+    token's matches the gathered dispatch (which keeps rows apart) to a bf16 unit in the last place.
+    Unguarded, the one-hot matmuls' 0 x inf would reach the other tokens' rows."""
+    x, *rest = fm._make(24, 128, 256, 16, jnp.bfloat16)(jax.random.key(6))
+    x = x.at[5, 17].set(poison)
+    one = np.asarray(fm.fused_moe(x, *rest, top_k=4, block_sizes=SMALL, dispatch="onehot", interpret=True),
+                     np.float32)
+    gat = np.asarray(fm.fused_moe(x, *rest, top_k=4, block_sizes=SMALL, dispatch="gather", interpret=True),
+                     np.float32)
+    assert np.isnan(one[5]).all() and not np.isfinite(gat[5]).all()
+    others = np.arange(24) != 5
+    assert np.isfinite(one[others]).all()
+    np.testing.assert_allclose(one[others], gat[others], rtol=2 ** -7, atol=1e-6)

@@ -17,8 +17,9 @@ the SwiGLU in VMEM, so only silu(g) * u [T * top_k, F] goes to HBM; the second m
 down matrices. Each expert's weights are read once per column block and only for the rows routed to
 it: top_k / E of the dense dispatch's FLOPs. The combine takes the pairs back to token order,
 weighted and summed in f32. Moving the rows (`dispatch`): up to `ONEHOT_MAX_TOKENS` tokens by
-one-hot matmuls on the MXU ([T * top_k, T] selections, exact), above by XLA's row gathers. Forward
-only: a serving kernel (training takes `grouped_matmul`, which has a backward).
+one-hot matmuls on the MXU ([T * top_k, T] selections, exact), above by XLA's row gathers. Either
+way a token with a non-finite element gets a NaN output row and the other tokens are untouched.
+Forward only: a serving kernel (training takes `grouped_matmul`, which has a backward).
 
 Holds the routing, the kernel wrapper, the pure-JAX reference (the dense dispatch: every expert on
 every token, weighted by the routing), MaxText-style routing through JAX's megablox gmm for the
@@ -225,8 +226,13 @@ def fused_moe(x, router_w, w_gate, w_up, w_down, *, top_k: int, scoring: str = "
     weights, experts = route(x, router_w, top_k=top_k, scoring=scoring, renormalize=renormalize)
     if (dispatch or ("onehot" if t <= ONEHOT_MAX_TOKENS else "gather")) == "onehot":
         order, group_sizes, sorted_weights = sort_pairs(experts, e, weights)
-        y = _experts(onehot_dispatch(x, order, top_k), w_gate, w_up, w_down, group_sizes, blocks, interpret)
-        return onehot_combine(y, order, sorted_weights, top_k, t).astype(x.dtype)
+        # In a matmul 0 x inf is NaN, so one token's non-finite element would reach every token of the
+        # batch: such a token goes through the experts as zeros, and its output is NaN (as its routing
+        # weights are) while the others' are untouched.
+        bad = ~jnp.all(jnp.isfinite(x), axis=1, keepdims=True)
+        xs = onehot_dispatch(jnp.where(bad, jnp.zeros((), x.dtype), x), order, top_k)
+        y = _experts(xs, w_gate, w_up, w_down, group_sizes, blocks, interpret)
+        return jnp.where(bad, jnp.nan, onehot_combine(y, order, sorted_weights, top_k, t)).astype(x.dtype)
     order, group_sizes, _ = sort_pairs(experts, e)
     # (On v5e the TPU static profiler aborts on these row gathers and the scatter, "Unsupported DMA
     # direction"; pinning their operands to HBM does not help there and fails to trace on jax 0.12.)
