@@ -18,7 +18,8 @@ down matrices. Each expert's weights are read once per column block and only for
 it: top_k / E of the dense dispatch's FLOPs. The combine takes the pairs back to token order,
 weighted and summed in f32. Moving the rows (`dispatch`): up to `ONEHOT_MAX_TOKENS` tokens by
 one-hot matmuls on the MXU ([T * top_k, T] selections, exact), above by XLA's row gathers. Either
-way a token with a non-finite element gets a NaN output row and the other tokens are untouched.
+way a token with a non-finite element gets a non-finite output row (all NaN with the one-hot
+matmuls) and the other tokens are untouched.
 Forward only: a serving kernel (training takes `grouped_matmul`, which has a backward).
 
 Holds the routing, the kernel wrapper, the pure-JAX reference (the dense dispatch: every expert on
@@ -227,8 +228,8 @@ def fused_moe(x, router_w, w_gate, w_up, w_down, *, top_k: int, scoring: str = "
     if (dispatch or ("onehot" if t <= ONEHOT_MAX_TOKENS else "gather")) == "onehot":
         order, group_sizes, sorted_weights = sort_pairs(experts, e, weights)
         # In a matmul 0 x inf is NaN, so one token's non-finite element would reach every token of the
-        # batch: such a token goes through the experts as zeros, and its output is NaN (as its routing
-        # weights are) while the others' are untouched.
+        # batch: such a token goes through the experts as zeros and its output row is NaN (the gathers
+        # give it a non-finite row too), while the others' are untouched.
         bad = ~jnp.all(jnp.isfinite(x), axis=1, keepdims=True)
         xs = onehot_dispatch(jnp.where(bad, jnp.zeros((), x.dtype), x), order, top_k)
         y = _experts(xs, w_gate, w_up, w_down, group_sizes, blocks, interpret)
