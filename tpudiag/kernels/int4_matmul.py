@@ -92,10 +92,14 @@ DIGITS_MAX_M = 16
 DIGITS_BLOCKS = BlockSizes(block_m=16, block_n=2048, block_k=4096)
 
 
-def default_blocks(m: int, digits: bool = False) -> BlockSizes:
-    """The blocks `block_sizes=None` takes for x [M, K]; `digits`: bf16 x of at most `DIGITS_MAX_M`
-    rows (the int8-digit kernel)."""
-    if digits:
+def takes_digits(dtype, m: int) -> bool:
+    """Whether x [M, K] of `dtype` goes through the int8-digit kernel: bf16 of at most `DIGITS_MAX_M` rows."""
+    return jnp.dtype(dtype) == jnp.bfloat16 and m <= DIGITS_MAX_M
+
+
+def default_blocks(m: int, dtype=jnp.bfloat16) -> BlockSizes:
+    """The blocks `block_sizes=None` takes for x [M, K] of `dtype`."""
+    if takes_digits(dtype, m):
         return DIGITS_BLOCKS
     return PREFILL_BLOCKS if m >= PREFILL_M else DEFAULT_BLOCKS
 
@@ -205,8 +209,8 @@ def int4_matmul(x, w, scales, *, block_sizes: BlockSizes | None = None, interpre
     `DIGITS_MAX_M` rows takes the int8-digit kernel (x must be finite there)."""
     _check_shapes(x, w, scales)
     m, k = x.shape
-    digits = x.dtype == jnp.bfloat16 and m <= DIGITS_MAX_M
-    bs = block_sizes or default_blocks(m, digits)
+    digits = takes_digits(x.dtype, m)
+    bs = block_sizes or default_blocks(m, x.dtype)
     n = w.shape[1]
     groups = scales.shape[0]
     group = k // groups
@@ -333,7 +337,7 @@ def bench(blocks: BlockSizes | None = None, m: int | None = None, shape: dict | 
     and the group size."""
     p = at_shape(PROD, shape)
     m = m or p["m_decode"]
-    blocks = blocks or default_blocks(m, m <= DIGITS_MAX_M)  # x is bf16 here
+    blocks = blocks or default_blocks(m)
 
     def kernel(x, w, scales):
         return int4_matmul(x, w, scales, block_sizes=blocks)
