@@ -86,3 +86,16 @@ def test_the_bench_mode_follows_the_chip_table():
     assert {name: f.mode_for(chip) for name, chip in CHIPS.items()} == {
         "v4": "bf16", "v5e": "fp8", "v5p": "fp8", "v6e": "fp8", "tpu7x": "fp8"}
     assert "weight-only" in f.bench(chip=CHIPS["v4"]).shape and "e4m3 per token" in f.bench(chip=CHIPS["v6e"]).shape
+
+
+def test_v5e_quantizes_x_once_below_a_prefill_chunk():
+    """On v5e the fp8 mode's x is quantized once (one chain of N blocks) below a prefill chunk; other
+    chips, the weight-only mode and a prefill chunk keep their blocks."""
+    from tpudiag.targets import CHIPS
+
+    v5e = CHIPS["v5e"]
+    assert f.blocks_for(256, v5e) == f.V5E_FP8_BLOCKS and f.V5E_FP8_BLOCKS.x_chains == 1
+    assert "x_chains=1" in f.bench(chip=v5e, m=256).blocks
+    assert f.blocks_for(256, CHIPS["v6e"]) == f.blocks_for(256) == f.DEFAULT_BLOCKS
+    assert f.blocks_for(2048, v5e).block_m == 512 and f.blocks_for(2048, v5e).x_chains == 0
+    assert f.blocks_for(256, v5e, activations="bf16") == f.DEFAULT_BLOCKS

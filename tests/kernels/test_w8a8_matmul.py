@@ -68,3 +68,24 @@ def test_a_prefill_chunk_takes_m_blocks_of_512_and_quantizes_x_once_per_block():
               if e.primitive.name == "pallas_call"]
     assert eqn.params["grid_mapping"].grid == (4, 1)
     assert [str(v.aval.dtype) for v in eqn.params["jaxpr"].invars[-2:]] == ["int8", "float32"]
+
+
+@pytest.mark.parametrize("chains,grid,cached", [(2, (2, 2), True), (1, (1, 4), True), (0, (1, 4), False),
+                                                (3, (1, 4), False)])  # 4 N blocks do not split in 3
+def test_one_m_block_quantizes_x_once_per_chain_of_n_blocks(chains, grid, cached):
+    x, w, s = _args(40, 256, 512, jnp.bfloat16)
+    bs = q.BlockSizes(64, 128, x_chains=chains)
+    assert q.x_chains(bs, 40, 512) == (chains if cached else 0)
+    (eqn,) = [e for e in jax.make_jaxpr(lambda *a: q.w8a8_matmul(*a, block_sizes=bs))(x, w, s).jaxpr.eqns[0]
+              .params["jaxpr"].eqns if e.primitive.name == "pallas_call"]
+    assert eqn.params["grid_mapping"].grid == grid
+    scratch = [str(v.aval.dtype) for v in eqn.params["jaxpr"].invars[4:]]
+    assert scratch == (["int8", "float32"] if cached else [])
+    # each chain covers its own N blocks: the whole output, bit for bit the plain-JAX path's
+    got = q.w8a8_matmul(x, w, s, block_sizes=bs, interpret=True)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(q.xla_w8a8_matmul(x, w, s), np.float32))
+
+
+def test_a_negative_chain_count_is_refused():
+    with pytest.raises(ValueError, match="x_chains must be >= 0"):
+        q.BlockSizes(x_chains=-1)

@@ -8,14 +8,15 @@
     activations="bf16" (weight-only: x keeps its precision)
         out[m, n] = (sum_k x[m, k] * bf16(w[k, n])) * w_scale[n]          bf16 x bf16 -> f32
 
-Which chips multiply e4m3 on the MXU is the chip table's `peak_fp8_flops_per_s`: v5p and v6e at
-their bf16 rate, v5e below it (163e12, measured), TPU7x at twice it; v4's MXU takes no fp8 operand (Mosaic: "Unsupported matmul
-RHS type"), so only the weight-only mode can run there. Every e4m3 value is exact in bf16, so the
+Which chips multiply e4m3 on the MXU is the chip table's `peak_fp8_flops_per_s`: v5e (measured),
+v5p and v6e at their bf16 rate, TPU7x at twice it; v4's MXU takes no fp8 operand (Mosaic:
+"Unsupported matmul RHS type"), so only the weight-only mode can run there. Every e4m3 value is exact in bf16, so the
 weight-only mode loses nothing to its upcast, but the upcast is VPU work on every weight.
 
 Without a kernel XLA quantizes the activations in a fusion of their own (x read, xq and its scales
-written to HBM and read back by the dot) or upcasts the weights in one. Here each grid step
-quantizes its x rows (or converts its weight tile) in VMEM. The whole K is one block (a token's
+written to HBM and read back by the dot) or upcasts the weights in one. Here x's rows are quantized
+(or each weight tile converted) in VMEM: once per M block where the N blocks run in sequence
+(several M blocks, or `x_chains`), else at each grid step. The whole K is one block (a token's
 scale needs its whole row). Edge blocks in M and N need no masking: rows and columns past the
 array are computed from unspecified values and dropped when the block is written. e4m3fn has no
 infinity and converts an out-of-range value to NaN, so the quantization clips first. No gradient:
@@ -35,8 +36,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, check_matmul_operands
-from tpudiag.kernels.w8a8_matmul import (BlockSizes, default_blocks, quantized_x_call, several_m_blocks,
-                                         whole_k_call)
+from tpudiag.kernels.w8a8_matmul import (PREFILL_M, BlockSizes, default_blocks, quantized_x_call,
+                                         several_m_blocks, whole_k_call)
 
 # Production shape: Llama 3 8B's MLP up/gate projection (K 4096 -> N 14336), as the other quantized
 # matmuls; decode M 64 tokens.
@@ -47,6 +48,14 @@ MODES = ("fp8", "bf16")
 
 
 DEFAULT_BLOCKS = BlockSizes()
+# The fp8 mode on v5e below a prefill chunk: x quantized once (one chain of N blocks), N blocks of 896
+# (even blocks of Llama 3 8B's N 14336 and of 70B's 3584 at tensor parallelism 8). 8B's up projection
+# at M 256: 248.2k cycles, against 293.8k with the default blocks (x quantized again at each of the 7
+# N blocks; 512 / 1024 / 2048 with one chain: 247.4k / 249.0k / 257.1k); at M 512 487.5k against
+# 493.7k; 70B's at M 64 58.8k against 77.3k. On v6e the chained kernel compiles but its static
+# profile aborts (an LLO type check on the e4m3 scratch), and the default blocks are at the floor
+# there, so only v5e takes these.
+V5E_FP8_BLOCKS = BlockSizes(block_m=256, block_n=896, x_chains=1)
 
 
 def _check(x, w, w_scale, activations):
@@ -173,6 +182,10 @@ def cases() -> list[Case]:
                  "bfloat16"),
             Case(f"{mode}: outlier channels bf16", _make(64, 512, 256, jnp.bfloat16, outlier=True), p, "bfloat16"),
         ]
+    # one M block, its x quantized once per chain of N blocks (two chains of two)
+    chained = dict(block_sizes=BlockSizes(block_m=64, block_n=128, x_chains=2), activations="fp8")
+    out.append(Case("fp8: one M block, x quantized once a chain, bf16", _make(40, 256, 512, jnp.bfloat16), chained,
+                    "bfloat16"))
     return out
 
 
@@ -193,6 +206,16 @@ def _args(m: int, p: dict = PROD):
     return (sds((m, p["k"]), jnp.bfloat16), sds((p["k"], p["n"]), FP8), sds((p["n"],), jnp.float32))
 
 
+def blocks_for(m: int, chip=None, activations: str = "fp8") -> BlockSizes:
+    """The blocks for x [M, K] on `chip` (None: any): `block_sizes=None`'s, but V5E_FP8_BLOCKS for the
+    fp8 mode on v5e below a prefill chunk."""
+    if activations != "fp8":
+        return DEFAULT_BLOCKS
+    if getattr(chip, "name", None) == "v5e" and m < PREFILL_M:
+        return V5E_FP8_BLOCKS
+    return default_blocks(m)
+
+
 def mode_for(chip) -> str:
     """"fp8" where the chip's MXU multiplies e4m3 (the chip table's `peak_fp8_flops_per_s`), else
     "bf16": weight-only, the only mode that compiles there (v4)."""
@@ -207,7 +230,7 @@ def bench(blocks: BlockSizes | None = None, chip=None, activations: str | None =
     p = at_shape(PROD, shape)
     m = m or p["m_decode"]
     activations = activations or (mode_for(chip) if chip is not None else "fp8")
-    blocks = blocks or (default_blocks(m) if activations == "fp8" else DEFAULT_BLOCKS)
+    blocks = blocks or blocks_for(m, chip, activations)
 
     def kernel(x, w, w_scale):
         return fp8_matmul(x, w, w_scale, activations=activations, block_sizes=blocks)
@@ -228,7 +251,8 @@ SPEC = KernelSpec(
               "activation block, in VMEM."),
     signature="fp8_matmul(x, w, w_scale, *, activations='fp8', block_sizes=None, interpret=False)",
     tuned_for=("decode M64 K4096 N14336 (x bf16, w float8_e4m3fn, w_scale f32); in the fp8 mode a prefill "
-               "chunk (M >= 2048) in M blocks of 512"),
+               "chunk (M >= 2048) in M blocks of 512, and on v5e below it blocks_for(m, chip): x quantized "
+               "once, N blocks of 896"),
     usage=("from tpudiag.kernels.fp8_matmul import fp8_matmul\n"
            "y = fp8_matmul(x, w_e4m3, w_scale)  # x [M,K] bf16, w [K,N] float8_e4m3fn, w_scale [N] f32 -> [M,N] bf16\n"
            "y = fp8_matmul(x, w_e4m3, w_scale, activations='bf16')  # weight-only: x stays bf16"),
@@ -237,7 +261,7 @@ SPEC = KernelSpec(
     cases=cases,
     tolerances=TOLERANCES,
     bench=bench,
-    block_candidates=tuple(BlockSizes(256, n) for n in (512, 1024, 2048, 4096)),
+    block_candidates=tuple(BlockSizes(256, n) for n in (512, 1024, 2048, 4096)) + (V5E_FP8_BLOCKS,),
     differentiable=False,
     chip_bench=True,
 )
