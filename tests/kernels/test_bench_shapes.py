@@ -66,5 +66,8 @@ def test_mla_moe_and_matmul_setups_follow_the_shape():
         s = mod.bench(m=16, shape={"k": 8192, "n": 3584})
         assert s.args[0].shape == (16, 8192) and s.args[1].shape == (8192, 3584) and "M16 K8192 N3584" in s.shape
         assert set(_traces(s).values()) == {(16, 3584)}
+    # the blocks column shows the N blocks int4 cuts where they differ from those asked for
+    assert int4_matmul.bench(m=64, shape={"k": 8192, "n": 3584}).blocks.endswith("(N in blocks of 896)")
+    assert "N in blocks" not in int4_matmul.bench(m=64).blocks
     s = fp8_matmul.bench(activations="bf16", m=8, shape={"k": 8192, "n": 3584})
     assert s.args[1].dtype == jnp.float8_e4m3fn and set(_traces(s).values()) == {(8, 3584)}
