@@ -52,9 +52,10 @@ DEFAULT_BLOCKS = BlockSizes()
 # (even blocks of Llama 3 8B's N 14336 and of 70B's 3584 at tensor parallelism 8). 8B's up projection
 # at M 256: 248.2k cycles, against 293.8k with the default blocks (x quantized again at each of the 7
 # N blocks; 512 / 1024 / 2048 with one chain: 247.4k / 249.0k / 257.1k); at M 512 487.5k against
-# 493.7k; 70B's at M 64 58.8k against 77.3k. On v6e the chained kernel compiles but its static
-# profile aborts (an LLO type check on the e4m3 scratch), and the default blocks are at the floor
-# there, so only v5e takes these.
+# 493.7k; 70B's at M 64 58.8k against 77.3k. On v6e libtpu's static profile aborts on the fp8 kernel
+# in either form (LLO type checks), so its figures there are floors and cannot tell the blocks apart:
+# only v5e, where it was measured, takes these. Measured with every loop stepped through: with
+# fast-forwarded loops (suggest's static profile) the chained grid reads 243k at M 64, not 112.0k.
 V5E_FP8_BLOCKS = BlockSizes(block_m=256, block_n=896, x_chains=1)
 
 
@@ -103,8 +104,7 @@ def fp8_matmul(x, w, w_scale, *, activations: str = "fp8", block_sizes: BlockSiz
     `activations="fp8"` quantizes x per token to e4m3 and multiplies e4m3 on the MXU; "bf16" upcasts
     the weight tile in VMEM (weight-only). Any M and N; K is one block."""
     _check(x, w, w_scale, activations)
-    # the fp8 mode takes w8a8's prefill blocks; the weight-only mode keeps its upcast tile across M
-    bs = block_sizes or (default_blocks(x.shape[0]) if activations == "fp8" else DEFAULT_BLOCKS)
+    bs = block_sizes or blocks_for(x.shape[0], None, activations)
     name = f"tpudiag_fp8_matmul_{activations}"
     if activations == "fp8":
         return quantized_x_call(quantize_rows_fp8, FP8, jnp.float32, x, w, w_scale, bs, name=name,
@@ -207,8 +207,9 @@ def _args(m: int, p: dict = PROD):
 
 
 def blocks_for(m: int, chip=None, activations: str = "fp8") -> BlockSizes:
-    """The blocks for x [M, K] on `chip` (None: any): `block_sizes=None`'s, but V5E_FP8_BLOCKS for the
-    fp8 mode on v5e below a prefill chunk."""
+    """The blocks for x [M, K] on `chip` (None: any, what `block_sizes=None` takes): the fp8 mode takes
+    w8a8's (M blocks of 512 from a prefill chunk), and V5E_FP8_BLOCKS on v5e below one; the
+    weight-only mode DEFAULT_BLOCKS (it keeps its upcast tile across M blocks)."""
     if activations != "fp8":
         return DEFAULT_BLOCKS
     if getattr(chip, "name", None) == "v5e" and m < PREFILL_M:

@@ -8,8 +8,8 @@ weights w [K, N] with per-output-channel scales [N], accumulated in int32 on the
 This is what a w8a8 checkpoint (SmoothQuant-style, per-channel weights, dynamic per-token
 activations) computes in a serving engine. Without a kernel XLA runs the activation quantization as
 its own fusion (x read, xq and sx written to HBM, read again by the int8 dot) before the matmul;
-here each grid step quantizes its x rows in VMEM, so x is read once per N block and nothing
-quantized goes back to HBM. The whole K is one block: a token's scale needs its whole row (K up to
+here x's rows are quantized in VMEM (once per M block where the N blocks run in sequence, else at
+each grid step), so x is read once and nothing quantized goes back to HBM. The whole K is one block: a token's scale needs its whole row (K up to
 28,672 at bf16 is 56 KiB a row). Edge blocks in M and N need no masking: rows and columns past the
 array are computed from unspecified values and dropped when the block is written, and no
 contraction runs over them. No gradient: this is an inference kernel.
@@ -95,10 +95,10 @@ def quantize_rows(x):
 def quantizing_kernel(quantize, acc_dtype, *, cached: bool):
     """The 8-bit matmuls' kernel with x quantized in VMEM: quantize the block's rows (`quantize`:
     rows -> (quantized, scale [rows, 1] f32)), one matmul over the whole K into `acc_dtype`, both
-    scales on the result. Grid (i over M, j over N). `cached` (several M blocks, j sequential): the
-    rows are quantized once, at the first N block, into VMEM scratch and reused
-    by the others: quantizing is VPU work on every element of x, otherwise done once per N block
-    (at M8192 K4096 N14336, 7 times)."""
+    scales on the result. `cached` (the N blocks run in sequence: several M blocks, or chains of N
+    blocks, `x_chains`): the rows are quantized once, at the first N block of the sequence, into VMEM
+    scratch and reused by the others: quantizing is VPU work on every element of x, otherwise done
+    once per N block (at M8192 K4096 N14336, 7 times)."""
     def finish(xq, sx, w_ref, s_ref, o_ref):
         acc = jnp.dot(xq, w_ref[...], preferred_element_type=acc_dtype)
         o_ref[...] = (acc.astype(jnp.float32) * sx * s_ref[...]).astype(o_ref.dtype)
@@ -130,7 +130,7 @@ def quantized_x_call(quantize, quant_dtype, acc_dtype, x, w, w_scale, bs: BlockS
             2 * block_bytes((bm, bn), 4)
 
     return whole_k_call(quantizing_kernel(quantize, acc_dtype, cached=chains > 0), x, w, w_scale, bs,
-                        scratch=scratch, name=name, interpret=interpret, x_cached=chains,
+                        scratch=scratch, name=name, interpret=interpret, chains=chains,
                         scratch_shapes=_x_cache(quant_dtype) if chains else None)
 
 
@@ -158,14 +158,14 @@ def x_chains(bs: BlockSizes, m: int, n: int) -> int:
 
 
 def whole_k_call(kernel, x, w, w_scale, bs: BlockSizes, *, scratch, name: str, interpret: bool,
-                 n_outer: bool = False, x_cached: int = 0, scratch_shapes: Callable | None = None):
+                 n_outer: bool = False, chains: int = 0, scratch_shapes: Callable | None = None):
     """`kernel(x_ref, w_ref, s_ref, o_ref, *scratch_refs)` over the output tiles with the whole K in
     each block: x [M, K] @ an 8-bit w [K, N] * w_scale [N] -> [M, N] in x's dtype. The grid is (i over
     M, j over N), or with `n_outer` (j over N, i over M, the inner axis sequential: a kernel may keep
     what it made of its weight tile in `scratch_shapes(bm, bn, k)` across the M blocks), or with
-    `x_cached` chains (i over M, j over N sequential: a kernel may keep what it made of x's block
-    across the N blocks, as `quantizing_kernel` does; with one M block, the N blocks as `x_cached`
-    sequential chains, the chains parallel). `scratch(bm, bn, k)` is the VMEM the kernel's
+    `chains` >= 1 (i over M, j over N sequential: a kernel may keep what it made of x's block across
+    the N blocks, as `quantizing_kernel` does; with one M block, the N blocks as `chains` sequential
+    chains, the chains parallel, `chains` dividing their count). `scratch(bm, bn, k)` is the VMEM the kernel's
     temporaries take. Shared by the 8-bit matmuls (this one, fp8_matmul)."""
     m, k = x.shape
     n = w.shape[1]
@@ -189,10 +189,12 @@ def whole_k_call(kernel, x, w, w_scale, bs: BlockSizes, *, scratch, name: str, i
         semantics = ("parallel", "arbitrary")
     else:
         grid, order = (gm, gn), (lambda f: f)
-        semantics = ("parallel", "arbitrary" if x_cached else "parallel")
-        if x_cached and gm == 1:  # chains of N blocks: c picks the chain, j steps along it
-            per = gn // x_cached
-            grid, order = (x_cached, per), (lambda f: lambda c, j: f(0, c * per + j))
+        semantics = ("parallel", "arbitrary" if chains else "parallel")
+        if chains and gm == 1:  # chains of N blocks: c picks the chain, j steps along it
+            if gn % chains:
+                raise ValueError(f"{chains} chains do not split {gn} N blocks evenly")
+            per = gn // chains
+            grid, order = (chains, per), (lambda f: lambda c, j: f(0, c * per + j))
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
