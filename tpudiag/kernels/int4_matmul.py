@@ -111,6 +111,12 @@ def _check_shapes(x, w, scales):
         raise ValueError(f"scales must be [K / G, N={n}] with G dividing K={k}, got {scales.shape}")
 
 
+def _n_block(block_n: int, n: int) -> int:
+    """The N block the call takes: N in even blocks of at most block_n (`balanced_block`), so 70B's N
+    3584 at TP8 in blocks of 1024 goes in 4 of 896 rather than computing 4096 columns."""
+    return balanced_block(block_n, n, 128)
+
+
 def _k_block(block_k: int, k: int, group: int) -> int:
     """The K block: the whole K if it fits the requested block, else the largest multiple of
     lcm(group, 128) that divides K and is at most block_k (K steps must be whole: no masking in the
@@ -214,8 +220,7 @@ def int4_matmul(x, w, scales, *, block_sizes: BlockSizes | None = None, interpre
     n = w.shape[1]
     groups = scales.shape[0]
     group = k // groups
-    # N in even blocks (`balanced_block`): 70B's N 3584 at TP8 in blocks of 1024 computes 4096 columns.
-    bm, bn, bk = fit_block(bs.block_m, m), balanced_block(bs.block_n, n, 128), _k_block(bs.block_k, k, group)
+    bm, bn, bk = fit_block(bs.block_m, m), _n_block(bs.block_n, n), _k_block(bs.block_k, k, group)
     gm, gn, gk = pl.cdiv(m, bm), pl.cdiv(n, bn), k // bk
     xb = jnp.dtype(x.dtype).itemsize
     sb = jnp.dtype(scales.dtype).itemsize
@@ -342,8 +347,8 @@ def bench(blocks: BlockSizes | None = None, m: int | None = None, shape: dict | 
     def kernel(x, w, scales):
         return int4_matmul(x, w, scales, block_sizes=blocks)
 
-    bn = balanced_block(blocks.block_n, p["n"], 128)  # the N blocks the call cuts, shown where they differ
-    shown = str(blocks) if bn == min(blocks.block_n, p["n"]) else f"{blocks} (N in blocks of {bn})"
+    bn = _n_block(blocks.block_n, p["n"])  # the N blocks the call cuts, shown where they differ
+    shown = str(blocks) if bn == fit_block(blocks.block_n, p["n"]) else f"{blocks} (N in blocks of {bn})"
     return BenchSetup(shape=f"M{m} K{p['k']} N{p['n']} x bf16, w int4, groups of {p['group']} f32",
                       args=_args(m, p), kernel=kernel, xla=xla_int4_matmul, blocks=shown)
 

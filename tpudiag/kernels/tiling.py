@@ -67,7 +67,7 @@ def balanced_block(block: int, dim: int, multiple: int) -> int:
     if block >= dim:
         return dim
     count = -(-dim // block)
-    return min(block, -(-(-(-dim // count)) // multiple) * multiple)
+    return min(block, round_up(-(-dim // count), multiple))
 
 
 def block_bytes(shape: tuple[int, ...], itemsize: int) -> int:
