@@ -55,6 +55,7 @@ def test_estimate_a_tiny_step_on_a_slice(tmp_path, newest_leg):
     step, devices = doc["step_s"], doc["target"]["devices"]
     b = doc["breakdown"]
     assert step > 0 and step == pytest.approx(b["compute_s"] + b["hbm_s"] + b["collective_s"])
+    assert b["host_s"] == b["hidden_host_s"] == 0  # nothing offloaded
     assert doc["tokens"] == 2 * 4 * 128
     assert doc["tokens_per_s_per_device"] == pytest.approx(doc["tokens"] / step / devices)
     # model FLOPs, MaxText's way: 6 x matmul weights x tokens + causal attention
@@ -93,6 +94,46 @@ def test_compute_bound_matmuls_are_timed_by_the_compilers_cycles_alone(tmp_path,
     ops = report["modules"][0]["ops"]
     assert doc["step_s"] >= sum(o["estimated_s"] * o["runs"] for o in timed)
     assert all(o["cycles_source"] != "matmul_probe" or o["bound_by"] == "static_cycles" for o in ops)
+
+
+def test_offloaded_layer_inputs_are_timed_on_the_host_link(tmp_path, newest_leg):
+    """`--remat offload` sends each layer's input to pinned host memory and reads it back for the
+    backward pass: the compiled step's transfers are found, their bytes are the layer inputs', and
+    their time on v6e's host link is split into what the compute beside them hides and the rest."""
+    from tpudiag.analyze.compile.host_transfers import host_time, host_transfers, offload_bytes
+    from tpudiag.analyze.hlo.loops import loop_runs
+    from tpudiag.parse.hlo import read_hlo_file
+
+    run = tmp_path / "offload"
+    res = _run("-m", "tpudiag", "estimate", f"{LLAMA}:step", "--target", "v6e:2x2", "--json", "--no-matmul-probes",
+               "--out", str(run), "--", *TINY, "--remat", "offload")
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    layer_input = 2 * 128 * 256 * 2  # batch per device x seq x d_model, bf16
+    moved = [f for f in doc["findings"] if "move between HBM and host memory" in f]
+    assert len(moved) == 1 and "on the host link at 32 GB/s each way per device" in moved[0], doc["findings"]
+    b = doc["breakdown"]
+    assert doc["step_s"] == pytest.approx(b["compute_s"] + b["hbm_s"] + b["collective_s"] + b["host_s"])
+    assert not any("host memory" in x for x in doc["leaves_out"])
+    # the same transfers, read back from the run's HLO: each layer's input comes back once; what goes out
+    # is whole layer inputs (at two layers the compiler also copies the last one out apart)
+    hlo = read_hlo_file(next((run / "modules").glob("*/optimized.hlo.txt")))
+    transfers = host_transfers(hlo, loop_runs(hlo).runs)
+    out, back = offload_bytes(transfers)
+    assert back == 2 * layer_input and out % layer_input == 0 and out >= back
+    assert f"{(out + back) / 1e9:.3g} GB per step per device" in moved[0]
+    assert all(t.done is not None for t in transfers)  # asynchronous: each has its done
+    # transfers grouped in one window share the link: between one direction's bytes and both
+    link = b["host_s"] + b["hidden_host_s"]
+    assert max(out, back) / 32e9 <= link * (1 + 1e-9) and link <= (out + back) / 32e9 * (1 + 1e-9)
+    report = json.loads((run / "report.json").read_text())
+    names = {c["name"] for c in report["modules"][0]["collectives"]}
+    ops = [(o["name"], o["computation"], o["estimated_s"], o["runs"]) for o in report["modules"][0]["ops"]
+           if o["name"] not in names]
+    # a link far slower than the compute leaves almost all of it exposed; a link with no cost, none
+    slow = host_time(hlo, transfers, ops, 1e3)
+    assert slow.exposed_s > 0.99 * slow.link_s > 0
+    assert host_time(hlo, transfers, ops, 1e18).exposed_s == 0
 
 
 def test_a_config_too_big_for_hbm_is_a_finding_not_a_crash(tmp_path, newest_leg):

@@ -78,6 +78,9 @@ class Chip:
     # The MXU's rate on e4m3 operands; None where it takes none (v4: Mosaic refuses an fp8 matmul,
     # so fp8 is a storage format there, upcast before the MXU: kernels/fp8_matmul.py's mode_for).
     peak_fp8_flops_per_s: float | None = None
+    # The link between a chip and its host (PCIe), bytes/s each way, shared by the chip's devices:
+    # what activation offload to host memory moves over. None where no public page gives it.
+    host_link_bytes_per_s: float | None = None
     sources: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -92,6 +95,7 @@ class Chip:
             "peak_bf16_flops_per_s": self.peak_bf16_flops_per_s,
             "peak_int8_ops_per_s": self.peak_int8_ops_per_s,
             "peak_fp8_flops_per_s": self.peak_fp8_flops_per_s,
+            "host_link_bytes_per_s": self.host_link_bytes_per_s,
             "hbm_bytes": self.hbm_bytes,
             "hbm_bytes_per_s": self.hbm_bytes_per_s,
             "vmem_bytes_per_tensorcore": self.vmem_bytes,
@@ -134,6 +138,8 @@ CHIPS: dict[str, Chip] = {
         devices_per_chip=2,
         pod_max_chips=4096,  # Cloud v4 page: "TPU Pod size 4096 chips"
         torus_dims=3,
+        # Scaling book ("How to think about TPUs"): "PCIe bandwidth for TPU v4 is 16GB / second each way".
+        host_link_bytes_per_s=16e9,
         sources=(_CLOUD + "v4", _SCALING_BOOK, _JAX_TPU_INFO),
     ),
     "v5e": Chip(
@@ -170,6 +176,9 @@ CHIPS: dict[str, Chip] = {
         # (1.00x): the bf16 rate. (With M blocks of 256, which read the weights twice as often, M2048
         # took 1.21x, once taken here for a slower rate.)
         peak_fp8_flops_per_s=197e12,
+        # Scaling book: "PCIe bandwidth is typically around 1.5e10 bytes / second per chip" (v6e "about 2x
+        # higher than v5"); read as each way, as its v4 figure is stated.
+        host_link_bytes_per_s=1.5e10,
         sources=(_CLOUD + "v5e", _SCALING_BOOK, _JAX_TPU_INFO),
     ),
     "v5p": Chip(
@@ -202,6 +211,8 @@ CHIPS: dict[str, Chip] = {
         torus_dims=3,
         # The Cloud v5p page lists "FP8 459" TFLOPs: the bf16 rate.
         peak_fp8_flops_per_s=459e12,
+        # Scaling book: "typically around 1.5e10 bytes / second per chip" (as v5e).
+        host_link_bytes_per_s=1.5e10,
         sources=(_CLOUD + "v5p", _SCALING_BOOK, _JAX_TPU_INFO),
     ),
     "v6e": Chip(
@@ -237,6 +248,9 @@ CHIPS: dict[str, Chip] = {
         # static profile aborts on it (an LLO check), so the rate is not measured: taken at the bf16
         # rate, as the Cloud page gives v5p.
         peak_fp8_flops_per_s=918e12,
+        # Scaling book: "Trillium (TPU v6e) has 32GB/s, about 2x higher than v5" (the Cloud page: PCIe
+        # Gen5, no rate).
+        host_link_bytes_per_s=32e9,
         sources=(_CLOUD + "v6e", _SCALING_BOOK, _JAX_TPU_INFO),
     ),
     "tpu7x": Chip(

@@ -93,9 +93,9 @@ def test_vmem_bytes_count_only_buffers_outside_hbm(step):
 
 
 def test_a_step_without_activation_offload_moves_nothing_to_host(step):
-    from tpudiag.analyze.compile.memory_space import host_offload_bytes
+    from tpudiag.analyze.compile.host_transfers import host_transfers
     from tpudiag.analyze.hlo.loops import loop_runs
 
     module, _ = step
     assert "S(5)" not in "".join(i.shape or "" for i in module.instructions())
-    assert host_offload_bytes(module, loop_runs(module).runs) == (0, 0)
+    assert host_transfers(module, loop_runs(module).runs) == []

@@ -231,22 +231,34 @@ def _hbm_outside_vmem(report, hlo):
     return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
 
 
-def _host_offload(report, hlo):
-    """(the report with a finding on the bytes the step moves to and from host memory, the finding
-    or None): activation offload, not timed."""
+def _host_offload(report, hlo, target):
+    """(the report with a finding on the step's transfers to and from host memory, their `HostTime`
+    or None): activation offload, timed over the chip's host link where the chip table has one
+    (`analyze/compile/host_transfers.py`). Run after every pass that changes op times: the compute
+    between a transfer's start and done is what hides it."""
     from dataclasses import replace
 
-    from tpudiag.analyze.compile.memory_space import host_offload_bytes
+    from tpudiag.analyze.compile.host_transfers import host_time, host_transfers, offload_bytes
     from tpudiag.analyze.hlo.loops import loop_runs
 
-    to_host, from_host = host_offload_bytes(hlo, loop_runs(hlo).runs)
-    if not (to_host or from_host):
+    transfers = host_transfers(hlo, loop_runs(hlo).runs)
+    if not transfers:
         return report, None
-    note = (f"{(to_host + from_host) / 1e9:.3g} GB per step per device move between HBM and host memory "
-            f"({to_host / 1e9:.3g} GB out, {from_host / 1e9:.3g} GB back: activation offload); not timed, the "
-            "chip table has no host-link bandwidth")
     m = report.modules[0]
-    return _with_step(report, replace(m, findings=(*m.findings, note))), note
+    to_host, from_host = offload_bytes(transfers)
+    moved = (f"{(to_host + from_host) / 1e9:.3g} GB per step per device move between HBM and host memory "
+             f"({to_host / 1e9:.3g} GB out, {from_host / 1e9:.3g} GB back: activation offload)")
+    link = target.chip.host_link_bytes_per_s
+    if not link:
+        note = f"{moved}; not timed, the chip table has no host-link bandwidth for {target.chip.name}"
+        return _with_step(report, replace(m, findings=(*m.findings, note))), None
+    per_device = link * target.chips / target.devices
+    collectives = {c.name for c in m.collectives}
+    ops = [(o.name, o.computation, o.estimated_s, o.runs) for o in m.ops if o.name not in collectives]
+    ht = host_time(hlo, transfers, ops, per_device)
+    note = (f"{moved}: {ht.link_s:.4g} s on the host link at {per_device / 1e9:.3g} GB/s each way per device, "
+            f"{ht.exposed_s:.4g} s of it exposed (the rest under the compute scheduled beside it)")
+    return _with_step(report, replace(m, findings=(*m.findings, note))), ht
 
 
 def _peak_buffers(run: Path) -> list[dict]:
@@ -327,19 +339,19 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
             step = ModuleInput(name="step", path=lowered_dir / "step.mlir", kind="mlir")
             report = compile_inputs([step], run, target, static_profile=static_profile, jobs=1, limits=step_limits,
                                     source=source)
-            hlo = _step_hlo(report, run)
+            hlo, host = _step_hlo(report, run), None
             if hlo is not None:
                 report, _ = _hbm_outside_vmem(report, hlo)
-                report, _ = _host_offload(report, hlo)
                 if matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS:
                     report, _ = _probe_matmuls(report, hlo, run, target, limits or Limits(), progress)
+                report, host = _host_offload(report, hlo, target)
             report = _write_compile_report(report, rd)
             est = build_estimate(report, lowered, program=program, argv=list(argv),
                                  libtpu_init_args=libtpu_args,
                                  artifacts={"run_dir": str(run), "estimate": rundir.ESTIMATE_REPORT,
                                             "compile_report": rundir.REPORT,
                                             "lowered": f"{rundir.ESTIMATE_DIR}/step.mlir"},
-                                 peak_buffers=_peak_buffers(run))
+                                 peak_buffers=_peak_buffers(run), host=host)
             rd.write_text(rundir.ESTIMATE_REPORT, render(est, "json"))
             rd.write_text(rundir.ESTIMATE_MD, render(est, "md"))
             rd.finish(est.status == "ok", reason=est.reason)

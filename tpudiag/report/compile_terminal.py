@@ -126,13 +126,14 @@ def render_compile_terminal(report, console: Console, top: int = 10, modules: in
 @renders("tpudiag.targets", "terminal")
 def render_targets_terminal(doc: dict, console: Console) -> None:
     """The tpudiag.targets/1 document: one row per TPU generation."""
-    table = Table(title="TPU targets (per chip: bf16 peak, HBM, ridge point, ICI, clock)", title_justify="left",
+    table = Table(title="TPU targets (per chip: bf16 peak, HBM, ridge point, ICI, host link each way, clock)",
+                  title_justify="left",
                   show_edge=False)
     cols = [("target", "name"), ("topology", "default_topology"), ("TFLOP/s", "peak_bf16_flops_per_s"),
             ("HBM GiB", "hbm_bytes"), ("HBM GB/s", "hbm_bytes_per_s"), ("FLOP/B", "ridge_flops_per_byte"),
-            ("ICI GB/s", "ici_bytes_per_s"), ("GHz", "clock_hz")]
+            ("ICI GB/s", "ici_bytes_per_s"), ("host GB/s", "host_link_bytes_per_s"), ("GHz", "clock_hz")]
     scale = {"peak_bf16_flops_per_s": 1e12, "hbm_bytes": 2**30, "hbm_bytes_per_s": 1e9, "ici_bytes_per_s": 1e9,
-             "clock_hz": 1e9}
+             "host_link_bytes_per_s": 1e9, "clock_hz": 1e9}
     for label, _ in cols:
         table.add_column(label, justify="left" if label in ("target", "topology") else "right", no_wrap=True)
     for r in doc["targets"]:
@@ -143,6 +144,6 @@ def render_targets_terminal(doc: dict, console: Console) -> None:
                 v = f"{v / scale[key]:.{2 if key == 'clock_hz' else 0}f}"
             elif isinstance(v, float):
                 v = f"{v:.0f}"
-            cells.append(plain(v))
+            cells.append(plain("-" if v is None else v))
         table.add_row(*cells)
     console.print(table)

@@ -23,7 +23,9 @@ def _head(e) -> list[str]:
         return lines + [f"FAILED: {e.reason}"]
     b = e.breakdown
     lines += [f"step time {fmt_s(e.step_s)} (estimated): compute {fmt_s(b.compute_s)}, HBM {fmt_s(b.hbm_s)}, "
-              f"exposed collectives {fmt_s(b.collective_s)} (hidden behind compute {fmt_s(b.hidden_collective_s)})",
+              f"exposed collectives {fmt_s(b.collective_s)} (hidden behind compute {fmt_s(b.hidden_collective_s)})"
+              + (f", host transfers {fmt_s(b.host_s)} (hidden {fmt_s(b.hidden_host_s)})"
+                 if b.host_s or b.hidden_host_s else ""),
               f"MFU {fmt_pct(e.mfu)}   tokens/s/device {e.tokens_per_s_per_device:,.0f}   "
               f"model FLOPs/step {fmt_count(e.model_flops, 'FLOP')}   tokens/step {e.tokens:,}"
               if e.tokens_per_s_per_device is not None else "tokens/s/device -",

@@ -20,6 +20,10 @@ class StepBreakdown(Model):
     hbm_s: float  # ops bound by HBM bandwidth
     collective_s: float  # collectives' exposed time (the ICI model, less the compute scheduled beside them)
     hidden_collective_s: float  # collective time the schedule hides behind compute (not in step_s)
+    # transfers to and from host memory (activation offload) on the chip's host link: exposed (in step_s)
+    # and hidden behind the compute scheduled beside them (not in step_s); 0 when none or not timed
+    host_s: float = 0.0
+    hidden_host_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ head is), plus attention: 12 x batch x seq^2 x query heads x head dim x layers f
 backward of a non-causal attention, halved for a causal one. A decode step (`model.decode`) is a
 forward pass: 2 x matmul weights x tokens, plus 4 x tokens x context x heads x head dim x layers. MFU = model FLOPs / (step time x
 devices x the chip's bf16 peak). The step time is the compile report's: every op's estimate x its
-runs (loop trip counts), collectives counted by their exposed time (docs/estimate.md).
+runs (loop trip counts), collectives and transfers to host memory counted by their exposed time
+(docs/estimate.md).
 
 Pure: takes a `CompileReport`, what the lowering recorded, and the target; returns an
 `EstimateReport`. No I/O.
@@ -51,15 +52,24 @@ def model_flops(model: dict, tokens: int) -> tuple[float, dict[str, float]] | No
 LEAVES_OUT = (
     "host overhead between steps (input pipeline, Python dispatch): the estimate is device time only",
     "collective latency: the ICI model is bandwidth only, and optimistic for small collectives",
-    "transfers to and from host memory (activation offload): their bytes are a finding, not timed",
     "the static cost model's known gaps (docs/compile.md, TPU notes): HBM-bound ops are taken at their "
     "roofline floor, fused kernels are not re-timed",
 )
+UNTIMED_HOST = ("transfers to and from host memory (activation offload) on a chip the table gives no host-link "
+                "bandwidth for: their bytes are a finding, not timed")
+
+
+def _host_link(chip: str) -> float | None:
+    from tpudiag.targets import CHIPS
+
+    return CHIPS[chip].host_link_bytes_per_s if chip in CHIPS else None
 
 
 def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[str], libtpu_init_args: str | None,
-                   artifacts: dict[str, str], peak_buffers: tuple = ()) -> EstimateReport:
-    """`peak_buffers`: `peak_buffers.peak_buffers` rows of the step's dump (the caller reads the files)."""
+                   artifacts: dict[str, str], peak_buffers: tuple = (), host=None) -> EstimateReport:
+    """`peak_buffers`: `peak_buffers.peak_buffers` rows of the step's dump (the caller reads the files).
+    `host`: the step's host transfers timed on the host link (`host_transfers.HostTime`), None when it
+    makes none or the chip has no host-link figure; their exposed time is part of the step."""
     t = compile_report.target
     mesh = {a: int(n) for a, n in lowered.get("mesh", [])}
     tokens = int(lowered["tokens"])
@@ -69,7 +79,7 @@ def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[st
     base = dict(schema=SCHEMA, program=program, argv=tuple(argv), target=t.to_dict(), mesh=mesh,
                 libtpu_init_args=libtpu_init_args or None, tokens=tokens,
                 model_flops=flops[0] if flops else None, model_flops_detail=flops[1] if flops else None,
-                leaves_out=LEAVES_OUT, artifacts=artifacts,
+                leaves_out=LEAVES_OUT + (() if _host_link(t.chip) else (UNTIMED_HOST,)), artifacts=artifacts,
                 peak_buffers=tuple(PeakBuffer(**b) for b in peak_buffers))
     if m is None or not m.ok or m.totals is None or m.estimated_s is None:
         memory = m.memory if m is not None else {}
@@ -90,7 +100,8 @@ def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[st
             compute += o.total_s  # compute, static_cycles (and ici for a collective the list does not hold)
     exposed = sum(c.exposed_s * c.runs for c in m.collectives)
     hidden = sum((c.estimated_s - c.exposed_s) * c.runs for c in m.collectives)
-    step_s = compute + hbm + exposed
+    host_s = host.exposed_s if host is not None else 0.0
+    step_s = compute + hbm + exposed + host_s
     devices = int(t.devices)
     mfu = flops[0] / (step_s * devices * t.peak_bf16_flops_per_s) if flops and step_s > 0 else None
     ranked = sorted(m.ops, key=lambda o: -o.total_s)[:_TOP]
@@ -104,7 +115,8 @@ def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[st
                            f"{memory['hbm_capacity_bytes'] / 2**30:.1f} GiB")
     return EstimateReport(status="ok", reason=None, step_s=step_s,
                           breakdown=StepBreakdown(compute_s=compute, hbm_s=hbm, collective_s=exposed,
-                                              hidden_collective_s=hidden),
+                                              hidden_collective_s=hidden, host_s=host_s,
+                                              hidden_host_s=host.hidden_s if host is not None else 0.0),
                           mfu=mfu, tokens_per_s_per_device=tokens / step_s / devices if step_s > 0 else None,
                           peak_hbm_bytes=memory.get("peak_hbm_bytes"),
                           hbm_capacity_bytes=memory.get("hbm_capacity_bytes"), fits=memory.get("fits"),

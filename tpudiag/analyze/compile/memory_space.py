@@ -40,36 +40,3 @@ def vmem_bytes(module, instr) -> int:
         dest = leaves[0] if leaves else None
         return operands + (dest.bytes if dest is not None and dest.is_array and dest.memory_space else 0)
     return operands + outside_hbm_bytes(instr)
-
-
-HOST = 5  # S(5): pinned host memory (activation offload)
-
-
-def host_offload_bytes(module, runs: dict[str, int]) -> tuple[int, int]:
-    """(bytes written to host memory, bytes read back) per execution of `module`: the async slices
-    and copies whose buffer is in host memory (`S(5)`), times their computation's runs (loop trip
-    counts). MaxText's `remat_policy=custom` with `...=offload` moves activations this way."""
-    to_host = from_host = 0
-    for c in module.executed_computations:
-        n = runs.get(c, 1)
-        for i in module.computations[c].instructions:
-            if i.opcode not in ("dynamic-update-slice-start", "dynamic-slice-start", "copy-start") or not i.operands:
-                continue
-            src = module.operand(i, 0)
-            try:
-                src_host = any(leaf.memory_space == HOST for leaf in src.parsed_shape.leaves())
-                shape = i.parsed_shape
-            except (ValueError, AttributeError):
-                continue
-            out = shape.leaves()
-            parts = shape.tuple_shapes if shape.is_tuple else ()
-            if i.opcode == "dynamic-update-slice-start" and src_host and len(i.operands) > 1:
-                to_host += module.operand(i, 1).parsed_shape.bytes * n  # the update, written into the host buffer
-            elif i.opcode == "dynamic-slice-start" and src_host and len(parts) > 1:
-                from_host += parts[1].bytes * n  # ((operand, indices...), slice, context)
-            elif i.opcode == "copy-start" and out:
-                if src_host:
-                    from_host += out[0].bytes * n
-                elif out[0].memory_space == HOST:
-                    to_host += out[0].bytes * n
-    return to_host, from_host

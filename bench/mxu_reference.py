@@ -1,0 +1,60 @@
+"""What the MXU reaches at the quantized matmuls' shapes: XLA's own bf16 dot, beside the fp8 kernel.
+
+At M 256 and 512 on v5e the fp8 mode of `fp8_matmul` sits 6-8% above its compute floor. This prints,
+from one static profile each, the cycles of XLA's plain bf16 x bf16 dot fusion at the same M, K and N
+(no quantization, no conversion: the MXU's best case there as the compiler schedules it) and the fp8
+kernel in the blocks it takes at that M, each against the bf16 compute floor (2 M K N at the chip's
+bf16 peak, which is v5e's e4m3 rate). The dot's row is the fusion alone: the weight layout copy XLA adds
+in front of it is not part of the matmul.
+
+    python bench/mxu_reference.py --target v5e [--m 256 512] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="v5e")
+    ap.add_argument("--m", type=int, nargs="+", default=[256, 512])
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+
+    import jax
+    import jax.numpy as jnp
+    from sweep_common import measure, run_root
+
+    from tpudiag.kernels import fp8_matmul
+    from tpudiag.targets import CHIPS
+
+    chip = CHIPS[a.target.split(":")[0].split("-")[0]]
+    k, n = fp8_matmul.PROD["k"], fp8_matmul.PROD["n"]
+    root = run_root(a.out, "mxu-reference")
+
+    def dot(x, w):
+        return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+
+    print(f"{a.target}: K {k} N {n}; cycles, and against the bf16 floor (2 M K N at "
+          f"{chip.peak_bf16_flops_per_s / 1e12:.0f} TFLOP/s)")
+    for m in a.m:
+        floor = 2 * m * k * n / chip.peak_bf16_flops_per_s * chip.clock_hz
+        sds = jax.ShapeDtypeStruct
+        rows = []
+        r = measure(dot, (sds((m, k), jnp.bfloat16), sds((k, n), jnp.bfloat16)), a.target, root / f"dot-m{m}")
+        fusion = [o for o in r["op_rows"] or [] if o["opcode"] == "fusion" and o["compute"] > 0]
+        rows.append(("XLA bf16 dot (the fusion)", max((o["cycles"] for o in fusion), default=None), r))
+        setup = fp8_matmul.bench(None, chip, m=m)
+        r = measure(setup.kernel, setup.args, a.target, root / f"fp8-m{m}")
+        rows.append((f"fp8_matmul, fp8 mode ({setup.blocks})", r["corrected"], r))
+        for label, cycles, r in rows:
+            shown = f"{cycles / 1e3:.1f}k  {cycles / floor:.3f}x" if cycles else f"{r['status']} {r['error'] or ''}"
+            print(f"  M {m:<5} {label:<58} {shown}", flush=True)
+    print(f"run directories: {root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
