@@ -100,6 +100,7 @@ def test_offloaded_layer_inputs_are_timed_on_the_host_link(tmp_path, newest_leg)
     """`--remat offload` sends each layer's input to pinned host memory and reads it back for the
     backward pass: the compiled step's transfers are found, their bytes are the layer inputs', and
     their time on v6e's host link is split into what the compute beside them hides and the rest."""
+    from tpudiag.analyze.compile.estimate import TIMED_HOST
     from tpudiag.analyze.compile.host_transfers import host_time, host_transfers, offload_bytes
     from tpudiag.analyze.hlo.loops import loop_runs
     from tpudiag.parse.hlo import read_hlo_file
@@ -114,13 +115,14 @@ def test_offloaded_layer_inputs_are_timed_on_the_host_link(tmp_path, newest_leg)
     assert len(moved) == 1 and "on the host link at 32 GB/s each way per device" in moved[0], doc["findings"]
     b = doc["breakdown"]
     assert doc["step_s"] == pytest.approx(b["compute_s"] + b["hbm_s"] + b["collective_s"] + b["host_s"])
-    assert not any("host memory" in x for x in doc["leaves_out"])
+    assert [x for x in doc["leaves_out"] if "host memory" in x] == [TIMED_HOST]
     # the same transfers, read back from the run's HLO: each layer's input comes back once; what goes out
-    # is whole layer inputs (at two layers the compiler also copies the last one out apart)
+    # is whole layer inputs (at two layers the compiler writes the last one into the host buffer and also
+    # copies it out apart, both from HBM)
     hlo = read_hlo_file(next((run / "modules").glob("*/optimized.hlo.txt")))
     transfers = host_transfers(hlo, loop_runs(hlo).runs)
     out, back = offload_bytes(transfers)
-    assert back == 2 * layer_input and out % layer_input == 0 and out >= back
+    assert back == 2 * layer_input and out in (2 * layer_input, 3 * layer_input)
     assert f"{(out + back) / 1e9:.3g} GB per step per device" in moved[0]
     assert all(t.done is not None for t in transfers)  # asynchronous: each has its done
     # transfers grouped in one window share the link: between one direction's bytes and both
@@ -133,7 +135,7 @@ def test_offloaded_layer_inputs_are_timed_on_the_host_link(tmp_path, newest_leg)
     # a link far slower than the compute leaves almost all of it exposed; a link with no cost, none
     slow = host_time(hlo, transfers, ops, 1e3)
     assert slow.exposed_s > 0.99 * slow.link_s > 0
-    assert host_time(hlo, transfers, ops, 1e18).exposed_s == 0
+    assert host_time(hlo, transfers, ops, 1e18).exposed_s == pytest.approx(0, abs=1e-9)
 
 
 def test_a_config_too_big_for_hbm_is_a_finding_not_a_crash(tmp_path, newest_leg):

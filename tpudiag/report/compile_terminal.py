@@ -126,9 +126,8 @@ def render_compile_terminal(report, console: Console, top: int = 10, modules: in
 @renders("tpudiag.targets", "terminal")
 def render_targets_terminal(doc: dict, console: Console) -> None:
     """The tpudiag.targets/1 document: one row per TPU generation."""
-    table = Table(title="TPU targets (per chip: bf16 peak, HBM, ridge point, ICI, host link each way, clock)",
-                  title_justify="left",
-                  show_edge=False)
+    title = "TPU targets (per chip: bf16 peak, HBM, ridge point, ICI, host link each way, clock)"
+    table = Table(title=title, title_justify="left", show_edge=False)
     cols = [("target", "name"), ("topology", "default_topology"), ("TFLOP/s", "peak_bf16_flops_per_s"),
             ("HBM GiB", "hbm_bytes"), ("HBM GB/s", "hbm_bytes_per_s"), ("FLOP/B", "ridge_flops_per_byte"),
             ("ICI GB/s", "ici_bytes_per_s"), ("host GB/s", "host_link_bytes_per_s"), ("GHz", "clock_hz")]

@@ -55,6 +55,8 @@ LEAVES_OUT = (
     "the static cost model's known gaps (docs/compile.md, TPU notes): HBM-bound ops are taken at their "
     "roofline floor, fused kernels are not re-timed",
 )
+TIMED_HOST = ("transfers to and from host memory at the host link's rate: no latency or DMA setup, a host "
+              "that moves them slower, or link time of transfers in a loop inside another transfer's window")
 UNTIMED_HOST = ("transfers to and from host memory (activation offload) on a chip the table gives no host-link "
                 "bandwidth for: their bytes are a finding, not timed")
 
@@ -79,7 +81,8 @@ def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[st
     base = dict(schema=SCHEMA, program=program, argv=tuple(argv), target=t.to_dict(), mesh=mesh,
                 libtpu_init_args=libtpu_init_args or None, tokens=tokens,
                 model_flops=flops[0] if flops else None, model_flops_detail=flops[1] if flops else None,
-                leaves_out=LEAVES_OUT + (() if _host_link(t.chip) else (UNTIMED_HOST,)), artifacts=artifacts,
+                leaves_out=LEAVES_OUT + ((TIMED_HOST,) if host is not None else () if _host_link(t.chip) else
+                                        (UNTIMED_HOST,)), artifacts=artifacts,
                 peak_buffers=tuple(PeakBuffer(**b) for b in peak_buffers))
     if m is None or not m.ok or m.totals is None or m.estimated_s is None:
         memory = m.memory if m is not None else {}

@@ -4,7 +4,7 @@ add to it.
 XLA's host-offload passes write an offloaded activation into a pinned-host buffer (`S(5)` in a TPU
 layout) with an asynchronous dynamic-update-slice or copy, and read it back with an asynchronous
 dynamic-slice or copy: a start and a done in the scheduled computation, the ops between them free to
-run. The model (docs/estimate.md#host-transfers):
+run. The model (docs/estimate.md#activation-offload-host-transfers):
 
 - the link between a chip and its host carries each direction at the chip table's
   `host_link_bytes_per_s` (full duplex), shared by the chip's devices;
@@ -12,6 +12,12 @@ run. The model (docs/estimate.md#host-transfers):
   takes the longer direction's bytes over it;
 - what the compute scheduled inside the group's window does not cover is exposed, once per run of
   the computation (loop trip counts). A start without a done is exposed whole.
+
+A transfer moves bytes across the link only where exactly one side is in host memory: a slice written
+into a host buffer from HBM, a slice read out of one into HBM, a copy between the two (a copy into
+host memory followed by a slice write of that copy into a host buffer crosses once). Left out: the
+link's latency and DMA setup, and the link time of transfers inside a loop or call that sits in
+another transfer's window (each is hidden by its own window's compute only).
 
 Pure: takes the parsed module, its loop runs and the op rows' times; no I/O.
 """
@@ -53,7 +59,8 @@ def _on_host(shape) -> bool:
 
 
 def _transfer(module, i) -> tuple[bool, int] | None:
-    """(to host, bytes) of one async start, or None when it moves nothing between HBM and host."""
+    """(to host, bytes) of one async start that crosses the host link, or None: one that moves nothing
+    between HBM and host memory, or moves it within one of them."""
     if i.opcode not in _STARTS or not i.operands:
         return None
     try:
@@ -63,15 +70,14 @@ def _transfer(module, i) -> tuple[bool, int] | None:
         return None
     parts = shape.tuple_shapes if shape.is_tuple else ()
     if i.opcode == "dynamic-update-slice-start" and src_host and len(i.operands) > 1:
-        return True, module.operand(i, 1).parsed_shape.bytes  # the update, written into the host buffer
+        update = module.operand(i, 1).parsed_shape  # written into the host buffer
+        return None if _on_host(update) else (True, update.bytes)
     if i.opcode == "dynamic-slice-start" and src_host and len(parts) > 1:
-        return False, parts[1].bytes  # ((operand, indices...), slice, context)
+        return None if _on_host(parts[1]) else (False, parts[1].bytes)  # ((operand, indices...), slice, context)
     if i.opcode == "copy-start":
         out = shape.leaves()
-        if out and src_host:
-            return False, out[0].bytes
-        if out and out[0].memory_space == HOST:
-            return True, out[0].bytes
+        if out and src_host != (out[0].memory_space == HOST):
+            return (not src_host), out[0].bytes
     return None
 
 
@@ -81,14 +87,12 @@ def host_transfers(module, runs: dict[str, int]) -> list[Transfer]:
     out = []
     for c in module.executed_computations:
         instrs = module.computations[c].instructions
+        dones = {d.operands[0]: d.name for d in instrs if d.operands and d.opcode.endswith("-done")}
         for i in instrs:
             got = _transfer(module, i)
-            if got is None:
-                continue
-            done = next((d.name for d in instrs if d.operands and d.operands[0] == i.name
-                         and (d.opcode.endswith("-done") or d.opcode == "async-done")), None)
-            out.append(Transfer(computation=c, start=i.name, done=done, to_host=got[0], bytes=got[1],
-                                runs=runs.get(c, 1)))
+            if got is not None:
+                out.append(Transfer(computation=c, start=i.name, done=dones.get(i.name), to_host=got[0],
+                                    bytes=got[1], runs=runs.get(c, 1)))
     return out
 
 
@@ -101,7 +105,7 @@ def offload_bytes(transfers: list[Transfer]) -> tuple[int, int]:
 _NESTED = frozenset({"while", "conditional", "call"})
 
 
-def _window_time(module, names: list[str], lo: int, hi: int, times: dict[str, float],
+def _window_time(module, comp: str, names: list[str], lo: int, hi: int, times: dict[str, float],
                  comp_total: dict[str, float], runs: int) -> float:
     """Estimated seconds of the ops scheduled strictly between positions lo and hi of one run of a
     computation: each op's own time, and for a loop, branch or call its computations' whole time
@@ -109,7 +113,7 @@ def _window_time(module, names: list[str], lo: int, hi: int, times: dict[str, fl
     total = 0.0
     for n in names[lo + 1:hi]:
         total += times.get(n, 0.0)
-        instr = module.instruction(n)
+        instr = module.instruction(n, comp)
         if instr is not None and instr.opcode in _NESTED and instr.called:
             inner = {i.computation for i in module.walk(instr.called, into=_NESTED)}
             total += sum(comp_total.get(c, 0.0) for c in inner) / max(runs, 1)
@@ -144,7 +148,7 @@ def host_time(module, transfers: list[Transfer], ops, bytes_per_s: float) -> Hos
             need = max(sum(t.bytes for t in members if t.to_host),
                        sum(t.bytes for t in members if not t.to_host)) / bytes_per_s
             n = members[0].runs
-            between = _window_time(module, names, lo, hi, times, comp_total, n)
+            between = _window_time(module, comp, names, lo, hi, times, comp_total, n)
             link += need * n
             exposed += max(0.0, need - between) * n
     out, back = offload_bytes(transfers)
