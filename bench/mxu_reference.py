@@ -8,6 +8,10 @@ bf16 peak, which is v5e's e4m3 rate). The dot's row is the fusion alone: the wei
 in front of it is not part of the matmul.
 
     python bench/mxu_reference.py --target v5e [--m 256 512] [--out DIR]
+    python bench/mxu_reference.py --target tpu7x:2x2x1 --square     # the clock check below
+
+`--square` profiles XLA's 4096³ bf16 dot on one device instead: its static cycles against the peak
+at the chip table's clock, the check behind each chip's derived `clock_hz` (docs/targets.md).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="v5e")
     ap.add_argument("--m", type=int, nargs="+", default=[256, 512])
+    ap.add_argument("--square", action="store_true", help="a 4096^3 bf16 dot only: static cycles against the peak")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
 
@@ -28,20 +33,33 @@ def main() -> int:
     from sweep_common import measure, run_root
 
     from tpudiag.kernels import fp8_matmul
-    from tpudiag.targets import CHIPS
 
-    chip = CHIPS[a.target.split(":")[0].split("-")[0]]
+    from tpudiag.targets import resolve_target
+
+    target = resolve_target(a.target)
+    chip = target.chip
     k, n = fp8_matmul.PROD["k"], fp8_matmul.PROD["n"]
     root = run_root(a.out, "mxu-reference")
+    sds = jax.ShapeDtypeStruct
 
     def dot(x, w):
         return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+
+    if a.square:
+        s = 4096
+        r = measure(dot, (sds((s, s), jnp.bfloat16), sds((s, s), jnp.bfloat16)), a.target, root / "square")
+        per_device = chip.peak_bf16_flops_per_s * target.chips / target.devices
+        floor = 2 * s ** 3 / per_device * chip.clock_hz
+        static = max((o["static"] or 0 for o in r["op_rows"] or []), default=0)
+        shown = f"{static:,} cycles, {floor / static:.1%} of the peak" if static else f"{r['status']} {r['error']}"
+        print(f"{a.target}: XLA's 4096^3 bf16 dot on one device, loops stepped through: {shown} "
+              f"(the peak: {floor:,.0f} cycles at {chip.clock_hz / 1e9:.2f} GHz)")
+        return 0
 
     print(f"{a.target}: K {k} N {n}; cycles, and against the bf16 floor (2 M K N at "
           f"{chip.peak_bf16_flops_per_s / 1e12:.0f} TFLOP/s)")
     for m in a.m:
         floor = 2 * m * k * n / chip.peak_bf16_flops_per_s * chip.clock_hz
-        sds = jax.ShapeDtypeStruct
         rows = []
         r = measure(dot, (sds((m, k), jnp.bfloat16), sds((k, n), jnp.bfloat16)), a.target, root / f"dot-m{m}")
         fusion = [o for o in r["op_rows"] or [] if o["opcode"] == "fusion" and o["compute"] > 0]

@@ -271,10 +271,11 @@ CHIPS: dict[str, Chip] = {
         # Same table: "Number of TensorCores per chip 2". The page: "the Ironwood programming model
         # lets you access two TPU devices" (no megacore): libtpu 0.0.50's tpu7x:4x4x4 has 128 devices.
         tensorcores_per_chip=2,
-        # Not published; derived as for v6e, 2 cores x 4 x 256x256 MXU-equivalents -> 2.2 GHz.
-        # Unconfirmed: JAX's tpu_info.py says 2 MXUs of 256 columns per core (4.4 GHz), and libtpu
-        # 0.0.50's static profile of a 4096^3 bf16 matmul on one device takes 868,698 cycles, 30% of
-        # the peak at 2.2 GHz (v5e/v5p/v6e: 94-97%). Static cycles on TPU7x are not read against the peak.
+        # Not published; derived as for v6e, 2 cores x 4 x 256x256 MXU-equivalents -> 2.2 GHz. libtpu
+        # 0.0.50's static profile of a 4096^3 bf16 matmul on one device, its loops stepped through, takes
+        # 280,908 cycles: 93% of the peak at 2.2 GHz (v5e/v5p/v6e: 94-97%). Fast-forwarded loops read
+        # 868,698 (30%), as they inflate v6e's (654,563 against 279,025). JAX's tpu_info.py says 2 MXUs
+        # of 256 columns per core, which would need 4.4 GHz.
         clock_hz=round(_clock(2307e12, 2, 4, 256), -7),
         default_topology="tpu7x:2x2x1",  # 4 chips, 8 devices (libtpu 0.0.50)
         devices_per_chip=2,

@@ -109,9 +109,10 @@ def _lower_in_worker(path: Path, func: str, argv: list[str], target, mesh, out_d
     return f"{path}:{func}: lowering failed (exit {code})" + (f": {said[:300]}" if said else "")
 
 
-# Chips whose static cycle model was checked against the bf16 peak (a 4096^3 matmul at 94-97%:
-# targets.py); v4 has no static profile, TPU7x's cycles are not read against the peak.
-PROBED_CHIPS = ("v5e", "v5p", "v6e")
+# Chips whose static cycle model was checked against the bf16 peak (a 4096^3 matmul, loops stepped
+# through: 94-97% on v5e, v5p and v6e, 93% on TPU7x at its derived clock: targets.py); v4 has no
+# static profile.
+PROBED_CHIPS = ("v5e", "v5p", "v6e", "tpu7x")
 PROBES_MAX = 16
 # Seconds all probes of a step may take (wall), and CPU seconds one probe's static profile may take:
 # a probe is one matmul, most profile in seconds; a few (a weight gradient as a windowed
