@@ -34,9 +34,13 @@ def main() -> int:
 
     from tpudiag.kernels import fp8_matmul
 
-    from tpudiag.targets import resolve_target
+    from tpudiag.targets import TargetError, resolve_target
 
-    target = resolve_target(a.target)
+    try:
+        target = resolve_target(a.target)
+    except TargetError as e:
+        print(f"mxu_reference: {e}", file=sys.stderr)
+        return 2
     chip = target.chip
     k, n = fp8_matmul.PROD["k"], fp8_matmul.PROD["n"]
     root = run_root(a.out, "mxu-reference")
