@@ -30,16 +30,12 @@ def main() -> int:
 
     import jax
     import jax.numpy as jnp
-    from sweep_common import measure, run_root
+    from sweep_common import measure, run_root, target_or_none
 
     from tpudiag.kernels import fp8_matmul
 
-    from tpudiag.targets import TargetError, resolve_target
-
-    try:
-        target = resolve_target(a.target)
-    except TargetError as e:
-        print(f"mxu_reference: {e}", file=sys.stderr)
+    target = target_or_none(a.target, "mxu_reference")
+    if target is None:
         return 2
     chip = target.chip
     k, n = fp8_matmul.PROD["k"], fp8_matmul.PROD["n"]

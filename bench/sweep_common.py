@@ -196,6 +196,21 @@ def add_sweep_args(ap, *, static_timeout: float = STATIC_TIMEOUT_S, timeout_help
     ap.add_argument("--out", default=out, help=out_help)
 
 
+def target_or_none(text: str, prog: str):
+    """The `Target` a bench's --target names, or None after one line on stderr saying why not (the
+    caller exits 2)."""
+    import sys
+
+    from tpudiag.errors import InputError
+    from tpudiag.targets import resolve_target
+
+    try:
+        return resolve_target(text)
+    except InputError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return None
+
+
 def run_root(out, prefix: str) -> Path:
     """out, or a fresh temporary folder named prefix...; created."""
     path = Path(out) if out else Path(tempfile.mkdtemp(prefix=prefix))

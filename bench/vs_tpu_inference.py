@@ -209,15 +209,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=400.0)
     args = parser.parse_args()
 
-    from sweep_common import bench_specs
+    from sweep_common import bench_specs, target_or_none
 
-    from tpudiag.errors import InputError
-    from tpudiag.targets import resolve_target
-
-    try:
-        target = resolve_target(args.target)
-    except InputError as e:
-        print(f"vs_tpu_inference: {e}", file=sys.stderr)
+    target = target_or_none(args.target, "vs_tpu_inference")
+    if target is None:
         return 2
     generation = int("".join(c for c in target.chip.name if c.isdigit()))
     try:

@@ -42,10 +42,9 @@ class Transfer:
 
 @dataclass(frozen=True)
 class HostTime:
-    """A step's host transfers, per device: bytes each way, link time and the part compute hides."""
+    """A step's host transfers, per device: their link time and the part compute hides (their bytes:
+    `offload_bytes`)."""
 
-    to_host_bytes: int
-    from_host_bytes: int
     link_s: float  # every group's time on the link (its longer direction), x runs
     exposed_s: float  # what the compute between starts and dones does not cover, x runs
 
@@ -151,5 +150,4 @@ def host_time(module, transfers: list[Transfer], ops, bytes_per_s: float) -> Hos
             between = _window_time(module, comp, names, lo, hi, times, comp_total, n)
             link += need * n
             exposed += max(0.0, need - between) * n
-    out, back = offload_bytes(transfers)
-    return HostTime(to_host_bytes=out, from_host_bytes=back, link_s=link, exposed_s=exposed)
+    return HostTime(link_s=link, exposed_s=exposed)
