@@ -55,9 +55,9 @@ def lowered(tmp_path_factory):
     out = tmp_path_factory.mktemp("lowered")
     inputs, calls = [], {}
     # Default blocks; a prefill chunk for the quantized matmuls, in M blocks of 512 (the 8-bit ones
-    # with x quantized once per M block), fp8 at M 256 in v5e's blocks (x quantized once); int4 at
-    # one row (x's int8 digits on the int8 MXU path); the fused MoE at Qwen3-235B-A22B's D 4096 (its
-    # default blocks hold all of D).
+    # with x quantized once per M block), fp8 at M 256 in v5e's blocks (x quantized once, in chunks of
+    # K as its first N block multiplies); int4 at one row (x's int8 digits on the int8 MXU path); the
+    # fused MoE at Qwen3-235B-A22B's D 4096 (its default blocks hold all of D).
     prefill = {"w8a8_matmul@m2048": w8a8_matmul.bench(m=2048), "fp8_matmul@m2048": fp8_matmul.bench(m=2048),
                "fp8_matmul@v5e-m256": fp8_matmul.bench(fp8_matmul.V5E_FP8_BLOCKS, m=256),
                "int4_matmul@m2048": int4_matmul.bench(m=2048), "int4_matmul@m1": int4_matmul.bench(m=1),

@@ -36,7 +36,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, check_matmul_operands
-from tpudiag.kernels.w8a8_matmul import (PREFILL_M, BlockSizes, default_blocks, quantized_x_call,
+from tpudiag.kernels.w8a8_matmul import (PREFILL_M, BlockSizes, default_blocks, quantized_x_call, row_scales,
                                          several_m_blocks, whole_k_call)
 
 # Production shape: Llama 3 8B's MLP up/gate projection (K 4096 -> N 14336), as the other quantized
@@ -48,14 +48,16 @@ MODES = ("fp8", "bf16")
 
 
 DEFAULT_BLOCKS = BlockSizes()
-# The fp8 mode on v5e below a prefill chunk: x quantized once (one chain of N blocks), N blocks of 896
-# (even blocks of Llama 3 8B's N 14336 and of 70B's 3584 at tensor parallelism 8). 8B's up projection
-# at M 256: 248.2k cycles, against 293.8k with the default blocks (x quantized again at each of the 7
-# N blocks; 512 / 1024 / 2048 with one chain: 247.4k / 249.0k / 257.1k); at M 512 487.5k against
-# 493.7k; 70B's at M 64 58.8k against 77.3k. On v6e libtpu's static profile aborts on the fp8 kernel
-# in either form (LLO type checks), so its figures there are floors and cannot tell the blocks apart:
-# only v5e, where it was measured, takes these. Measured with every loop stepped through: with
-# fast-forwarded loops (suggest's static profile) the chained grid reads 243k at M 64, not 112.0k.
+# The fp8 mode on v5e below a prefill chunk: x quantized once (one chain of N blocks, its first block
+# quantizing in chunks of K as it multiplies: w8a8_matmul.QUANT_CHUNKS), N blocks of 896 (even blocks
+# of Llama 3 8B's N 14336 and of 70B's 3584 at tensor parallelism 8). 8B's up projection at M 256:
+# 244.1k cycles (248.2k with x quantized whole first), against 293.8k with the default blocks (x
+# quantized again at each of the 7 N blocks); N blocks of 512 243.4k, 1792 about 250k; at M 512
+# 479.7k (512: 483.0k); 70B's at M 64 57.7k against 77.3k. On v6e libtpu's static profile aborts on
+# the fp8 kernel in either form (LLO type checks), so its figures there are floors and cannot tell
+# the blocks apart: only v5e, where it was measured, takes these. Measured with every loop stepped
+# through: with fast-forwarded loops (suggest's static profile) the chained grid reads 243k at M 64,
+# not 112.0k.
 V5E_FP8_BLOCKS = BlockSizes(block_m=256, block_n=896, x_chains=1)
 
 
@@ -67,13 +69,12 @@ def _check(x, w, w_scale, activations):
         raise ValueError(f"activations must be one of {MODES}, got {activations!r}")
 
 
-def quantize_rows_fp8(x):
+def quantize_rows_fp8(x, scale=None):
     """Per-row symmetric e4m3 quantization in f32: (xq float8_e4m3fn, scale f32 [rows, 1]). A row of
-    zeros gets scale 1; values are clipped to +-448 before the convert (e4m3fn has no infinity)."""
-    xf = x.astype(jnp.float32)
-    amax = jnp.max(jnp.abs(xf), axis=-1, keepdims=True)
-    scale = jnp.where(amax > 0, amax / _FMAX, 1.0)
-    xq = jnp.clip(xf / scale, -_FMAX, _FMAX).astype(FP8)
+    zeros gets scale 1; values are clipped to +-448 before the convert (e4m3fn has no infinity).
+    `scale` given (`row_scales(rows, 448)` of whole rows) quantizes a slice of columns of them."""
+    scale = row_scales(x, _FMAX) if scale is None else scale
+    xq = jnp.clip(x.astype(jnp.float32) / scale, -_FMAX, _FMAX).astype(FP8)
     return xq, scale
 
 
@@ -107,7 +108,7 @@ def fp8_matmul(x, w, w_scale, *, activations: str = "fp8", block_sizes: BlockSiz
     bs = block_sizes or blocks_for(x.shape[0], None, activations)
     name = f"tpudiag_fp8_matmul_{activations}"
     if activations == "fp8":
-        return quantized_x_call(quantize_rows_fp8, FP8, jnp.float32, x, w, w_scale, bs, name=name,
+        return quantized_x_call(quantize_rows_fp8, _FMAX, FP8, jnp.float32, x, w, w_scale, bs, name=name,
                                 interpret=interpret)
 
     def scratch(bm, bn, k):  # the upcast weight tile, the f32 accumulator and its scaled copy
@@ -186,6 +187,8 @@ def cases() -> list[Case]:
     chained = dict(block_sizes=BlockSizes(block_m=64, block_n=128, x_chains=2), activations="fp8")
     out.append(Case("fp8: one M block, x quantized once a chain, bf16", _make(40, 256, 512, jnp.bfloat16), chained,
                     "bfloat16"))
+    out.append(Case("fp8: one M block, x quantized in chunks of K, outlier channels bf16",
+                    _make(40, 2048, 512, jnp.bfloat16, outlier=True), chained, "bfloat16"))
     return out
 
 

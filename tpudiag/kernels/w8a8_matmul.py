@@ -82,42 +82,74 @@ def _check_shapes(x, w, w_scale):
         raise ValueError(f"w_scale must be [N={w.shape[1]}], got {w_scale.shape}")
 
 
-def quantize_rows(x):
-    """Per-row symmetric int8 quantization in f32: (xq int8, scale f32 [rows, 1]). A row of zeros
-    gets scale 1 (its xq is 0 either way), so nothing divides by zero."""
-    xf = x.astype(jnp.float32)
-    amax = jnp.max(jnp.abs(xf), axis=-1, keepdims=True)
-    scale = jnp.where(amax > 0, amax / _QMAX, 1.0)
-    xq = jnp.clip(jnp.round(xf / scale), -_QMAX, _QMAX).astype(jnp.int8)
+def row_scales(x, qmax: float):
+    """Each row's symmetric scale in f32 [rows, 1]: max |x| / qmax, and 1 for a row of zeros (its
+    quantized values are 0 either way, so nothing divides by zero)."""
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+    return jnp.where(amax > 0, amax / qmax, 1.0)
+
+
+def quantize_rows(x, scale=None):
+    """Per-row symmetric int8 quantization in f32: (xq int8, scale f32 [rows, 1]). `scale` given
+    (`row_scales(rows, 127)` of whole rows) quantizes a slice of columns of those rows."""
+    scale = row_scales(x, _QMAX) if scale is None else scale
+    xq = jnp.clip(jnp.round(x.astype(jnp.float32) / scale), -_QMAX, _QMAX).astype(jnp.int8)
     return xq, scale
 
 
-def quantizing_kernel(quantize, acc_dtype, *, cached: bool):
+# Below a prefill chunk (M < PREFILL_M), where x is quantized once for a chain of N blocks
+# (`x_chains`), the chain's first block quantizes it in this many chunks of K (where K splits into
+# multiples of 128) and multiplies each as it is made, so the MXU starts on the first chunk while
+# the VPU quantizes the next. On v5e, fp8 at M256 K4096 N14336 in N blocks of 896: 248.2k cycles
+# with x quantized whole first, 244.1k in 16 chunks (244.3k in 8); at M512 in two M blocks of 256,
+# 487.5k -> 479.7k. A prefill chunk quantizes each block whole: its N blocks hide the quantization
+# already (w8a8 at M 8192 is at its floor on v5e and v6e), and the chunked step's code took that
+# kernel's static profile on v5e past tpudiag's 8 GiB limit.
+QUANT_CHUNKS = 16
+
+
+def quantizing_kernel(quantize, qmax: float, acc_dtype, *, cached: bool, k_chunks: int = 1):
     """The 8-bit matmuls' kernel with x quantized in VMEM: quantize the block's rows (`quantize`:
-    rows -> (quantized, scale [rows, 1] f32)), one matmul over the whole K into `acc_dtype`, both
-    scales on the result. `cached` (the N blocks run in sequence: several M blocks, or chains of N
-    blocks, `x_chains`): the rows are quantized once, at the first N block of the sequence, into VMEM
-    scratch and reused by the others: quantizing is VPU work on every element of x, otherwise done
-    once per N block (at M8192 K4096 N14336, 7 times)."""
-    def finish(xq, sx, w_ref, s_ref, o_ref):
-        acc = jnp.dot(xq, w_ref[...], preferred_element_type=acc_dtype)
+    (rows, scale) -> (quantized, scale), the scale `row_scales(rows, qmax)`), one matmul over the
+    whole K into `acc_dtype`, both scales on the result. `cached` (the N blocks run in sequence:
+    several M blocks, or chains of N blocks, `x_chains`): the rows are quantized once, at the first N
+    block of the sequence, into VMEM scratch and reused by the others: quantizing is VPU work on
+    every element of x, otherwise done once per N block (at M8192 K4096 N14336, 7 times). With
+    `k_chunks` > 1 that first block quantizes in that many chunks of K (each a multiple of 128, else
+    whole), each multiplied as it is made."""
+    def finish(acc, sx, s_ref, o_ref):
         o_ref[...] = (acc.astype(jnp.float32) * sx * s_ref[...]).astype(o_ref.dtype)
 
     def kernel(x_ref, w_ref, s_ref, o_ref):
-        finish(*quantize(x_ref[...]), w_ref, s_ref, o_ref)
+        xq, sx = quantize(x_ref[...], row_scales(x_ref[...], qmax))
+        finish(jnp.dot(xq, w_ref[...], preferred_element_type=acc_dtype), sx, s_ref, o_ref)
 
     def cached_kernel(x_ref, w_ref, s_ref, o_ref, xq_ref, sx_ref):
-        @pl.when(pl.program_id(1) == 0)
-        def _():
-            xq_ref[...], sx_ref[...] = quantize(x_ref[...])
+        first = pl.program_id(1) == 0
 
-        finish(xq_ref[...], sx_ref[...], w_ref, s_ref, o_ref)
+        @pl.when(first)
+        def _():
+            sx = row_scales(x_ref[...], qmax)
+            sx_ref[...] = sx
+            k = x_ref.shape[1]
+            step = k // k_chunks if k % (k_chunks * 128) == 0 else k
+            acc = None
+            for c in range(0, k, step):
+                xq, _ = quantize(x_ref[:, c:c + step], sx)
+                xq_ref[:, c:c + step] = xq
+                part = jnp.dot(xq, w_ref[c:c + step, :], preferred_element_type=acc_dtype)
+                acc = part if acc is None else acc + part
+            finish(acc, sx, s_ref, o_ref)
+
+        @pl.when(jnp.logical_not(first))
+        def _():
+            finish(jnp.dot(xq_ref[...], w_ref[...], preferred_element_type=acc_dtype), sx_ref[...], s_ref, o_ref)
 
     return cached_kernel if cached else kernel
 
 
-def quantized_x_call(quantize, quant_dtype, acc_dtype, x, w, w_scale, bs: BlockSizes, *, name: str,
-                     interpret: bool):
+def quantized_x_call(quantize, qmax: float, quant_dtype, acc_dtype, x, w, w_scale, bs: BlockSizes, *,
+                     name: str, interpret: bool):
     """x quantized per token in VMEM (`quantize`, to `quant_dtype`) @ an 8-bit w [K, N] * w_scale [N]:
     `whole_k_call` of a `quantizing_kernel`, cached across N wherever N's blocks run in sequence
     (`x_chains`): x spans several M blocks (M kept parallel for megacore chips), or one M block and
@@ -129,7 +161,9 @@ def quantized_x_call(quantize, quant_dtype, acc_dtype, x, w, w_scale, bs: BlockS
         return block_bytes((bm, k), 4) + 2 * block_bytes((bm, k), 1) + block_bytes((bm, 1), 4) + \
             2 * block_bytes((bm, bn), 4)
 
-    return whole_k_call(quantizing_kernel(quantize, acc_dtype, cached=chains > 0), x, w, w_scale, bs,
+    k_chunks = QUANT_CHUNKS if chains and x.shape[0] < PREFILL_M else 1
+    kernel = quantizing_kernel(quantize, qmax, acc_dtype, cached=chains > 0, k_chunks=k_chunks)
+    return whole_k_call(kernel, x, w, w_scale, bs,
                         scratch=scratch, name=name, interpret=interpret, chains=chains,
                         scratch_shapes=_x_cache(quant_dtype) if chains else None)
 
@@ -218,7 +252,7 @@ def w8a8_matmul(x, w, w_scale, *, block_sizes: BlockSizes | None = None, interpr
     x's dtype. Any M and N; K is one block."""
     _check_shapes(x, w, w_scale)
 
-    return quantized_x_call(quantize_rows, jnp.int8, jnp.int32, x, w, w_scale,
+    return quantized_x_call(quantize_rows, _QMAX, jnp.int8, jnp.int32, x, w, w_scale,
                             block_sizes or default_blocks(x.shape[0]), name="tpudiag_w8a8_matmul",
                             interpret=interpret)
 
@@ -270,6 +304,11 @@ def cases() -> list[Case]:
         Case("ragged M N bf16", _make(50, 256, 300, jnp.bfloat16), bs, "bfloat16"),
         Case("decode M=8, a zero row, bf16", _make(8, 512, 384, jnp.bfloat16, zero_row=True), bs, "bfloat16"),
         Case("outlier channels bf16", _make(64, 512, 256, jnp.bfloat16, outlier=True), bs, "bfloat16"),
+        # one M block in two chains of N blocks: K in QUANT_CHUNKS chunks of 128 at each chain's first
+        # block, each row's scale from its whole row, the outliers in some chunks only
+        Case("one M block, x quantized in chunks of K, outlier channels f32",
+             _make(50, 2048, 512, jnp.float32, outlier=True),
+             dict(block_sizes=BlockSizes(block_m=64, block_n=128, x_chains=2)), "float32"),
     ]
 
 
