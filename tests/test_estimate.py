@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -102,6 +103,9 @@ def test_offloaded_layer_inputs_are_timed_on_the_host_link(tmp_path, newest_leg)
     their time on v6e's host link is split into what the compute beside them hides and the rest."""
     from tpudiag.analyze.compile.estimate import TIMED_HOST
     from tpudiag.analyze.compile.host_transfers import host_time, host_transfers, offload_bytes
+    from tpudiag.analyze.plan import candidate_row
+    from tpudiag.report import plan_render
+    from tpudiag.results.estimate import EstimateReport
     from tpudiag.analyze.hlo.loops import loop_runs
     from tpudiag.parse.hlo import read_hlo_file
 
@@ -116,6 +120,10 @@ def test_offloaded_layer_inputs_are_timed_on_the_host_link(tmp_path, newest_leg)
     b = doc["breakdown"]
     assert doc["step_s"] == pytest.approx(b["compute_s"] + b["hbm_s"] + b["collective_s"] + b["host_s"])
     assert [x for x in doc["leaves_out"] if "host memory" in x] == [TIMED_HOST]
+    # a plan's row of this estimate carries its exposed host time, and the plan's table shows it
+    row = replace(candidate_row({"fsdp": 4}, {"remat": "offload"}, EstimateReport.from_dict(doc), "offload"), rank=1)
+    assert row.exposed_host_s == b["host_s"] > 0
+    assert f"{b['host_s'] * 1e3:.3g} ms" in plan_render._cells(row)
     # the same transfers, read back from the run's HLO: each layer's input comes back once; what goes out
     # is whole layer inputs (at two layers the compiler writes the last one into the host buffer and also
     # copies it out apart, both from HBM)

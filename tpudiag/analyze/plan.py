@@ -57,7 +57,7 @@ def candidate_row(mesh: dict[str, int], choice: dict, est: EstimateReport | None
                      peak_hbm_bytes=est.peak_hbm_bytes, hbm_capacity_bytes=est.hbm_capacity_bytes,
                      exposed_collective_s=est.breakdown.collective_s if est.breakdown else None,
                      top_op=f"{top.name} ({top.bound_by}, {top.share:.0%})" if top else None, estimate_run=run,
-                     rank=None)
+                     rank=None, exposed_host_s=est.breakdown.host_s if est.breakdown else None)
 
 
 def plan_document(program: str, argv: list[str], target_doc: dict, axes: list[str], space: dict[str, list],

@@ -1,6 +1,6 @@
 """Renders a `Plan` (tpudiag.plan/1) for the terminal (rich) and as GitHub Markdown: candidates that
 fit, most tokens/s per device first (mesh, choice, tokens/s, MFU, step, peak HBM, exposed
-collectives, the top op), then those that do not fit with the compiler's figures, then the failed,
+collectives, exposed host transfers, the top op), then those that do not fit with the compiler's figures, then the failed,
 and the estimate command of the winner. It computes nothing: ranks and the winner are the model's."""
 
 from __future__ import annotations
@@ -18,19 +18,24 @@ def _gib(n) -> str:
     return "-" if n is None else f"{n / 2**30:.1f} GiB"
 
 
+def _ms(s) -> str:
+    return "-" if s is None else f"{s * 1e3:.3g} ms"
+
+
 def _cells(c) -> list[str]:
     mesh = ",".join(f"{a}={n}" for a, n in c.mesh.items())
     choice = " ".join(f"{k}={v}" for k, v in c.choice.items()) or "-"
     if c.status == "ok":
         return [str(c.rank), mesh, choice, f"{c.tokens_per_s_per_device:,.0f}",
                 "-" if c.mfu is None else f"{c.mfu:.1%}", f"{c.step_s:.3g} s", _gib(c.peak_hbm_bytes),
-                "-" if c.exposed_collective_s is None else f"{c.exposed_collective_s * 1e3:.3g} ms", c.top_op or "-"]
+                _ms(c.exposed_collective_s), _ms(c.exposed_host_s), c.top_op or "-"]
     what = "does not fit" if c.status == "does_not_fit" else "failed"
     hbm = f"{_gib(c.peak_hbm_bytes)} of {_gib(c.hbm_capacity_bytes)}" if c.status == "does_not_fit" else "-"
-    return ["-", mesh, choice, "-", "-", "-", hbm, "-", f"{what}: {c.reason or ''}"]
+    return ["-", mesh, choice, "-", "-", "-", hbm, "-", "-", f"{what}: {c.reason or ''}"]
 
 
-_COLUMNS = ("rank", "mesh", "choice", "tokens/s/device", "MFU", "step", "peak HBM", "exposed coll.", "top op / why")
+_COLUMNS = ("rank", "mesh", "choice", "tokens/s/device", "MFU", "step", "peak HBM", "exposed coll.", "exposed host",
+            "top op / why")
 
 
 def _summary(plan) -> str:

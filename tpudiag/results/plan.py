@@ -30,6 +30,9 @@ class Candidate(Model):
     top_op: str | None  # the op with the largest share of the step, and what bounds it
     estimate_run: str  # the candidate's estimate run directory, inside the plan's
     rank: int | None  # 1 = most tokens/s per device; None unless it fits
+    # transfers to and from host memory (activation offload) the compute beside them does not hide,
+    # part of step_s; None where not estimated (a plan written before the field reads None)
+    exposed_host_s: float | None = None
 
 
 @dataclass(frozen=True)
