@@ -81,16 +81,19 @@ def main() -> int:
 
 
 def _plain_matmul(m: int, k: int, n: int, blocks):
-    """x e4m3 [M, K] @ w e4m3 [K, N] * scales [1, N] -> bf16 on the fp8 kernel's grid: whole K, N
-    blocks in sequence, no quantization (Mosaic's matmul alone)."""
+    """x e4m3 [M, K] @ w e4m3 [K, N] * scales [1, N] -> bf16 in the fp8 kernel's blocks: whole K, M
+    blocks parallel, N blocks in sequence (the grid of one chain a core, v5e's), no quantization
+    (Mosaic's matmul alone)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    from tpudiag.kernels.tiling import fit_block
+    from tpudiag.kernels.tiling import block_bytes, fit_block, vmem_limit
 
     bm, bn = fit_block(blocks.block_m, m), fit_block(blocks.block_n, n)
+    limit = vmem_limit(block_bytes((bm, k), 1) + block_bytes((k, bn), 1) + block_bytes((1, bn), 4)
+                       + block_bytes((bm, bn), 2), 2 * block_bytes((bm, bn), 4))
 
     def kernel(x_ref, w_ref, s_ref, o_ref):
         acc = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
@@ -103,7 +106,7 @@ def _plain_matmul(m: int, k: int, n: int, blocks):
                       pl.BlockSpec((1, bn), lambda i, j: (0, j))],
             out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
             compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
-                                                 vmem_limit_bytes=100 * 2**20))(x, w, s)
+                                                 vmem_limit_bytes=limit))(x, w, s)
     return call
 
 

@@ -103,11 +103,11 @@ def test_offloaded_layer_inputs_are_timed_on_the_host_link(tmp_path, newest_leg)
     their time on v6e's host link is split into what the compute beside them hides and the rest."""
     from tpudiag.analyze.compile.estimate import TIMED_HOST
     from tpudiag.analyze.compile.host_transfers import host_time, host_transfers, offload_bytes
+    from tpudiag.analyze.hlo.loops import loop_runs
     from tpudiag.analyze.plan import candidate_row
+    from tpudiag.parse.hlo import read_hlo_file
     from tpudiag.report import plan_render
     from tpudiag.results.estimate import EstimateReport
-    from tpudiag.analyze.hlo.loops import loop_runs
-    from tpudiag.parse.hlo import read_hlo_file
 
     run = tmp_path / "offload"
     res = _run("-m", "tpudiag", "estimate", f"{LLAMA}:step", "--target", "v6e:2x2", "--json", "--no-matmul-probes",
@@ -123,7 +123,9 @@ def test_offloaded_layer_inputs_are_timed_on_the_host_link(tmp_path, newest_leg)
     # a plan's row of this estimate carries its exposed host time, and the plan's table shows it
     row = replace(candidate_row({"fsdp": 4}, {"remat": "offload"}, EstimateReport.from_dict(doc), "offload"), rank=1)
     assert row.exposed_host_s == b["host_s"] > 0
-    assert f"{b['host_s'] * 1e3:.3g} ms" in plan_render._cells(row)
+    cells = plan_render._cells(row)
+    assert cells[plan_render._COLUMNS.index("exposed host")] == f"{b['host_s'] * 1e3:.3g} ms"
+    assert cells[plan_render._COLUMNS.index("exposed coll.")] == f"{b['collective_s'] * 1e3:.3g} ms"
     # the same transfers, read back from the run's HLO: each layer's input comes back once; what goes out
     # is whole layer inputs (at two layers the compiler writes the last one into the host buffer and also
     # copies it out apart, both from HBM)

@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import PROGRAMS, ROOT
 from tpudiag.analyze.plan import candidate_argv, mesh_shapes
 from tpudiag.api.plan import declared_axes
+from tpudiag.results.plan import Plan
 
 LLAMA = f"{PROGRAMS}/llama_train.py:step"
 
@@ -83,3 +84,7 @@ def test_a_batch_that_fits_is_ranked_above_one_that_does_not(tmp_path, newest_le
     again = subprocess.run([sys.executable, "-m", "tpudiag", "report", "--json", str(run)], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and json.loads(again.stdout) == doc, again.stderr[-2000:]
+    # no activation offload: nothing exposed on the host link; a plan written before the field reads None
+    assert fits["exposed_host_s"] == 0.0 and big["exposed_host_s"] is None
+    older = {**doc, "candidates": [{k: v for k, v in c.items() if k != "exposed_host_s"} for c in doc["candidates"]]}
+    assert [c.exposed_host_s for c in Plan.from_dict(older).candidates] == [None, None]

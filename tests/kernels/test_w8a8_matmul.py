@@ -26,6 +26,17 @@ def test_the_kernel_is_the_plain_jax_w8a8_path_bit_for_bit(dtype):
     assert not np.any(np.asarray(got, np.float32)[35])  # the zero row
 
 
+def test_x_quantized_in_chunks_of_k_is_the_plain_jax_path_bit_for_bit():
+    """One M block in two chains of N blocks at K 2048: each chain's first block quantizes x in
+    QUANT_CHUNKS chunks of 128 columns, each row's scale from its whole row; the int32 sums are exact,
+    so the result is XLA's bit for bit."""
+    x, w, s = _args(50, 2048, 512, jnp.float32)
+    bs = q.BlockSizes(64, 128, x_chains=2)
+    assert q.x_chains(bs, 50, 512) == 2 and 2048 % (q.QUANT_CHUNKS * 128) == 0
+    got = q.w8a8_matmul(x, w, s, block_sizes=bs, interpret=True)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(q.xla_w8a8_matmul(x, w, s)))
+
+
 def test_quantization_is_symmetric_per_row_and_within_int8():
     x = jnp.array([[0.0, 0.0], [1.0, -2.0], [3e-8, 1e-8]], jnp.float32)
     xq, scale = q.quantize_rows(x)

@@ -52,8 +52,9 @@ DEFAULT_BLOCKS = BlockSizes()
 # quantizing in chunks of K as it multiplies: w8a8_matmul.QUANT_CHUNKS), N blocks of 896 (even blocks
 # of Llama 3 8B's N 14336 and of 70B's 3584 at tensor parallelism 8). 8B's up projection at M 256:
 # 244.1k cycles (248.2k with x quantized whole first), against 293.8k with the default blocks (x
-# quantized again at each of the 7 N blocks); N blocks of 512 243.4k, 1792 about 250k; at M 512
-# 479.7k (512: 483.0k); 70B's at M 64 57.7k against 77.3k. On v6e libtpu's static profile aborts on
+# quantized again at each of the 7 N blocks). 896 is kept over 512, which is 0.7k faster at M 256
+# (243.4k) but 3.3k slower at M 512 (483.0k against 479.7k, within 1.05x of the floor only at 896);
+# 1792 takes about 250k at M 256. 70B's at M 64: 57.7k against 77.3k. On v6e libtpu's static profile aborts on
 # the fp8 kernel in either form (LLO type checks), so its figures there are floors and cannot tell
 # the blocks apart: only v5e, where it was measured, takes these. Measured with every loop stepped
 # through: with fast-forwarded loops (suggest's static profile) the chained grid reads 243k at M 64,

@@ -98,8 +98,8 @@ def quantize_rows(x, scale=None):
 
 
 # Below a prefill chunk (M < PREFILL_M), where x is quantized once for a chain of N blocks
-# (`x_chains`), the chain's first block quantizes it in this many chunks of K (where K splits into
-# multiples of 128) and multiplies each as it is made, so the MXU starts on the first chunk while
+# (`x_chains`), the chain's first block quantizes it in this many chunks of K (where K is a multiple
+# of QUANT_CHUNKS x 128; else whole) and multiplies each as it is made, so the MXU starts on the first chunk while
 # the VPU quantizes the next. On v5e, fp8 at M256 K4096 N14336 in N blocks of 896: 248.2k cycles
 # with x quantized whole first, 244.1k in 16 chunks (244.3k in 8); at M512 in two M blocks of 256,
 # 487.5k -> 479.7k. A prefill chunk quantizes each block whole: its N blocks hide the quantization
@@ -157,7 +157,8 @@ def quantized_x_call(quantize, qmax: float, quant_dtype, acc_dtype, x, w, w_scal
     chains = x_chains(bs, x.shape[0], w.shape[1])
 
     def scratch(bm, bn, k):  # x's f32 copy and its quantization (kept, with its scales, where cached),
-        # the accumulator and its f32 copy
+        # the accumulator and its f32 copy (a chunked first block holds one more partial product at
+        # its peak, within vmem_limit's headroom: every chunked row compiled)
         return block_bytes((bm, k), 4) + 2 * block_bytes((bm, k), 1) + block_bytes((bm, 1), 4) + \
             2 * block_bytes((bm, bn), 4)
 
@@ -183,8 +184,9 @@ def x_chains(bs: BlockSizes, m: int, n: int) -> int:
     """How many sequential chains of N blocks a quantizing kernel runs, quantizing x once per chain
     (0: every grid step quantizes its x block). Several M blocks: one chain per M block (M parallel).
     One M block: `bs.x_chains` where the N blocks split evenly into that many. On v5e at M256 K4096
-    N14336 (e4m3, N blocks of 512), one chain took the kernel from 293.8k cycles to 247.4k, two
-    chains to 253.0k (x quantized twice)."""
+    N14336 (e4m3), x quantized at each of the 7 N blocks of 2048 took 293.8k cycles; one chain of
+    N blocks of 512, x quantized whole once, 247.4k; two chains 253.0k (x quantized twice). Both
+    chained figures are from before `QUANT_CHUNKS`."""
     if several_m_blocks(bs, m):
         return 1
     c = bs.x_chains

@@ -1,7 +1,8 @@
 """Renders a `Plan` (tpudiag.plan/1) for the terminal (rich) and as GitHub Markdown: candidates that
 fit, most tokens/s per device first (mesh, choice, tokens/s, MFU, step, peak HBM, exposed
-collectives, exposed host transfers, the top op), then those that do not fit with the compiler's figures, then the failed,
-and the estimate command of the winner. It computes nothing: ranks and the winner are the model's."""
+collectives, exposed host transfers, the top op), then those that do not fit with the compiler's
+figures, then the failed, and the estimate command of the winner. It computes nothing: ranks and the
+winner are the model's."""
 
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ class Candidate(Model):
     estimate_run: str  # the candidate's estimate run directory, inside the plan's
     rank: int | None  # 1 = most tokens/s per device; None unless it fits
     # transfers to and from host memory (activation offload) the compute beside them does not hide,
-    # part of step_s; None where not estimated (a plan written before the field reads None)
+    # part of step_s: 0 where the step makes none or the chip has no host-link figure (the estimate's
+    # leaves_out says which); None where not estimated, and in a plan written before the field
     exposed_host_s: float | None = None
 
 
