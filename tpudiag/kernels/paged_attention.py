@@ -251,8 +251,11 @@ def xla_paged_attention(q, k_pages, v_pages, lengths, page_table, *, sm_scale: f
 # ----------------------------------------------------------------------------- verify cases
 
 def _make(batch, q_heads, kv_heads, head_dim, page_size, pages_per_seq, lengths, dtype, *,
-          q_scale=1.0, spare_pages=3):
+          q_scale=1.0, spare_pages=3, exact_logits=False):
     """Random q/k/v, a shuffled page table into a pool larger than needed, the given lengths.
+    exact_logits: integer q and k in {-1, 0, 1}, so q.k is an integer below 2^24, exact in f32 (with a
+    power-of-two `sm_scale`): the case then tests the online softmax at large logits, not f32's
+    rounding of them.
 
     Page-table entries past each sequence's live pages point far outside the pool: the kernel must
     never DMA them (the TPU interpreter raises on out-of-bounds reads).
@@ -264,6 +267,8 @@ def _make(batch, q_heads, kv_heads, head_dim, page_size, pages_per_seq, lengths,
         total = batch * pages_per_seq + spare_pages
         q = (q_scale * jax.random.normal(kq, (batch, q_heads, head_dim), jnp.float32)).astype(dtype)
         k = jax.random.normal(kk, (kv_heads, total, page_size, head_dim), jnp.float32).astype(dtype)
+        if exact_logits:
+            q, k = jnp.round(q), jnp.round(k).clip(-1, 1)
         v = jax.random.normal(kv, (kv_heads, total, page_size, head_dim), jnp.float32).astype(dtype)
         table = page_table(kp, total, batch, pages_per_seq, lengths, page_size)
         return q, k, v, jnp.asarray(lengths), table
@@ -284,18 +289,21 @@ def cases() -> list[Case]:
         # zero-length sequences are fully masked rows (zeros): first and last sequence of the batch,
         # so the cross-sequence prefetch must skip them at both ends
         Case("zero-length rows f32", _make(*shape, [0, 33, 0], jnp.float32), bs, "float32"),
-        # q scaled by 1e3: logits ~1e3, the online softmax must subtract the running max
-        Case("large logits f32", _make(*shape, [45, 70, 3], jnp.float32, q_scale=1e3), bs, "float32"),
+        # q scaled by 1e3: logits ~1e3, the online softmax must subtract the running max. In f32 they
+        # are exact (integer q.k times sm_scale 1/8); in bf16 they are rounded on both sides alike
+        Case("large logits f32 (exact integers)", _make(*shape, [45, 70, 3], jnp.float32, q_scale=1e3,
+                                                         exact_logits=True), dict(bs, sm_scale=0.125), "float32"),
         Case("large logits bf16", _make(*shape, [64, 29, 80], jnp.bfloat16, q_scale=1e3), bs, "bfloat16"),
     ]
 
 
 TOLERANCES = {
-    "float32": Tolerance(atol=1e-3, rtol=1e-3, reason=(
-        "f32 end to end; ordinary logits agree with float64 to ~1e-6, but the large-logit case has "
-        "scores ~1e3 whose f32 rounding (q.k over D = 128 terms of ~1e3: ~1e-4 absolute) passes "
-        "through exp into near-tied probabilities: over 40 seeds the f32 reference and the kernel "
-        "alike are off float64 by up to 3.5e-4 (one tolerance per dtype must cover both cases)")),
+    "float32": Tolerance(atol=1e-5, rtol=1e-5, reason=(
+        "f32 end to end: the kernel's online softmax over blocks of pages against the reference's one "
+        "max and one sum; over 121 seeds (jax 0.10.2) and 41 (0.12) the worst absolute error against "
+        "float64 was 1.2e-6. The large-logit case's scores are exact (integer q.k times 1/8): with "
+        "rounded scores ~1e3, f32's own rounding of q.k moves the probabilities by up to ~1e-3 on both "
+        "sides alike, which no kernel tolerance should absorb")),
     "bfloat16": Tolerance(atol=2e-2, rtol=2e-2, reason=(
         "the probabilities are rounded to bf16 (8-bit mantissa, 2^-8 ~ 4e-3 relative) before the "
         "P @ V matmul and the output is bf16; sums of up to a few hundred such terms")),
