@@ -97,6 +97,27 @@ def test_compute_bound_matmuls_are_timed_by_the_compilers_cycles_alone(tmp_path,
     assert all(o["cycles_source"] != "matmul_probe" or o["bound_by"] == "static_cycles" for o in ops)
 
 
+def test_grouped_matmuls_are_timed_over_the_row_tiles_they_visit(tmp_path, newest_leg):
+    """JAX's megablox gmm, forward and backward: its grid is sized by the routing at run time, so the
+    estimate counts its MXU work over the row tiles balanced routing visits (8192 rows over 8 experts
+    in tiles of 512: 16 tiles, 7 boundaries inside tiles, 23 visits), not the kernel's useful FLOPs."""
+    run = tmp_path / "gmm"
+    res = _run("-m", "tpudiag", "estimate", f"{PROGRAMS / 'tpu_megablox.py'}:step", "--target", "v5e:2x2", "--json",
+               "--out", str(run))
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    (note,) = [f for f in doc["findings"] if "grouped matmul" in f]
+    assert note.startswith("3 grouped matmul(s)") and "1.44x-1.44x" in note
+    ops = json.loads((run / "report.json").read_text())["modules"][0]["ops"]
+    gmm = [o for o in ops if "23 row-tile visits of 512 rows (16 tiles, 8 groups)" in o["limit"]]
+    assert {o["opcode"] for o in gmm} == {"custom-call"} and len(gmm) == 3
+    peak = doc["target"]["peak_bf16_flops_per_s"]
+    for o in gmm:  # forward, x's gradient (gmm) and the weights' (tgmm): useful FLOPs 2 x 8192 x 4096 x 1792 each
+        assert o["flops"] == 2 * 8192 * 4096 * 1792
+        assert o["bound_by"] == "compute" and o["estimated_s"] == pytest.approx(o["flops"] * 23 / 16 / peak, rel=1e-6)
+    assert doc["breakdown"]["compute_s"] >= sum(o["estimated_s"] * o["runs"] for o in gmm)
+
+
 def test_offloaded_layer_inputs_are_timed_on_the_host_link(tmp_path, newest_leg):
     """`--remat offload` sends each layer's input to pinned host memory and reads it back for the
     backward pass: the compiled step's transfers are found, their bytes are the layer inputs', and

@@ -94,3 +94,6 @@ def test_a_moe_step_with_tokamax_kernels_lowers_for_tpu_on_cpu(tmp_path):
     (hlo,) = (tmp_path / "moe" / "modules").glob("*/optimized.hlo.txt")
     kernels = [line for line in hlo.read_text().splitlines() if 'custom_call_target="tpu_custom_call"' in line]
     assert any("pallas_tpu_ragged_dot_gmm" in line for line in kernels), len(kernels)
+    # tokamax's kernels are megablox-style: timed over the row tiles they visit, gmm's bytes from its tiles
+    (note,) = [f for f in doc["findings"] if "grouped matmul(s) on a grid sized by the routing" in f]
+    assert "with the kernel's tiles in its metadata take the bytes its pipeline moves" in note

@@ -232,6 +232,56 @@ def _hbm_outside_vmem(report, hlo):
     return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
 
 
+def _grouped_matmul_tiles(report, hlo):
+    """(the report with each megablox-style grouped matmul timed over the row tiles it visits, a
+    finding or None): its grid is sized at run time by the routing, and its own cost estimate
+    counts the useful FLOPs only (`analyze/compile/grouped_matmul.py`: balanced routing). Where the
+    kernel records its tiles, a gmm's bytes are what its pipeline moves, not its own estimate; an
+    op the static profile timed keeps that time where it is longer."""
+    from dataclasses import replace
+
+    from tpudiag.analyze.compile.grouped_matmul import tile_visits
+
+    m = report.modules[0]
+    t = report.target
+    ops, delta, factors, rebytes = [], 0.0, [], 0
+    for o in m.ops:
+        instr = hlo.instruction(o.name, o.computation) if o.opcode == "custom-call" else None
+        tv = tile_visits(hlo, instr) if instr is not None else None
+        if tv is None or o.flops <= 0:
+            ops.append(o)
+            continue
+        factors.append(tv.factor)
+        work = o.flops * tv.factor
+        visits = f"{tv.expected:.4g} row-tile visits of {tv.tile_rows} rows ({tv.row_tiles} tiles, {tv.groups} groups)"
+        times = [(work / t.peak_bf16_flops_per_s, "compute")]
+        if tv.hbm_bytes is None:
+            times.append((o.estimated_s, o.bound_by))  # its own estimate's bytes, or the static profile's time
+        else:
+            rebytes += 1
+            times.append((tv.hbm_bytes / t.hbm_bytes_per_s, "hbm"))
+            if o.bound_by == "static_cycles":
+                times.append((o.estimated_s, o.bound_by))
+        s, bound = max(times)
+        if bound == "compute":
+            limit = f"MXU, {work / 1e9:.3g} GFLOP in {visits}"
+        elif bound == "hbm" and tv.hbm_bytes is not None:
+            limit = f"HBM, {tv.hbm_bytes / 1e9:.3g} GB in {visits}, tiles {'x'.join(map(str, tv.tiles))}"
+        else:
+            limit = o.limit
+        moved = {} if tv.bytes_moved is None else {
+            "bytes_accessed": tv.bytes_moved, "hbm_bytes": tv.hbm_bytes if tv.hbm_bytes != tv.bytes_moved else None}
+        delta += (s - o.estimated_s) * o.runs
+        ops.append(replace(o, estimated_s=round(s, 12), bound_by=bound, limit=limit, **moved))
+    if not factors:
+        return report, None
+    note = (f"{len(factors)} grouped matmul(s) on a grid sized by the routing: MXU work counted over the row "
+            f"tiles they visit with balanced routing, {min(factors):.3g}x-{max(factors):.3g}x their useful FLOPs"
+            + (f"; {rebytes} with the kernel's tiles in its metadata take the bytes its pipeline moves"
+               if rebytes else "") + f" ({delta:+.4g} s per step)")
+    return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
+
+
 def _host_offload(report, hlo, target):
     """(the report with a finding on the step's transfers to and from host memory, their `HostTime`
     or None): activation offload, timed over the chip's host link where the chip table has one
@@ -345,6 +395,7 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
                 report, _ = _hbm_outside_vmem(report, hlo)
                 if matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS:
                     report, _ = _probe_matmuls(report, hlo, run, target, limits or Limits(), progress)
+                report, _ = _grouped_matmul_tiles(report, hlo)
                 report, host = _host_offload(report, hlo, target)
             report = _write_compile_report(report, rd)
             est = build_estimate(report, lowered, program=program, argv=list(argv),
