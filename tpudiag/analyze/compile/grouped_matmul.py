@@ -42,6 +42,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from tpudiag.analyze.compile.memory_space import outside_hbm_bytes
 from tpudiag.parse.hlo_model import HloModule, Instruction
 
 _INTS = ("s32", "u32")
@@ -55,13 +56,17 @@ class TileVisits:
     rows: int  # M: the rows the kernel splits into tiles
     row_tiles: int  # tiles_m = ceil(M / tm)
     tile_rows: int  # tm
-    most: int  # tiles_m + G - 1: the metadata's size, the visits of the worst routing
     expected: float  # the visits that multiply under balanced routing
     kind: str = "gmm"  # gmm (rows x weights -> rows) or tgmm (the weights' gradient)
     runs: float = 0.0  # gmm: the groups with rows under balanced routing (each a run of visits)
     tiles: tuple[int, int, int] | None = None  # (tm, tk, tn) from the kernel's metadata
     bytes_moved: int | None = None  # gmm with known tiles: the bytes its pipeline moves (module docstring)
     hbm_bytes: int | None = None  # of those, the ones in HBM (an operand XLA placed in VMEM is not)
+
+    @property
+    def most(self) -> int:
+        """tiles_m + G - 1: the metadata's size, the visits of the worst routing."""
+        return self.row_tiles + self.groups - 1
 
     @property
     def factor(self) -> float:
@@ -130,18 +135,15 @@ def tile_visits(module: HloModule, instr: Instruction) -> TileVisits | None:
                           tile_n=tiles[2], adds_to=len(shapes) > 7 and shapes[7] is not None)
         moved = sum(parts.values())
         in_hbm = int(sum(b for name, b in parts.items() if not _in_vmem(module, instr, name)))
-    return TileVisits(groups=groups, rows=rows, row_tiles=row_tiles, tile_rows=tile_rows, most=most,
-                      expected=visits, kind=kind, runs=runs, tiles=tiles, bytes_moved=moved, hbm_bytes=in_hbm)
+    return TileVisits(groups=groups, rows=rows, row_tiles=row_tiles, tile_rows=tile_rows, expected=visits, kind=kind,
+                      runs=runs, tiles=tiles, bytes_moved=moved, hbm_bytes=in_hbm)
 
 
 def _in_vmem(module: HloModule, instr: Instruction, part: str) -> bool:
     """Whether gmm's `part` (x, w, out, or the existing result it adds to) is a buffer XLA placed
     outside HBM (`S(1)`, VMEM): its reads and writes cost no HBM bandwidth."""
-    if part == "out":
-        shape = instr.parsed_shape
-    else:
-        shape = _array(module, instr, {"x": 5, "w": 6, "adds_to": 7}[part])
-    return bool(shape is not None and shape.memory_space)
+    buffer = instr if part == "out" else module.operand(instr, {"x": 5, "w": 6, "adds_to": 7}[part])
+    return outside_hbm_bytes(buffer) > 0
 
 
 def kernel_tiles(instr: Instruction) -> tuple[int, int, int] | None:
