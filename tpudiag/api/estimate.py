@@ -141,9 +141,9 @@ def _step_hlo(report, run: Path):
 
 def _probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
     """(the report with the step's compute-bound matmul fusions timed by the compiler's static cycles
-    of their probes, a finding or None). Each distinct matmul is compiled alone with the static
-    profile (`analyze/compile/matmul_probe.py`) into `RUN/estimate/probes/`; an op takes its probe's
-    time where that is longer than its roofline time."""
+    of their probes, a finding or None, the names of the ops a probe timed). Each distinct matmul is
+    compiled alone with the static profile (`analyze/compile/matmul_probe.py`) into
+    `RUN/estimate/probes/`; an op takes its probe's time where that is longer than its roofline time."""
     from dataclasses import replace
 
     from tpudiag.analyze.compile.matmul_probe import select_probes
@@ -153,7 +153,7 @@ def _probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
     m = report.modules[0]
     probes = select_probes(hlo, m.ops, PROBES_MAX)
     if not probes:
-        return report, None
+        return report, None, frozenset()
     pdir = Path(run) / rundir.ESTIMATE_DIR / "probes"
     pdir.mkdir(parents=True, exist_ok=True)
     if progress:
@@ -197,7 +197,38 @@ def _probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
             f"static cycles, each compiled alone (estimate/probes/): {slower} slower than the MXU peak, +{added:.4g} s "
             f"per step" + (f"; {missing} probe(s) gave no cycles" if missing else "")
             + (f"; {skipped} not probed within {PROBE_BUDGET_S:.0f} s" if skipped else "")
-            + ("; their ops stay at the peak" if missing or skipped else ""))
+            + ("; their ops take the compiler's convolution cost model where the step's HLO has it"
+               if missing or skipped else ""))
+    return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note, frozenset(seconds)
+
+
+def _cost_model_matmuls(report, hlo, probed=frozenset()):
+    """(the report with each compute-bound matmul that no probe timed taken at the cycles the TPU
+    compiler's convolution cost model recorded for it in the step's HLO, a finding or None). An op
+    takes them where they are longer than its roofline time; ops a probe timed keep the probe's."""
+    from dataclasses import replace
+
+    from tpudiag.analyze.compile.matmul_probe import cost_model_cycles
+
+    m = report.modules[0]
+    clock = report.target.clock_hz
+    ops, added, slower, found = [], 0.0, 0, 0
+    for o in m.ops:
+        instr = (hlo.instruction(o.name, o.computation)
+                 if o.bound_by == "compute" and o.flops > 0 and o.name not in probed else None)
+        cycles = cost_model_cycles(hlo, instr) if instr is not None else None
+        found += cycles is not None
+        if cycles and cycles / clock > o.estimated_s:
+            added += (cycles / clock - o.estimated_s) * o.runs
+            slower += 1
+            o = replace(o, estimated_s=round(cycles / clock, 12), estimated_cycles=cycles, bound_by="static_cycles",
+                        cycles_source="cost_model", limit="compiler cycles, its convolution cost model")
+        ops.append(o)
+    if not found:
+        return report, None
+    note = (f"{found} compute-bound matmul op(s) with no static cycles timed by the TPU compiler's convolution "
+            f"cost model (the cycles of the tiling it chose, in the step's HLO): {slower} slower than the MXU peak, "
+            f"+{added:.4g} s per step")
     return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
 
 
@@ -329,8 +360,9 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
              matmul_probes: bool = True):
     """Estimate one step of `entry` (FILE.py:FUNC) on `target_text`. Returns (run dir, EstimateReport).
     `compile_timeout_s`: wall seconds the step's compile may take (a 32-layer 8B step for 256 chips
-    takes minutes on a 2-core machine). `matmul_probes`: without the static profile, time the step's
-    compute-bound matmuls by the compiler's static cycles of each alone (`_probe_matmuls`)."""
+    takes minutes on a 2-core machine). `matmul_probes`: time the step's compute-bound matmuls by the
+    compiler: without the static profile, each distinct one alone with it (`_probe_matmuls`); those no
+    probe times, by the cycles its convolution cost model recorded (`_cost_model_matmuls`)."""
     from dataclasses import replace
 
     from tpudiag.analyze.compile.estimate import build_estimate
@@ -393,8 +425,11 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
             hlo, host = _step_hlo(report, run), None
             if hlo is not None:
                 report, _ = _hbm_outside_vmem(report, hlo)
-                if matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS:
-                    report, _ = _probe_matmuls(report, hlo, run, target, limits or Limits(), progress)
+                if matmul_probes:
+                    probed = frozenset()
+                    if not static_profile and target.chip.name in PROBED_CHIPS:
+                        report, _, probed = _probe_matmuls(report, hlo, run, target, limits or Limits(), progress)
+                    report, _ = _cost_model_matmuls(report, hlo, probed)
                 report, _ = _grouped_matmul_tiles(report, hlo)
                 report, host = _host_offload(report, hlo, target)
             report = _write_compile_report(report, rd)

@@ -263,8 +263,9 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, static_memory
 @click.option("--compile-timeout", "compile_timeout_s", type=click.FloatRange(1), default=1800, show_default=True,
               help="CPU seconds the step's compile (without the static profile) may take.")
 @click.option("--no-matmul-probes", "no_probes", is_flag=True,
-              help="Take compute-bound matmuls at the MXU peak instead of timing each distinct one alone with "
-                   "the compiler's static profile (v5e, v5p, v6e; on by default without --static-profile).")
+              help="Take compute-bound matmuls at the MXU peak instead of timing them by the compiler: each "
+                   "distinct one alone with its static profile (v5e, v5p, v6e, TPU7x, without --static-profile), "
+                   "the rest by the cycles its convolution cost model recorded in the step's HLO.")
 @static_profile_options(300)
 @cache_options
 @output_options("tpudiag.estimate/1")
