@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -74,7 +75,7 @@ def main() -> int:
         ratios.sort()
         close = sum(0.9 <= round(r, 2) <= 1.11 for r in ratios)
         print(f"\nboth figures on {len(ratios)} probe(s): model / static {ratios[0]:.2f}-{ratios[-1]:.2f}, "
-              f"median {ratios[len(ratios) // 2]:.2f}; within 0.90-1.11x on {close}")
+              f"median {statistics.median(ratios):.2f}; within 0.90-1.11x on {close}")
     return 0
 
 

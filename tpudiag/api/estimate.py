@@ -116,7 +116,7 @@ PROBED_CHIPS = ("v5e", "v5p", "v6e", "tpu7x")
 PROBES_MAX = 16
 # Seconds all probes of a step may take (wall), and CPU seconds one probe's static profile may take:
 # a probe is one matmul, most profile in seconds; a few (a weight gradient as a windowed
-# convolution) run for minutes, and those stay at the peak.
+# convolution) run for minutes, and those take the convolution cost model (`_cost_model_matmuls`).
 PROBE_BUDGET_S = 300.0
 PROBE_STATIC_S = 45.0
 
@@ -167,7 +167,7 @@ def _probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
     seconds, missing, skipped = {}, 0, 0
     t0 = time.monotonic()
     for i, p in enumerate(probes):
-        if time.monotonic() - t0 > PROBE_BUDGET_S:  # the rest stay at the MXU peak
+        if time.monotonic() - t0 > PROBE_BUDGET_S:  # the rest: the convolution cost model
             skipped = len(probes) - i
             break
         path = pdir / f"probe{i:02d}-{p.key}.hlo.txt"
@@ -205,7 +205,8 @@ def _probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
 def _cost_model_matmuls(report, hlo, probed=frozenset()):
     """(the report with each compute-bound matmul that no probe timed taken at the cycles the TPU
     compiler's convolution cost model recorded for it in the step's HLO, a finding or None). An op
-    takes them where they are longer than its roofline time; ops a probe timed keep the probe's."""
+    takes them where they are longer than its roofline time; ops a probe or the step's static profile
+    timed keep those cycles."""
     from dataclasses import replace
 
     from tpudiag.analyze.compile.matmul_probe import cost_model_cycles
@@ -214,8 +215,9 @@ def _cost_model_matmuls(report, hlo, probed=frozenset()):
     clock = report.target.clock_hz
     ops, added, slower, found = [], 0.0, 0, 0
     for o in m.ops:
-        instr = (hlo.instruction(o.name, o.computation)
-                 if o.bound_by == "compute" and o.flops > 0 and o.name not in probed else None)
+        timed = o.name in probed or (o.cycles_source == "static_profile" and o.estimated_cycles)
+        candidate = o.bound_by == "compute" and o.flops > 0 and not timed
+        instr = hlo.instruction(o.name, o.computation) if candidate else None
         cycles = cost_model_cycles(hlo, instr) if instr is not None else None
         found += cycles is not None
         if cycles and cycles / clock > o.estimated_s:

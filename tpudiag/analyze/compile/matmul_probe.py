@@ -38,8 +38,8 @@ _DIMS = re.compile(r"^(\w+)\[([\d,]*)\](.*)$", re.S)
 # step's full rows it runs past 8 GB. A matmul's cycles are linear in its rows once they are many
 # times the MXU's 128 or 256.
 PROBE_ROWS = 2048
-# The cost model whose pick a convolution fusion's `window_config` records; other ops' window
-# configs say COST_MODEL_TYPE_INVALID, with INT64_MAX cycles (unset).
+# The cost model whose pick a convolution fusion's `window_config` records. Other ops' window configs
+# say COST_MODEL_TYPE_INVALID, their cycles not a tiling's (some INT64_MAX: unset).
 _COST_MODEL = "COST_MODEL_TYPE_CLASSIC"
 _UNSET = 2**63 - 1
 
