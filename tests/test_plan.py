@@ -80,7 +80,11 @@ def test_a_batch_that_fits_is_ranked_above_one_that_does_not(tmp_path, newest_le
     assert doc["best"] == 0 and doc["reproduce"].startswith("tpudiag estimate ")
     assert "--mesh fsdp=4" in doc["reproduce"] and doc["reproduce"].endswith("--batch-per-device 1")
     # each candidate is a whole estimate run, and the plan re-renders without re-estimating
-    assert json.loads((run / fits["estimate_run"] / "estimate.json").read_text())["status"] == "ok"
+    est = json.loads((run / fits["estimate_run"] / "estimate.json").read_text())
+    assert est["status"] == "ok"
+    # no matmul compiled alone, but the matmuls take the cycles the compiler's cost model recorded
+    assert not (run / fits["estimate_run"] / "estimate" / "probes").exists()
+    assert any("timed by the TPU compiler's convolution cost model" in f for f in est["findings"])
     again = subprocess.run([sys.executable, "-m", "tpudiag", "report", "--json", str(run)], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and json.loads(again.stdout) == doc, again.stderr[-2000:]

@@ -359,12 +359,13 @@ def _peak_buffers(run: Path) -> list[dict]:
 
 def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | None = None,
              static_profile: bool = False, limits=None, compile_timeout_s: float = 1800.0, progress=None,
-             matmul_probes: bool = True):
+             matmul_probes: bool = True, cost_model: bool | None = None):
     """Estimate one step of `entry` (FILE.py:FUNC) on `target_text`. Returns (run dir, EstimateReport).
     `compile_timeout_s`: wall seconds the step's compile may take (a 32-layer 8B step for 256 chips
     takes minutes on a 2-core machine). `matmul_probes`: time the step's compute-bound matmuls by the
-    compiler: without the static profile, each distinct one alone with it (`_probe_matmuls`); those no
-    probe times, by the cycles its convolution cost model recorded (`_cost_model_matmuls`)."""
+    compiler: without the static profile, each distinct one alone with it (`_probe_matmuls`);
+    `cost_model` (default: as `matmul_probes`): those no probe times, by the cycles its convolution
+    cost model recorded in the step's HLO (`_cost_model_matmuls`, no compile)."""
     from dataclasses import replace
 
     from tpudiag.analyze.compile.estimate import build_estimate
@@ -427,10 +428,10 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
             hlo, host = _step_hlo(report, run), None
             if hlo is not None:
                 report, _ = _hbm_outside_vmem(report, hlo)
-                if matmul_probes:
-                    probed = frozenset()
-                    if not static_profile and target.chip.name in PROBED_CHIPS:
-                        report, _, probed = _probe_matmuls(report, hlo, run, target, limits or Limits(), progress)
+                probed = frozenset()
+                if matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS:
+                    report, _, probed = _probe_matmuls(report, hlo, run, target, limits or Limits(), progress)
+                if matmul_probes if cost_model is None else cost_model:
                     report, _ = _cost_model_matmuls(report, hlo, probed)
                 report, _ = _grouped_matmul_tiles(report, hlo)
                 report, host = _host_offload(report, hlo, target)

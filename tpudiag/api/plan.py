@@ -7,9 +7,9 @@ A candidate's choice reaches the program as arguments (`--remat full` after a FI
 own; `remat_policy=full` and `ici_fsdp_parallelism=N` for `maxtext:MODEL`). A candidate the compiler
 says does not fit in HBM is a row ("does_not_fit", with the compiler's figures) and is never ranked
 above one that fits; one whose FUNC, lowering or compile fails is a row too ("failed"). Candidates are
-estimated without matmul probes (the step's compute-bound matmuls at the MXU peak): the ranking
-compares configurations of one program, and the winner's `tpudiag estimate` command (`reproduce`)
-times it with probes.
+estimated without matmul probes (no matmul compiled alone; the step's compute-bound matmuls take the
+compiler's convolution cost model from its own HLO): the ranking compares configurations of one
+program, and the winner's `tpudiag estimate` command (`reproduce`) times it with probes too.
 
 Writes a run directory: `candidates/NNN/` (each candidate's whole estimate run) and `report.json`
 (tpudiag.plan/1). Everything the command line gave is checked before it exists: the space, the mesh
@@ -102,7 +102,7 @@ def estimate_into(out_dir: Path, entry: str, target_text: str, argv: list[str], 
 
     try:
         _, est = estimate(entry, target_text, argv, out_dir, mesh=mesh, compile_timeout_s=compile_timeout_s,
-                          matmul_probes=False)
+                          matmul_probes=False, cost_model=True)
     except TpudiagError as e:
         return {"error": str(e).splitlines()[0][:300]}
     return est.to_dict()

@@ -43,7 +43,7 @@ def _summary(plan) -> str:
     n_fit = sum(c.status == "ok" for c in plan.candidates)
     t = plan.target
     return (f"plan {plan.program} on {t['topology']} ({t['devices']} devices): {len(plan.candidates)} candidates, "
-            f"{n_fit} fit; estimated without matmul probes, on {plan.runner}")
+            f"{n_fit} fit; estimated without matmul probes (matmuls at the compiler's cost model), on {plan.runner}")
 
 
 @renders("tpudiag.plan", "terminal")
