@@ -139,6 +139,16 @@ def _step_hlo(report, run: Path):
     return read_hlo_file(Path(run) / rundir.MODULES_DIR / Path(m.artifacts).name / rundir.MODULE_HLO)
 
 
+def _at_cycles(op, cycles: int, clock: float, source: str, limit: str):
+    """`op` timed by the compiler's `cycles` where they are longer than its time; else `op` itself."""
+    from dataclasses import replace
+
+    if cycles / clock <= op.estimated_s:
+        return op
+    return replace(op, estimated_s=round(cycles / clock, 12), estimated_cycles=cycles, bound_by="static_cycles",
+                   cycles_source=source, limit=limit)
+
+
 def _probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
     """(the report with the step's compute-bound matmul fusions timed by the compiler's static cycles
     of their probes, a finding or None, the names of the ops a probe timed). Each distinct matmul is
@@ -186,12 +196,11 @@ def _probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
     ops, added, slower = [], 0.0, 0
     for o in m.ops:
         got = seconds.get(o.name)
-        if got and got[0] / clock > o.estimated_s:
-            added += (got[0] / clock - o.estimated_s) * o.runs
+        new = _at_cycles(o, got[0], clock, "matmul_probe", f"compiler cycles, alone ({got[1]})") if got else o
+        if new is not o:
+            added += (new.estimated_s - o.estimated_s) * o.runs
             slower += 1
-            o = replace(o, estimated_s=round(got[0] / clock, 12), estimated_cycles=got[0], bound_by="static_cycles",
-                        cycles_source="matmul_probe", limit=f"compiler cycles, alone ({got[1]})")
-        ops.append(o)
+        ops.append(new)
     timed = len(probes) - missing - skipped
     note = (f"{len(seconds)} compute-bound matmul op(s) ({timed} distinct) timed by the TPU compiler's "
             f"static cycles, each compiled alone (estimate/probes/): {slower} slower than the MXU peak, +{added:.4g} s "
@@ -220,12 +229,11 @@ def _cost_model_matmuls(report, hlo, probed=frozenset()):
         instr = hlo.instruction(o.name, o.computation) if candidate else None
         cycles = cost_model_cycles(hlo, instr) if instr is not None else None
         found += cycles is not None
-        if cycles and cycles / clock > o.estimated_s:
-            added += (cycles / clock - o.estimated_s) * o.runs
+        new = _at_cycles(o, cycles, clock, "cost_model", "compiler cycles, its convolution cost model") if cycles else o
+        if new is not o:
+            added += (new.estimated_s - o.estimated_s) * o.runs
             slower += 1
-            o = replace(o, estimated_s=round(cycles / clock, 12), estimated_cycles=cycles, bound_by="static_cycles",
-                        cycles_source="cost_model", limit="compiler cycles, its convolution cost model")
-        ops.append(o)
+        ops.append(new)
     if not found:
         return report, None
     note = (f"{found} compute-bound matmul op(s) with no static cycles timed by the TPU compiler's convolution "
