@@ -118,6 +118,30 @@ def test_grouped_matmuls_are_timed_over_the_row_tiles_they_visit(tmp_path, newes
     assert doc["breakdown"]["compute_s"] >= sum(o["estimated_s"] * o["runs"] for o in gmm)
 
 
+def test_splash_attention_is_timed_by_its_kernels_mxu_work(tmp_path, newest_leg):
+    """JAX's splash attention gives no cost estimate: the compile worker writes the step's block
+    masks beside its HLO and the estimate counts each kernel's matmuls over the blocks a causal mask
+    keeps (sequence 2048 in blocks of 512: 10 of 16), not 0 FLOPs."""
+    run = tmp_path / "splash"
+    res = _run("-m", "tpudiag", "estimate", f"{PROGRAMS / 'tpu_splash.py'}:step", "--target", "v6e:2x2", "--json",
+               "--out", str(run), "--", "--heads", "2", "--seq", "2048", "--block", "512")
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    (note,) = [f for f in doc["findings"] if "Pallas kernel" in f]
+    assert note.startswith("3 Pallas kernel op(s) with no cost estimate of their own") and "not known" not in note
+    (tables,) = (run / "modules").glob("*/kernel_tables.json")
+    masks = [v for k, v in json.loads(tables.read_text()).items() if "block_mask" in k]
+    assert masks and all(sum(1 for x in m if x) == 10 for m in masks)
+    ops = json.loads((run / "report.json").read_text())["modules"][0]["ops"]
+    splash = {o["name"].rsplit(".", 1)[0]: o for o in ops if o["name"].startswith("splash_mha")}
+    per_block = 2 * 512 * 512 * 128
+    matmuls = {"splash_mha_fwd_residuals": 2, "splash_mha_dkv_no_residuals": 4, "splash_mha_dq_no_residuals": 3}
+    assert set(splash) == set(matmuls)
+    for name, o in splash.items():
+        assert o["flops"] == 2 * 10 * matmuls[name] * per_block
+        assert o["bound_by"] == "compute" and o["limit"].endswith("over the grid steps its tables run")
+
+
 def test_offloaded_layer_inputs_are_timed_on_the_host_link(tmp_path, newest_leg):
     """`--remat offload` sends each layer's input to pinned host memory and reads it back for the
     backward pass: the compiled step's transfers are found, their bytes are the layer inputs', and

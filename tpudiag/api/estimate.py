@@ -242,6 +242,108 @@ def _cost_model_matmuls(report, hlo, probed=frozenset()):
     return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
 
 
+_COPIES = ("copy", "copy-start", "copy-done", "bitcast")
+
+
+def _loop_invariant(hlo, loop, k: int) -> bool:
+    """Whether a while loop's body hands element `k` of its tuple on unchanged."""
+    body = hlo.computations.get(loop.body or "")
+    root = body.root if body is not None else None
+    carried = hlo.operand(root, k) if root is not None and root.opcode == "tuple" else None
+    return (carried is not None and carried.opcode == "get-tuple-element" and carried.index == k
+            and hlo.operand(carried, 0) is not None and hlo.operand(carried, 0).opcode == "parameter")
+
+
+def _table_source(hlo, instr) -> str | None:
+    """The constant a kernel's operand is, followed back through copies (a prefetch into VMEM is
+    copy-start/copy-done), bitcasts, tuples and the loop-invariant elements of a while loop (a
+    scanned layer's kernel reads its tables through the loop's tuple); None where it is not one."""
+    pending: list[int] = []  # tuple elements still to take, innermost last
+    for _ in range(64):
+        if instr is None:
+            return None
+        if instr.opcode in _COPIES and instr.operands:
+            instr = hlo.operand(instr, 0)
+        elif instr.opcode == "get-tuple-element" and instr.index is not None:
+            pending.append(instr.index)
+            instr = hlo.operand(instr, 0)
+        elif instr.opcode == "tuple" and pending:
+            instr = hlo.operand(instr, pending.pop())
+        elif instr.opcode == "parameter" and pending:  # inside a loop's body: the loop's init, if unchanged
+            loops = [c for c, key in hlo.callers.get(instr.computation, []) if key == "body" and c.opcode == "while"]
+            if len(loops) != 1 or not _loop_invariant(hlo, loops[0], pending[-1]):
+                return None
+            instr = hlo.operand(loops[0], 0)
+        elif instr.opcode == "while" and pending:  # a loop's result: its init, if the body leaves it as is
+            if not _loop_invariant(hlo, instr, pending[-1]):
+                return None
+            instr = hlo.operand(instr, 0)
+        elif instr.opcode == "constant" and not pending:
+            return instr.name
+        else:
+            return None
+    return None
+
+
+def _kernel_bodies(report, hlo, run: Path):
+    """(the report with each Pallas kernel that gives no cost estimate of its own timed by the MXU
+    work of its body over the grid steps that run it, a finding or None). Such a kernel's op counts
+    0 FLOPs (JAX's splash attention gives none); its body's matmuls, their loops and the grid steps
+    its scalar-prefetched tables let run are read by `analyze/compile/kernel_body.py`, the tables'
+    values from the module's `kernel_tables.json`. An op takes the longer of that at the MXU peak and
+    its time so far."""
+    from dataclasses import replace
+
+    from tpudiag.analyze.compile.kernel_body import kernel_body, kernel_work
+    from tpudiag.analyze.hlo.cost import has_cost_estimate
+
+    m = report.modules[0]
+    t = report.target
+    tables_file = Path(run) / rundir.MODULES_DIR / Path(m.artifacts).name / rundir.KERNEL_TABLES
+    try:
+        tables = json.loads(tables_file.read_text()) if tables_file.is_file() else {}
+    except (OSError, ValueError):
+        tables = {}
+    ops, added, timed, unresolved, memo = [], 0.0, 0, 0, {}
+    for o in m.ops:
+        instr = hlo.instruction(o.name, o.computation) if o.opcode == "custom-call" else None
+        body = None
+        if instr is not None and "tpu_custom_call" in str(instr.attributes.get("custom_call_target", "")) \
+                and not has_cost_estimate(instr):
+            body = kernel_body(instr.backend_config)
+        if body is None:
+            ops.append(o)
+            continue
+        values = [tables.get(_table_source(hlo, hlo.operand(instr, k)) or "") for k in range(len(instr.operands))]
+        key = (body, tuple(tuple(v) if v else None for v in values))
+        if key not in memo:
+            memo[key] = kernel_work(body, values)
+        work = memo[key]
+        if work is None or work.flops <= 0:
+            ops.append(o)
+            continue
+        timed += 1
+        unresolved += work.guarded and not work.resolved
+        s = work.flops / t.peak_bf16_flops_per_s
+        steps = "every grid step" if not work.guarded else (
+            "the grid steps its tables run" if work.resolved else "every grid step (tables not known)")
+        if s > o.estimated_s:
+            added += (s - o.estimated_s) * o.runs
+            o = replace(o, flops=work.flops, estimated_s=round(s, 12), bound_by="compute",
+                        limit=f"MXU, {work.flops / 1e9:.3g} GFLOP in its body's matmuls over {steps}")
+        else:
+            o = replace(o, flops=work.flops)
+        ops.append(o)
+    if not timed:
+        return report, None
+    note = (f"{timed} Pallas kernel op(s) with no cost estimate of their own: MXU work read from the kernel's "
+            f"body over the grid steps that run it, at the MXU peak (+{added:.4g} s per step; softmax and other "
+            "vector work not counted)"
+            + (f"; {unresolved} run steps decided by tables whose values are not known: every step counted"
+               if unresolved else ""))
+    return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
+
+
 def _hbm_outside_vmem(report, hlo):
     """(the report with each HBM-bound op's time taken from the bytes it moves in HBM only, a
     finding or None): bytes in VMEM (`analyze/compile/memory_space.py`) are left out, and the op
@@ -436,6 +538,7 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
             hlo, host = _step_hlo(report, run), None
             if hlo is not None:
                 report, _ = _hbm_outside_vmem(report, hlo)
+                report, _ = _kernel_bodies(report, hlo, run)
                 probed = frozenset()
                 if matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS:
                     report, _, probed = _probe_matmuls(report, hlo, run, target, limits or Limits(), progress)

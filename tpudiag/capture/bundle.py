@@ -104,7 +104,8 @@ def tier_of(rel: PurePosixPath | str) -> int:
         return 10
     if name == rundir.MODULE_HLO or name.endswith("after_optimizations.txt"):
         return 4
-    if (in_module and name in (rundir.MODULE_RESULT, rundir.MODULE_JSON)) or rundir.STATIC_PROFILE_DIR in dirs or (
+    module_files = (rundir.MODULE_RESULT, rundir.MODULE_JSON, rundir.KERNEL_TABLES)
+    if (in_module and name in module_files) or rundir.STATIC_PROFILE_DIR in dirs or (
             rundir.LLO_DIR in dirs and name.endswith(_LLO_SUMMARIES)):
         return 5
     if name.endswith(("memory-usage-report.txt", "before_optimizations.txt")):

@@ -1,13 +1,14 @@
 """A cache of TPU compiles: a module compiled once for a target is not compiled again.
 
 An entry is a module directory as `tpu_compile` leaves it (result.json, module.json, XLA's HLO
-dump, the LLO dump, the static cycle profile, compile.log), stored under a key made of everything
-that decides what the compiler writes: the module's bytes, its kind, the topology, whether the
-static profile was asked for, the dump flags, and the versions of libtpu, jaxlib and jax. Compiles that
-succeeded are stored. One whose static profile was dropped is stored with the limits it was dropped
-under and reused only under the same or smaller limits: retrying it could only end the same way,
-while a longer `--timeout` compiles it again (and a complete result then replaces the entry). The
-random-number and init modules every script has are compiled once per machine, not once per run.
+dump, the LLO dump, the static cycle profile, the kernels' tables, compile.log), stored under a key
+made of everything that decides what the compiler writes: the module's bytes, its kind, the
+topology, whether the static profile was asked for, the dump flags, and the versions of libtpu,
+jaxlib and jax. Compiles that succeeded are stored. One whose static profile was dropped is stored
+with the limits it was dropped under and reused only under the same or smaller limits: retrying it
+could only end the same way, while a longer `--timeout` compiles it again (and a complete result
+then replaces the entry). The random-number and init modules every script has are compiled once per
+machine, not once per run.
 The CPU run that collects a script's computations keeps JAX's own CPU compile cache in `jax-cpu/`.
 
 Where: `$TPUDIAG_CACHE_DIR`, else `$XDG_CACHE_HOME/tpudiag/compile`, else
@@ -29,7 +30,7 @@ from pathlib import Path
 from tpudiag.capture import rundir
 
 # Bump when what an entry holds, or how its key is made, changes.
-FORMAT = "tpudiag-compile-cache/1"
+FORMAT = "tpudiag-compile-cache/2"  # /2: module directories hold kernel_tables.json
 # Files of a module directory that belong to one run only (paths of that run): never cached.
 _RUN_ONLY = frozenset({"spec.json"})
 _COMPLETE = frozenset({"ok", "off"})  # static-profile outcomes that no limit changes

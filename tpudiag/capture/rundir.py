@@ -54,6 +54,9 @@ MODULES_DIR = "modules"  # one directory per compiled module, `<NN>-<name>/`
 MODULE_JSON = "module.json"  # in a module directory: how its compile ended
 MODULE_RESULT = "result.json"  # in a module directory: the compile worker's figures
 MODULE_HLO = "optimized.hlo.txt"  # in a module directory: the executable's optimized HLO
+# in a module directory: the values of the small integer constants that Pallas kernels take as
+# operands (a kernel's scalar-prefetched tables), which the optimized HLO prints as {...}
+KERNEL_TABLES = "kernel_tables.json"
 LLO_DIR = "llo"  # in a module directory: the final LLO bundles and their slot utilization
 STATIC_PROFILE_DIR = "static_profile"  # in a module directory: the static cycle profile
 SHADOW_DIR = "shadow"  # `compile SCRIPT.py`: the CPU run of the script that collected its computations

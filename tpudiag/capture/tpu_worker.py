@@ -13,6 +13,7 @@ failures) or grow past any sane memory limit; the parent (`tpu_compile.py`) surv
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import traceback
@@ -59,6 +60,40 @@ def _devices(module, topo, need: int) -> list:
     return [by_id[i] for i in ids]
 
 
+# Constants this small and of these types are a kernel's tables (splash attention's block masks).
+_TABLE_MAX = 1 << 16
+_TABLE_TYPES = ("s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64", "pred")
+
+
+def _kernel_tables(hlo_module, text: str) -> dict[str, list[int]]:
+    """{constant name: its values, flat} for the small integer constants (up to _TABLE_MAX elements)
+    of a module that has Pallas kernels (`tpu_custom_call`): the optimized HLO elides them as {...},
+    and a kernel's scalar-prefetched tables (which reach it as such constants, often through a copy
+    into VMEM) decide which of its grid steps do work (analyze/compile/kernel_body.py)."""
+    if "tpu_custom_call" not in text:
+        return {}
+    try:
+        from jaxlib._hlo import HloPrintOptions
+    except ImportError:
+        return {}
+    opts = HloPrintOptions()
+    opts.print_large_constants = True
+    opts.print_metadata = False
+    out = {}
+    for line in hlo_module.to_string(opts).splitlines():
+        m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (\w+)\[([\d,]*)\][^ ]* constant\((.*)\)\s*$", line)
+        if not m or m.group(2) not in _TABLE_TYPES:
+            continue
+        size = 1
+        for d in filter(None, m.group(3).split(",")):
+            size *= int(d)
+        literal = m.group(4).replace("true", "1").replace("false", "0")
+        values = [int(v) for v in re.findall(r"-?\d+", literal)]
+        if 1 < size <= _TABLE_MAX and len(values) == size:
+            out[m.group(1)] = values
+    return out
+
+
 def compile_one(spec: dict) -> dict:
     import numpy as np
     from jax._src import compiler
@@ -82,7 +117,12 @@ def compile_one(spec: dict) -> dict:
                                                compile_options=opts)
         compile_s = time.perf_counter() - t1
     out = Path(spec["out_dir"])
-    (out / rundir.MODULE_HLO).write_text(executable.hlo_modules()[0].to_string())
+    hlo_module = executable.hlo_modules()[0]
+    text = hlo_module.to_string()
+    (out / rundir.MODULE_HLO).write_text(text)
+    tables = _kernel_tables(hlo_module, text)
+    if tables:
+        (out / rundir.KERNEL_TABLES).write_text(json.dumps(tables, sort_keys=True))
     cost = executable.cost_analysis() or {}
     if isinstance(cost, list):  # older jaxlibs return one dict per partition
         cost = cost[0] if cost else {}

@@ -481,3 +481,8 @@ def total_cost(module: HloModule) -> Cost:
         raise ParseError(module.path, "no ENTRY computation: the module's total cost is undefined")
     coster = _Coster(module)
     return coster.computation(entry.name)
+
+
+def has_cost_estimate(instr: Instruction) -> bool:
+    """Whether a custom call carries its kernel's own cost estimate (`pl.CostEstimate`)."""
+    return _cost_estimate(instr) is not None

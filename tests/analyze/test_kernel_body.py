@@ -1,0 +1,170 @@
+"""The MXU work of a Pallas kernel read from its own body: JAX's splash attention (causal, forward and
+backward, no cost estimate of its own, two layers under `lax.scan`) compiled for v6e by `tpudiag
+estimate` (fixture `estimate_splash`, fixtures/programs/tpu_splash.py, both artifact sets), its grid
+steps decided by the block masks the step holds as constants and hands through its loops."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.conftest import ARTIFACT_SETS, set_versions, skip_if_newer_than_this_xla
+from tpudiag.analyze.compile.kernel_body import kernel_body, kernel_work
+from tpudiag.api.estimate import _table_source
+from tpudiag.api.pipeline import compile_run_artifacts
+
+pytest.importorskip("jaxlib.mlir")
+
+HEADS, SEQ, DIM, BLOCK, LAYERS = 4, 8192, 128, 2048, 2  # the fixture's arguments (regenerate.py: ESTIMATE)
+BLOCKS = SEQ // BLOCK
+# a causal mask's blocks that hold any unmasked score: the diagonal and below
+ACTIVE = sum(1 for i in range(BLOCKS) for j in range(BLOCKS) if j <= i)
+ONE_MATMUL = 2 * BLOCK * BLOCK * DIM  # one block's [BLOCK, DIM] x [DIM, BLOCK] (or its transpose)
+# matmuls per grid step of each kernel: forward QK^T and PV; dK/dV recomputes QK^T and P, then dV, dP
+# and dK; dQ recomputes QK^T, then dP and dQ
+MATMULS = {"splash_mha_fwd_residuals": 2, "splash_mha_dkv_no_residuals": 4, "splash_mha_dq_no_residuals": 3}
+
+
+def _run(leg):
+    """The leg's fixture run; skipped where this jax is older than the one that wrote it (an older
+    Mosaic cannot read a newer kernel body: `test_a_newer_body_than_these_bindings_gives_no_figure`)."""
+    run = ARTIFACT_SETS[leg] / "estimate_splash"
+    skip_if_newer_than_this_xla(run)
+    return run
+
+
+def _kernels(hlo):
+    return {i.name.rsplit(".", 1)[0]: i for i in hlo.instructions()
+            if i.opcode == "custom-call" and "tpu_custom_call" in str(i.attributes.get("custom_call_target", ""))}
+
+
+def _tables(run, hlo, instr):
+    (tables_file,) = (run / "modules").glob("*/kernel_tables.json")
+    values = json.loads(tables_file.read_text())
+    return [values.get(_table_source(hlo, hlo.operand(instr, k)) or "") for k in range(len(instr.operands))]
+
+
+@pytest.mark.parametrize("leg", sorted(ARTIFACT_SETS))
+def test_splash_kernels_work_is_their_matmuls_over_the_blocks_the_causal_mask_keeps(leg):
+    arts, _ = compile_run_artifacts(_run(leg), with_llo=False, suggestions=False)
+    hlo = arts[0].hlo
+    kernels = _kernels(hlo)
+    assert set(kernels) == set(MATMULS)
+    for name, instr in kernels.items():
+        # in a loop's body: the tables come through the loop's tuple, unchanged, from constants
+        assert hlo.instruction(instr.operands[1], instr.computation).opcode != "constant"
+        assert hlo.instruction(_table_source(hlo, hlo.operand(instr, 1))).opcode == "constant"
+        body = kernel_body(instr.backend_config)
+        work = kernel_work(body, _tables(_run(leg), hlo, instr))
+        dense = HEADS * BLOCKS * BLOCKS * MATMULS[name] * ONE_MATMUL
+        assert (work.steps, work.matmuls, work.guarded, work.resolved) == (HEADS * BLOCKS * BLOCKS, MATMULS[name],
+                                                                           True, True)
+        assert work.dense_flops == dense
+        assert work.flops == HEADS * ACTIVE * MATMULS[name] * ONE_MATMUL  # 10 of 16 blocks
+        # without the tables' values every grid step is counted, and the work says so
+        blind = kernel_work(body)
+        assert (blind.flops, blind.resolved) == (dense, False)
+
+
+@pytest.mark.parametrize("leg", sorted(ARTIFACT_SETS))
+def test_a_loop_element_that_changes_is_not_a_table(leg):
+    """The loop's counter (element 0 of the scan's tuple, incremented by the body) is not followed
+    back to its init; a constant outside any loop is itself."""
+    arts, _ = compile_run_artifacts(_run(leg), with_llo=False, suggestions=False)
+    hlo = arts[0].hlo
+    instr = _kernels(hlo)["splash_mha_fwd_residuals"]
+    body = hlo.computations[instr.computation]
+    counter = next(i for i in body.instructions if i.opcode == "get-tuple-element" and i.index == 0
+                   and hlo.operand(i, 0).opcode == "parameter")
+    assert _table_source(hlo, counter) is None
+    constant = hlo.instruction(_table_source(hlo, hlo.operand(instr, 1)))
+    assert _table_source(hlo, constant) == constant.name
+    assert _table_source(hlo, None) is None
+
+
+def test_a_newer_body_than_these_bindings_gives_no_figure():
+    """jax 0.10.2's Mosaic cannot read the splash bodies jax 0.12 wrote: no figure, no error (the
+    op keeps its time); jax 0.12 reads both sets (the other tests)."""
+    import importlib.metadata as md
+
+    newest = set_versions("jax-0.12")["jaxlib"]
+    if md.version("jaxlib").split(".")[:2] == newest.split(".")[:2]:
+        pytest.skip("this jaxlib wrote the newest set and reads it")
+    arts, _ = compile_run_artifacts(ARTIFACT_SETS["jax-0.12"] / "estimate_splash", with_llo=False, suggestions=False)
+    for instr in _kernels(arts[0].hlo).values():
+        assert kernel_work(kernel_body(instr.backend_config)) is None
+
+
+def test_a_body_that_cannot_be_read_gives_no_figure():
+    assert kernel_body({"custom_call_config": {"body": "not base64!"}}) is None
+    assert kernel_body({"flag_configs": []}) is None
+    assert kernel_work(b"MLIR but not really") is None
+
+
+@pytest.mark.parametrize("leg", sorted(ARTIFACT_SETS))
+def test_the_estimate_times_each_splash_kernel_by_its_mxu_work(leg, tmp_path):
+    from tpudiag.api.estimate import _hbm_outside_vmem, _kernel_bodies
+
+    arts, report = compile_run_artifacts(_run(leg), with_llo=False, suggestions=False)
+    hlo = arts[0].hlo
+    report, _ = _hbm_outside_vmem(report, hlo)
+    before = {o.name: o for o in report.modules[0].ops}
+    after, note = _kernel_bodies(report, hlo, _run(leg))
+    ops = {o.name: o for o in after.modules[0].ops}
+    peak = report.target.peak_bf16_flops_per_s
+    added = 0.0
+    for name, o in ops.items():
+        kind = name.rsplit(".", 1)[0]
+        if kind in MATMULS:
+            flops = HEADS * ACTIVE * MATMULS[kind] * ONE_MATMUL
+            assert before[name].flops == 0  # the kernel gives no cost estimate: its op counted none
+            assert (o.flops, o.bound_by) == (flops, "compute")
+            assert o.estimated_s == pytest.approx(flops / peak) and o.runs == LAYERS
+            assert o.limit == (f"MXU, {flops / 1e9:.3g} GFLOP in its body's matmuls over the grid steps its "
+                               "tables run")
+            added += (o.estimated_s - before[name].estimated_s) * o.runs
+        else:
+            assert o == before[name]
+    assert note == (f"3 Pallas kernel op(s) with no cost estimate of their own: MXU work read from the kernel's "
+                    f"body over the grid steps that run it, at the MXU peak (+{added:.4g} s per step; softmax "
+                    "and other vector work not counted)")
+    assert after.modules[0].findings[-1] == note
+
+    # a run without the tables' values: every grid step counted, and the finding says so
+    bare = tmp_path / "run"
+    shutil.copytree(_run(leg), bare)
+    for f in (bare / "modules").glob("*/kernel_tables.json"):
+        f.unlink()
+    blind, note = _kernel_bodies(report, hlo, bare)
+    assert note.endswith("; 3 run steps decided by tables whose values are not known: every step counted")
+    for o in blind.modules[0].ops:
+        kind = o.name.rsplit(".", 1)[0]
+        if kind in MATMULS:
+            assert o.flops == HEADS * BLOCKS * BLOCKS * MATMULS[kind] * ONE_MATMUL
+            assert o.limit.endswith("over every grid step (tables not known)")
+
+
+def test_maxtext_own_step_splash_kernels_timed_and_its_gmm_left_alone():
+    """MaxText's own MoE step (fixture `estimate_maxtext_moe_megablox`: sequence 1024, splash blocks of
+    512, segment ids): its four splash kernels take their body's work over the 3 of 4 blocks the
+    causal mask keeps; its megablox gmm/tgmm calls carry a cost estimate and are left alone."""
+    from tpudiag.api.estimate import _kernel_bodies
+
+    run = ARTIFACT_SETS["jax-0.12"] / "estimate_maxtext_moe_megablox"
+    skip_if_newer_than_this_xla(run)
+    arts, report = compile_run_artifacts(run, with_llo=False, suggestions=False)
+    hlo = arts[0].hlo
+    before = {o.name: o for o in report.modules[0].ops}
+    after, note = _kernel_bodies(report, hlo, run)
+    assert note.startswith("4 Pallas kernel op(s) with no cost estimate of their own") and "not known" not in note
+    changed = {o.name: o for o in after.modules[0].ops if o != before[o.name]}
+    assert sorted(n.rsplit(".", 1)[0] for n in changed) == [
+        "splash_mha_dkv_segmented_no_residuals", "splash_mha_dq_segmented_no_residuals",
+        "splash_mha_fwd_segmented_residuals", "splash_mha_fwd_segmented_residuals"]
+    for name, o in changed.items():
+        work = kernel_work(kernel_body(hlo.instruction(name, o.computation).backend_config))
+        assert work.steps % 4 == 0 and o.flops == work.dense_flops * 3 // 4
+    gmm = [o for o in after.modules[0].ops if o.opcode == "custom-call" and "gmm" in o.name]
+    assert gmm and all(o == before[o.name] and o.flops > 0 for o in gmm)

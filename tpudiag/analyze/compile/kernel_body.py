@@ -1,0 +1,267 @@
+"""The MXU work of a Pallas TPU kernel, read from its own body: for a kernel that gives no cost
+estimate of its own (JAX's splash attention gives none), whose op would otherwise count 0 FLOPs.
+
+A Pallas TPU kernel reaches the compiled step as a `tpu_custom_call` whose backend config holds the
+kernel's Mosaic module (MLIR bytecode, base64). Its entry function carries the grid
+(`iteration_bounds`) and runs once per grid step; its matmuls (`tpu.matmul`) have static shapes.
+The MXU work is each matmul's 2 x M x N x K, times the constant trip counts of the loops around it,
+summed over the grid steps that run it.
+
+A matmul under `scf.if` on a value the kernel loads from a scalar-prefetched table indexed by the
+grid (splash attention's block mask: a causal mask's blocks above the diagonal are skipped) runs on
+the steps where that condition holds. Where the table is a constant of the step (its values written
+beside the optimized HLO by the compile worker: `kernel_tables`), the condition is evaluated for
+every grid step; where it is not, every step is counted and the work says so (`resolved`).
+
+What it leaves out: the kernel's vector and transcendental work (softmax's exp and reductions, which
+bound attention at a head dimension of 128 on some chips), its DMA, and an f32 matmul's extra MXU
+passes. So the work is a floor on the kernel's time, not an estimate of it. Reading the body needs
+jax's MLIR bindings with the TPU dialect; without them (or with a body they cannot read) there is
+no figure.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+from dataclasses import dataclass
+
+# A grid whose steps are more than this is counted densely: each step's guard is evaluated in Python.
+MAX_STEPS = 1 << 22
+_CMP = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "slt": lambda a, b: a < b,
+        "sle": lambda a, b: a <= b, "sgt": lambda a, b: a > b, "sge": lambda a, b: a >= b,
+        "ult": lambda a, b: a < b, "ule": lambda a, b: a <= b, "ugt": lambda a, b: a > b,
+        "uge": lambda a, b: a >= b}
+_BIN = {"arith.addi": lambda a, b: a + b, "arith.subi": lambda a, b: a - b, "arith.muli": lambda a, b: a * b,
+        "arith.andi": lambda a, b: a & b, "arith.ori": lambda a, b: a | b,
+        "arith.maxsi": max, "arith.minsi": min}
+_CASTS = ("arith.index_cast", "arith.extsi", "arith.extui", "arith.trunci", "arith.index_castui")
+_PREDICATES = ("eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge")
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    flops: int  # MXU work over the grid steps that run it
+    dense_flops: int  # every grid step counted
+    steps: int  # grid steps
+    matmuls: int  # tpu.matmul ops in the body
+    guarded: bool  # some of the work runs only where a prefetched table says so
+    resolved: bool  # that condition was evaluated from the table's values (False: every step counted)
+
+
+class _Unknown(Exception):
+    """A value the guard evaluator cannot follow."""
+
+
+def _module(body: bytes):
+    """The kernel's Mosaic module, deserialized (a context that knows the TPU dialect)."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib import tpu
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.passmanager import PassManager
+
+    ctx = mlir.make_ir_context()
+    tpu.register_dialect(ctx)
+    with ctx, ir.Location.unknown():
+        ctx.allow_unregistered_dialects = True
+        module = ir.Module.parse(body)
+        PassManager.parse("builtin.module(mosaic-serde{serialize=false})").run(module.operation)
+    return ctx, module
+
+
+def kernel_body(backend_config) -> bytes | None:
+    """The Mosaic module's bytes from a `tpu_custom_call`'s backend config; None when it has none."""
+    cfg = (backend_config or {}).get("custom_call_config") if isinstance(backend_config, dict) else None
+    body = cfg.get("body") if isinstance(cfg, dict) else None
+    if not isinstance(body, str) or not body:
+        return None
+    try:
+        return base64.b64decode(body)
+    except ValueError:
+        return None
+
+
+def _attrs(op) -> dict:
+    """An operation's attributes by name (iterating the bindings' map gives names, or named
+    attributes in some versions)."""
+    out = {}
+    for a in op.attributes:
+        if isinstance(a, str):
+            out[a] = op.attributes[a]
+        else:
+            out[a.name] = a.attr
+    return out
+
+
+def _ints(attr) -> list[int]:
+    return [int(x) for x in re.findall(r"(?<![\w.])-?\d+", str(attr))]
+
+
+def _shape(t) -> list[int]:
+    m = re.match(r"(?:vector|memref|tensor)<([\dx]+)x[a-z]", str(t))
+    return [int(d) for d in m.group(1).split("x")] if m else []
+
+
+def _matmul_flops(op) -> int:
+    """2 x (result elements) x K of a `tpu.matmul`; K from its dimension numbers (the lhs's
+    contracting dimensions), else the lhs's last dimension (its first where `transpose_lhs`)."""
+    lhs, out = _shape(op.operands[0].type), _shape(op.results[0].type)
+    if not lhs or not out:
+        return 0
+    attrs = _attrs(op)
+    k = lhs[-1]
+    if "dimension_numbers" in attrs:
+        m = re.search(r"<\[([\d, ]*)\]", str(attrs["dimension_numbers"]))
+        dims = [int(d) for d in m.group(1).split(",") if d.strip()] if m else []
+        if dims:
+            k = math.prod(lhs[d] for d in dims)
+    elif "transpose_lhs" in attrs and str(attrs["transpose_lhs"]) == "true":
+        k = lhs[0]
+    return 2 * math.prod(out) * k
+
+
+class _Guards:
+    """Compiles a condition's SSA value into a function of the grid step: arith on the grid ids,
+    constants and loads from scalar-prefetched tables (`memref.load %table[...]`)."""
+
+    def __init__(self, grid_args, tables):
+        self.grid = grid_args  # block arguments: the grid ids
+        self.tables = tables  # [(block argument, (shape, flat values) or None where unknown)]
+
+    def compile(self, v):
+        from jaxlib.mlir import ir
+
+        if isinstance(v.owner, ir.Block):  # a block argument
+            for n, g in enumerate(self.grid):
+                if g == v:
+                    return lambda ids, n=n: ids[n]
+            raise _Unknown("block argument")
+        op = v.owner
+        name = op.name
+        attrs = _attrs(op)
+        if name == "arith.constant":
+            text = str(attrs.get("value", ""))
+            got = 1 if text.startswith("true") else 0 if text.startswith("false") else _ints(text)
+            if isinstance(got, list):
+                if len(got) != 1:
+                    raise _Unknown("constant")
+                got = got[0]
+            return lambda ids, c=got: c
+        if name in _CASTS:
+            return self.compile(op.operands[0])
+        if name in _BIN:
+            a, b, f = self.compile(op.operands[0]), self.compile(op.operands[1]), _BIN[name]
+            return lambda ids: f(a(ids), b(ids))
+        if name == "arith.cmpi":
+            f = _CMP[_PREDICATES[_ints(attrs["predicate"])[0]]]
+            a, b = self.compile(op.operands[0]), self.compile(op.operands[1])
+            return lambda ids: int(f(a(ids), b(ids)))
+        if name == "arith.select":
+            c, a, b = (self.compile(op.operands[i]) for i in range(3))
+            return lambda ids: a(ids) if c(ids) else b(ids)
+        if name == "memref.load":
+            table = next((t for arg, t in self.tables if arg == op.operands[0]), None)
+            if table is None:
+                raise _Unknown("load from a table whose values are not known")
+            shape, flat = table
+            index = [self.compile(i) for i in list(op.operands)[1:]]
+            if len(index) != len(shape):
+                raise _Unknown("index")
+
+            def load(ids):
+                pos = 0
+                for f, s in zip(index, shape):
+                    i = f(ids)
+                    if not 0 <= i < s:
+                        raise _Unknown("index out of the table")
+                    pos = pos * s + i
+                return flat[pos]
+            return load
+        raise _Unknown(name)
+
+
+def _walk(block, mult, guard, found):
+    """Collect (flops x constant loop trips, the conditions around it) for each matmul under `block`."""
+    for op in block.operations:
+        name = op.operation.name
+        if name == "tpu.matmul":
+            found.append((_matmul_flops(op.operation) * mult, guard))
+            continue
+        trips = 1
+        if name == "scf.for":
+            try:
+                lb, ub, step = (_Guards([], []).compile(op.operation.operands[i])(()) for i in range(3))
+                trips = max(0, -(-(ub - lb) // step)) if step > 0 else 1
+            except _Unknown:
+                trips = 1  # a data-dependent loop: one trip
+        regions = list(op.operation.regions)
+        for r, region in enumerate(regions):
+            cond = guard
+            if name == "scf.if":  # then-region under the condition, else-region under its negation
+                cond = (*guard, (op.operation.operands[0], r == 0))
+            for b in region.blocks:
+                _walk(b, mult * trips, cond, found)
+
+
+def kernel_work(body: bytes, tables: list | None = None) -> KernelWork | None:
+    """The kernel's MXU work. `tables`: for each scalar-prefetch operand in order, its values
+    (flat, row-major) where the step holds it as a constant, else None. None when the body cannot be
+    read, has no grid or no matmul."""
+    try:
+        ctx, module = _module(body)
+    except Exception:  # noqa: BLE001 - a body these bindings cannot read: no figure
+        return None
+    with ctx:
+        main = None
+        for op in module.body.operations:
+            attrs = _attrs(op.operation)
+            if "iteration_bounds" in attrs:
+                main, bounds = op, _ints(attrs["iteration_bounds"])
+                prefetch = _ints(attrs["scalar_prefetch"])[0] if "scalar_prefetch" in attrs else 0
+                break
+        if main is None or any(b < 1 for b in bounds):  # no grid, or one sized at run time
+            return None
+        entry = main.operation.regions[0].blocks[0]
+        args = list(entry.arguments)
+        grid_args = args[:len(bounds)]
+        table_args = []
+        for n, arg in enumerate(args[len(bounds):len(bounds) + prefetch]):
+            vals = tables[n] if tables and n < len(tables) else None
+            shape = _shape(arg.type)
+            table_args.append((arg, (shape, list(vals)) if vals is not None and len(vals) == math.prod(shape)
+                               else None))
+        found: list = []
+        _walk(entry, 1, (), found)
+        if not found:
+            return None
+        steps = math.prod(bounds)
+        per_step = sum(f for f, _ in found)
+        dense = per_step * steps
+        guarded = [(f, g) for f, g in found if g]
+        if not guarded:
+            return KernelWork(dense, dense, steps, len(found), False, True)
+        if steps > MAX_STEPS:
+            return KernelWork(dense, dense, steps, len(found), True, False)
+        ev = _Guards(grid_args, table_args)
+        total = sum(f for f, g in found if not g) * steps
+        try:
+            checks = [(f, [(ev.compile(v), want) for v, want in g]) for f, g in guarded]
+            for ids in _grid(bounds):
+                for f, conds in checks:
+                    if all(bool(c(ids)) == want for c, want in conds):
+                        total += f
+        except _Unknown:
+            return KernelWork(dense, dense, steps, len(found), True, False)
+        return KernelWork(total, dense, steps, len(found), True, True)
+
+
+def _grid(bounds):
+    ids = [0] * len(bounds)
+    for _ in range(math.prod(bounds)):
+        yield tuple(ids)
+        for d in reversed(range(len(bounds))):
+            ids[d] += 1
+            if ids[d] < bounds[d]:
+                break
+            ids[d] = 0
