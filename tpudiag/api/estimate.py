@@ -242,7 +242,17 @@ def _cost_model_matmuls(report, hlo, probed=frozenset()):
     return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
 
 
-_COPIES = ("copy", "copy-start", "copy-done", "bitcast")
+_COPIES = ("copy", "copy-start", "copy-done")  # the same values (a layout change is physical only)
+_SHAPE = re.compile(r"^(\w+)\[([\d,]*)\](?:\{([\d,]*))?")
+
+
+def _same_order(a: str, b: str) -> bool:
+    """Whether two shapes hold their values in the same row-major order (a bitcast between them
+    keeps a table's flat values as they are): the same dims, and the same layout where given."""
+    ma, mb = _SHAPE.match(a or ""), _SHAPE.match(b or "")
+    if not ma or not mb or ma.group(2) != mb.group(2):
+        return False
+    return (ma.group(3) or "") == (mb.group(3) or "") or not ma.group(3) or not mb.group(3)
 
 
 def _loop_invariant(hlo, loop, k: int) -> bool:
@@ -250,6 +260,8 @@ def _loop_invariant(hlo, loop, k: int) -> bool:
     body = hlo.computations.get(loop.body or "")
     root = body.root if body is not None else None
     carried = hlo.operand(root, k) if root is not None and root.opcode == "tuple" else None
+    while carried is not None and carried.opcode == "copy":
+        carried = hlo.operand(carried, 0)
     return (carried is not None and carried.opcode == "get-tuple-element" and carried.index == k
             and hlo.operand(carried, 0) is not None and hlo.operand(carried, 0).opcode == "parameter")
 
@@ -262,8 +274,11 @@ def _table_source(hlo, instr) -> str | None:
     for _ in range(64):
         if instr is None:
             return None
-        if instr.opcode in _COPIES and instr.operands:
-            instr = hlo.operand(instr, 0)
+        source = hlo.operand(instr, 0) if instr.operands else None
+        if instr.opcode in _COPIES and source is not None:
+            instr = source
+        elif instr.opcode == "bitcast" and source is not None and _same_order(instr.shape, source.shape):
+            instr = source
         elif instr.opcode == "get-tuple-element" and instr.index is not None:
             pending.append(instr.index)
             instr = hlo.operand(instr, 0)
@@ -304,6 +319,8 @@ def _kernel_bodies(report, hlo, run: Path):
         tables = json.loads(tables_file.read_text()) if tables_file.is_file() else {}
     except (OSError, ValueError):
         tables = {}
+    tables = {k: v for k, v in tables.items() if isinstance(v, list) and all(type(x) is int for x in v)} \
+        if isinstance(tables, dict) else {}
     ops, added, timed, unresolved, memo = [], 0.0, 0, 0, {}
     for o in m.ops:
         instr = hlo.instruction(o.name, o.computation) if o.opcode == "custom-call" else None
@@ -326,7 +343,7 @@ def _kernel_bodies(report, hlo, run: Path):
         unresolved += work.guarded and not work.resolved
         s = work.flops / t.peak_bf16_flops_per_s
         steps = "every grid step" if not work.guarded else (
-            "the grid steps its tables run" if work.resolved else "every grid step (tables not known)")
+            "the grid steps its tables run" if work.resolved else "every grid step (its tables not evaluated)")
         if s > o.estimated_s:
             added += (s - o.estimated_s) * o.runs
             o = replace(o, flops=work.flops, estimated_s=round(s, 12), bound_by="compute",
@@ -339,8 +356,8 @@ def _kernel_bodies(report, hlo, run: Path):
     note = (f"{timed} Pallas kernel op(s) with no cost estimate of their own: MXU work read from the kernel's "
             f"body over the grid steps that run it, at the MXU peak (+{added:.4g} s per step; softmax and other "
             "vector work not counted)"
-            + (f"; {unresolved} run steps decided by tables whose values are not known: every step counted"
-               if unresolved else ""))
+            + (f"; {unresolved} whose grid steps depend on tables that could not be evaluated (values not known, "
+               "or too many steps): every step counted" if unresolved else ""))
     return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
 
 

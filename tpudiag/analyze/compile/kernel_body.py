@@ -11,11 +11,14 @@ A matmul under `scf.if` on a value the kernel loads from a scalar-prefetched tab
 grid (splash attention's block mask: a causal mask's blocks above the diagonal are skipped) runs on
 the steps where that condition holds. Where the table is a constant of the step (its values written
 beside the optimized HLO by the compile worker: `kernel_tables`), the condition is evaluated for
-every grid step; where it is not, every step is counted and the work says so (`resolved`).
+every grid step; where it cannot be (values not known, an operation the evaluator does not follow,
+more than MAX_STEPS steps), every step is counted and the work says so (`resolved`). A loop whose
+trip count is not a constant counts one trip.
 
 What it leaves out: the kernel's vector and transcendental work (softmax's exp and reductions, which
 bound attention at a head dimension of 128 on some chips), its DMA, and an f32 matmul's extra MXU
-passes. So the work is a floor on the kernel's time, not an estimate of it. Reading the body needs
+passes. So, resolved, the work is a floor on the kernel's time, not an estimate of it; unresolved,
+it also counts the steps a kernel skips. Reading the body needs
 jax's MLIR bindings with the TPU dialect; without them (or with a body they cannot read) there is
 no figure.
 """
@@ -27,16 +30,43 @@ import math
 import re
 from dataclasses import dataclass
 
-# A grid whose steps are more than this is counted densely: each step's guard is evaluated in Python.
-MAX_STEPS = 1 << 22
+# A grid of more steps than this is counted densely: each step's guards are evaluated in Python
+# (a few microseconds a step).
+MAX_STEPS = 1 << 20
+
+
+def _unsigned(f):
+    def cmp(a, b):
+        if a < 0 or b < 0:
+            raise _Unknown("an unsigned comparison of a negative value")
+        return f(a, b)
+    return cmp
+
+
+def _div(f):
+    def div(a, b):
+        if b == 0:
+            raise _Unknown("division by zero")
+        return f(a, b)
+    return div
+
+
 _CMP = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "slt": lambda a, b: a < b,
         "sle": lambda a, b: a <= b, "sgt": lambda a, b: a > b, "sge": lambda a, b: a >= b,
-        "ult": lambda a, b: a < b, "ule": lambda a, b: a <= b, "ugt": lambda a, b: a > b,
-        "uge": lambda a, b: a >= b}
+        "ult": _unsigned(lambda a, b: a < b), "ule": _unsigned(lambda a, b: a <= b),
+        "ugt": _unsigned(lambda a, b: a > b), "uge": _unsigned(lambda a, b: a >= b)}
 _BIN = {"arith.addi": lambda a, b: a + b, "arith.subi": lambda a, b: a - b, "arith.muli": lambda a, b: a * b,
-        "arith.andi": lambda a, b: a & b, "arith.ori": lambda a, b: a | b,
-        "arith.maxsi": max, "arith.minsi": min}
-_CASTS = ("arith.index_cast", "arith.extsi", "arith.extui", "arith.trunci", "arith.index_castui")
+        "arith.andi": lambda a, b: a & b, "arith.ori": lambda a, b: a | b, "arith.xori": lambda a, b: a ^ b,
+        "arith.maxsi": max, "arith.minsi": min, "arith.maxui": _unsigned(max), "arith.minui": _unsigned(min),
+        "arith.shli": lambda a, b: a << b, "arith.shrsi": lambda a, b: a >> b,
+        "arith.shrui": _unsigned(lambda a, b: a >> b),
+        # C semantics (round toward zero) for divsi/remsi; floor and ceiling for their own ops
+        "arith.divsi": _div(lambda a, b: abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)),
+        "arith.remsi": _div(lambda a, b: a - b * (abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1))),
+        "arith.divui": _div(_unsigned(lambda a, b: a // b)), "arith.remui": _div(_unsigned(lambda a, b: a % b)),
+        "arith.floordivsi": _div(lambda a, b: a // b), "arith.ceildivsi": _div(lambda a, b: -(-a // b))}
+_CASTS = ("arith.index_cast", "arith.extsi", "arith.trunci")  # values as loaded: signed
+_UNSIGNED_CASTS = ("arith.extui", "arith.index_castui")  # the same where the value is not negative
 _PREDICATES = ("eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge")
 
 
@@ -77,7 +107,7 @@ def kernel_body(backend_config) -> bytes | None:
     if not isinstance(body, str) or not body:
         return None
     try:
-        return base64.b64decode(body)
+        return base64.b64decode(body, validate=True)
     except ValueError:
         return None
 
@@ -113,9 +143,8 @@ def _matmul_flops(op) -> int:
     k = lhs[-1]
     if "dimension_numbers" in attrs:
         m = re.search(r"<\[([\d, ]*)\]", str(attrs["dimension_numbers"]))
-        dims = [int(d) for d in m.group(1).split(",") if d.strip()] if m else []
-        if dims:
-            k = math.prod(lhs[d] for d in dims)
+        if m:  # no contracting dimension: an outer product, K 1
+            k = math.prod(lhs[int(d)] for d in m.group(1).split(",") if d.strip())
     elif "transpose_lhs" in attrs and str(attrs["transpose_lhs"]) == "true":
         k = lhs[0]
     return 2 * math.prod(out) * k
@@ -150,6 +179,15 @@ class _Guards:
             return lambda ids, c=got: c
         if name in _CASTS:
             return self.compile(op.operands[0])
+        if name in _UNSIGNED_CASTS:
+            f = self.compile(op.operands[0])
+
+            def nonnegative(ids):
+                v = f(ids)
+                if v < 0:
+                    raise _Unknown("an unsigned cast of a negative value")
+                return v
+            return nonnegative
         if name in _BIN:
             a, b, f = self.compile(op.operands[0]), self.compile(op.operands[1]), _BIN[name]
             return lambda ids: f(a(ids), b(ids))
@@ -245,15 +283,33 @@ def kernel_work(body: bytes, tables: list | None = None) -> KernelWork | None:
             return KernelWork(dense, dense, steps, len(found), True, False)
         ev = _Guards(grid_args, table_args)
         total = sum(f for f, g in found if not g) * steps
+        by_guard: dict[tuple, int] = {}  # matmuls under the same conditions: their work together
+        for f, g in guarded:
+            by_guard[g] = by_guard.get(g, 0) + f
         try:
-            checks = [(f, [(ev.compile(v), want) for v, want in g]) for f, g in guarded]
+            conds = {}  # each distinct condition value, compiled once
+            checks = []
+            for g, f in by_guard.items():
+                for v, _ in g:
+                    if v not in conds:
+                        conds[v] = ev.compile(v)
+                checks.append((f, [(conds[v], want) for v, want in g]))
             for ids in _grid(bounds):
-                for f, conds in checks:
-                    if all(bool(c(ids)) == want for c, want in conds):
+                seen = {}
+                for f, needs in checks:
+                    if all(_holds(seen, c, want, ids) for c, want in needs):
                         total += f
-        except _Unknown:
+        except (_Unknown, TypeError, ValueError, IndexError, OverflowError):
             return KernelWork(dense, dense, steps, len(found), True, False)
         return KernelWork(total, dense, steps, len(found), True, True)
+
+
+def _holds(seen: dict, cond, want: bool, ids) -> bool:
+    """Whether `cond` (a compiled condition) is `want` at grid step `ids`; each evaluated once a step."""
+    key = id(cond)
+    if key not in seen:
+        seen[key] = bool(cond(ids))
+    return seen[key] == want
 
 
 def _grid(bounds):
