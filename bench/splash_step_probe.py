@@ -5,13 +5,17 @@ The estimate times a kernel that gives no cost estimate (JAX's splash attention)
 matmuls at the MXU peak over the grid steps its mask tables run: a floor, which leaves out each
 block's softmax and the scores' trips through VMEM. The kernel's own static profile does not give
 its time: its blocks run under branches on the mask tables, which the static model does not follow.
-This probes each such kernel with its body rewritten: the grid cut to 2 and then 4 steps along its
-last axis, and every `scf.if` whose condition reads a table made to hold. Each probe is the custom
-call alone, written as StableHLO (an HLO text of it does not convert for libtpu's plugin), compiled
-for the run's target with the run's compiler flags and the static profile, loops stepped through.
-The per-step figure is the difference over the two extra steps (the first step's DMA left out);
-times the active steps the estimate counted, it is what the kernel would take if every active step
-ran as these do. It is a what-if beside the estimate, not applied to it; nothing is fitted.
+This probes each such kernel with its body rewritten: the grid cut to 2 and then 3 steps along its
+last axis (the others to 1; a last axis of 3 steps or fewer is not probed, so that neither probe
+reaches the axis's last step, where a kernel writes its output block back), and every `scf.if` whose
+condition reads one of its scalar-prefetched tables made to hold. Each probe is the custom call
+alone, written as StableHLO (an HLO text of it does not convert for libtpu's plugin), compiled for
+the run's target with the run's compiler flags and the static profile, loops stepped through. The
+per-step figure is the difference over the extra step (the first step's DMA and the row's write-back
+left out); times the active steps the estimate counted (its matmul work over one step's, exact where
+every matmul is under a table branch, as in splash), it is what the kernel would take if every
+active step ran as these do. It is a what-if beside the estimate, not applied to it; nothing is
+fitted.
 
     python bench/splash_step_probe.py RUN [--out DIR]        # RUN: a kept `tpudiag estimate` run
 
@@ -41,36 +45,42 @@ def _tensor(shape: str) -> str:
     return "tensor<" + "".join(f"{d}x" for d in dims) + _TYPES[m.group(1)] + ">"
 
 
-def _reads_table(value, depth: int = 0) -> bool:
+def _reads_table(value, tables, depth: int = 0) -> bool:
+    """Whether `value` is computed from a load of one of `tables` (the scalar-prefetch arguments)."""
     from jaxlib.mlir import ir
 
     owner = value.owner
     if isinstance(owner, ir.Block) or depth > 16:
         return False
-    return owner.name == "memref.load" or any(_reads_table(v, depth + 1) for v in owner.operands)
+    if owner.name == "memref.load" and any(owner.operands[0] == t for t in tables):
+        return True
+    return any(_reads_table(v, tables, depth + 1) for v in owner.operands)
 
 
-def _force_table_branches(block) -> int:
-    """Every `scf.if` under `block` whose condition reads a table made to hold; returns how many."""
+def _force_table_branches(block, tables) -> int:
+    """Every `scf.if` under `block` whose condition reads one of `tables` made to hold; returns how
+    many."""
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import arith
 
     forced = 0
     for op in block.operations:
-        if op.operation.name == "scf.if" and _reads_table(op.operation.operands[0]):
+        if op.operation.name == "scf.if" and _reads_table(op.operation.operands[0], tables):
             with ir.InsertionPoint(op):
                 true = arith.ConstantOp(ir.IntegerType.get_signless(1), 1)
             op.operation.operands[0] = true.result
             forced += 1
         for region in op.operation.regions:
             for inner in region.blocks:
-                forced += _force_table_branches(inner)
+                forced += _force_table_branches(inner, tables)
     return forced
 
 
-def _probe_text(instr, operands, steps: int) -> tuple[str, int]:
-    """(the StableHLO module of `instr` alone with its grid's last axis cut to `steps` and its table
-    branches made to hold, how many branches were forced)."""
+def _probe_text(instr, operands, steps: int) -> tuple[str, int] | None:
+    """(the StableHLO module of `instr` alone with its grid cut to `steps` along its last axis (the
+    others to 1) and its branches on its scalar-prefetched tables made to hold, how many branches were
+    forced); None where that axis has fewer than STEPS[1] + 1 steps (the probe must not reach the
+    axis's last step, where a kernel writes its output block back)."""
     from jaxlib.mlir import ir
     from jaxlib.mlir.passmanager import PassManager
 
@@ -83,9 +93,15 @@ def _probe_text(instr, operands, steps: int) -> tuple[str, int]:
         for op in module.body.operations:
             if "iteration_bounds" in op.operation.attributes:
                 attrs = op.operation.attributes
-                rank = len(re.findall(r"(?<![\w.])\d+", str(attrs["iteration_bounds"])))
-                attrs["iteration_bounds"] = ir.DenseI64ArrayAttr.get([1] * (rank - 1) + [steps])
-                forced = _force_table_branches(op.operation.regions[0].blocks[0])
+                bounds = [int(x) for x in re.findall(r"(?<![\w.])\d+", str(attrs["iteration_bounds"]))]
+                prefetch = re.findall(r"(?<![\w.])\d+", str(attrs["scalar_prefetch"])) if "scalar_prefetch" in attrs \
+                    else ["0"]
+                if bounds[-1] <= STEPS[1]:
+                    return None
+                attrs["iteration_bounds"] = ir.DenseI64ArrayAttr.get([1] * (len(bounds) - 1) + [steps])
+                entry = op.operation.regions[0].blocks[0]
+                tables = list(entry.arguments)[len(bounds):len(bounds) + int(prefetch[0])]
+                forced = _force_table_branches(entry, tables)
         PassManager.parse("builtin.module(mosaic-serde{serialize=true})").run(module.operation)
         buf = io.BytesIO()
         module.operation.write_bytecode(buf, desired_version=0)
@@ -106,6 +122,10 @@ def _probe_text(instr, operands, steps: int) -> tuple[str, int]:
         f"    return {', '.join(f'%0#{i}' if n > 1 else '%0' for i in range(n))} : {', '.join(results)}",
         "  }", "}"]
     return "\n".join(lines) + "\n", forced
+
+
+# The probes' grid steps along the last axis: the per-step figure is the difference over the extra step.
+STEPS = (2, 3)
 
 
 def _cycles(text: str, name: str, topology: str, out: Path) -> int | None:
@@ -156,7 +176,8 @@ def main() -> int:
     flops_per_cycle = target.peak_bf16_flops_per_s / target.clock_hz
     print(f"{run} on {target.topology}: per grid step, the kernel's static cycles (branches on its tables made "
           "to hold) against its matmuls at the MXU peak")
-    print(f"{'kernel op':42} {'runs':>4} {'2 steps':>9} {'4 steps':>9} {'per step':>9} {'MXU/step':>9} {'ratio':>6} "
+    first, second = (f"{n} steps" for n in STEPS)
+    print(f"{'kernel op':42} {'runs':>4} {first:>9} {second:>9} {'per step':>9} {'MXU/step':>9} {'ratio':>6} "
           f"{'active':>7} {'counted':>9} {'as probed':>10}")
     seen = {}
     total_counted = total_probed = 0.0
@@ -174,18 +195,19 @@ def main() -> int:
         key = (body, tuple(x.shape for x in operands))
         if key not in seen:
             cycles = []
-            for steps in (2, 4):
-                text, _ = _probe_text(instr, operands, steps)
-                cycles.append(_cycles(text, f"{o.name}-{steps}", target.topology, out))
+            for steps in STEPS:
+                got = _probe_text(instr, operands, steps)
+                cycles.append(_cycles(got[0], f"{o.name}-{steps}", target.topology, out) if got else None)
             seen[key] = cycles
         two, four = seen[key]
         per_step_mxu = work.dense_flops / work.steps / flops_per_cycle
         active = round(work.flops / (work.dense_flops / work.steps))
         counted = work.flops / target.peak_bf16_flops_per_s * o.runs
         if two is None or four is None:
-            print(f"{o.name:42} {o.runs:>4} {'-':>9} {'-':>9}  (no cycles: the probe failed to compile or profile)")
+            print(f"{o.name:42} {o.runs:>4} {'-':>9} {'-':>9}  (no cycles: a grid too short to probe, or the probe "
+                  "failed to compile or profile)")
             continue
-        per_step = (four - two) / 2
+        per_step = (four - two) / (STEPS[1] - STEPS[0])
         probed = per_step * active / target.clock_hz * o.runs
         total_counted += counted
         total_probed += probed
