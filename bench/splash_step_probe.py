@@ -183,8 +183,7 @@ def main() -> int:
     total_counted = total_probed = 0.0
     for o in m.ops:
         instr = hlo.instruction(o.name, o.computation) if o.opcode == "custom-call" else None
-        if instr is None or "tpu_custom_call" not in str(instr.attributes.get("custom_call_target", "")) \
-                or has_cost_estimate(instr):
+        if instr is None or instr.custom_call_target != "tpu_custom_call" or has_cost_estimate(instr):
             continue
         body = kernel_body(instr.backend_config)
         values = [tables.get(_table_source(hlo, hlo.operand(instr, k)) or "") for k in range(len(instr.operands))]

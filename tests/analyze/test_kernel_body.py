@@ -37,7 +37,7 @@ def _run(leg):
 
 def _kernels(hlo):
     return {i.name.rsplit(".", 1)[0]: i for i in hlo.instructions()
-            if i.opcode == "custom-call" and "tpu_custom_call" in str(i.attributes.get("custom_call_target", ""))}
+            if i.opcode == "custom-call" and i.custom_call_target == "tpu_custom_call"}
 
 
 def _tables(run, hlo, instr):

@@ -325,8 +325,7 @@ def _kernel_bodies(report, hlo, run: Path):
     for o in m.ops:
         instr = hlo.instruction(o.name, o.computation) if o.opcode == "custom-call" else None
         body = None
-        if instr is not None and "tpu_custom_call" in str(instr.attributes.get("custom_call_target", "")) \
-                and not has_cost_estimate(instr):
+        if instr is not None and instr.custom_call_target == "tpu_custom_call" and not has_cost_estimate(instr):
             body = kernel_body(instr.backend_config)
         if body is None:
             ops.append(o)
