@@ -121,13 +121,14 @@ def test_grouped_matmuls_are_timed_over_the_row_tiles_they_visit(tmp_path, newes
 def test_splash_attention_is_timed_by_its_kernels_mxu_work(tmp_path, newest_leg):
     """JAX's splash attention gives no cost estimate: the compile worker writes the step's block
     masks beside its HLO and the estimate counts each kernel's matmuls over the blocks a causal mask
-    keeps (sequence 2048 in blocks of 512: 10 of 16), not 0 FLOPs."""
+    keeps (sequence 2048 in blocks of 512: 10 of 16), not 0 FLOPs; each kernel is then timed by the
+    compiler's cycles for one of those blocks."""
     run = tmp_path / "splash"
     res = _run("-m", "tpudiag", "estimate", f"{PROGRAMS / 'tpu_splash.py'}:step", "--target", "v6e:2x2", "--json",
                "--out", str(run), "--", "--heads", "2", "--seq", "2048", "--block", "512")
     assert res.returncode == 0, res.stderr[-3000:]
     doc = json.loads(res.stdout)
-    (note,) = [f for f in doc["findings"] if "Pallas kernel" in f]
+    (note,) = [f for f in doc["findings"] if "Pallas kernel" in f and "MXU work read" in f]
     assert note.startswith("3 Pallas kernel op(s) with no cost estimate of their own")
     assert "could not be evaluated" not in note
     (tables,) = (run / "modules").glob("*/kernel_tables.json")
@@ -138,9 +139,18 @@ def test_splash_attention_is_timed_by_its_kernels_mxu_work(tmp_path, newest_leg)
     per_block = 2 * 512 * 512 * 128
     matmuls = {"splash_mha_fwd_residuals": 2, "splash_mha_dkv_no_residuals": 4, "splash_mha_dq_no_residuals": 3}
     assert set(splash) == set(matmuls)
+    peak = doc["target"]["peak_bf16_flops_per_s"]
     for name, o in splash.items():
         assert o["flops"] == 2 * 10 * matmuls[name] * per_block
-        assert o["bound_by"] == "compute" and o["limit"].endswith("over the grid steps its tables run")
+        # each kernel compiled alone for 2 and 3 of its key blocks, the mask's branches made to hold:
+        # the compiler's cycles for one block, times the 20 blocks that run, are longer than the matmuls
+        assert o["cycles_source"] == "kernel_probe" and o["bound_by"] == "static_cycles"
+        assert re.fullmatch(r"compiler cycles for one grid step, alone \(kprobe0[0-2]\), x 20 active steps", o["limit"])
+        assert o["estimated_s"] > o["flops"] / peak
+    (probed,) = [f for f in doc["findings"] if "for one grid step" in f]
+    assert probed.startswith("3 Pallas kernel op(s) (3 distinct) timed by the TPU compiler's static cycles")
+    assert "gave no cycles" not in probed and "not probed" not in probed
+    assert len(list((run / "estimate" / "kernel_probes").glob("kprobe*.mlir"))) == 6
 
 
 def test_offloaded_layer_inputs_are_timed_on_the_host_link(tmp_path, newest_leg):

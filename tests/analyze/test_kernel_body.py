@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 from tests.conftest import ARTIFACT_SETS, set_versions, skip_if_newer_than_this_xla
-from tpudiag.analyze.compile.kernel_body import kernel_body, kernel_work
-from tpudiag.api.estimate import _table_source
+from tpudiag.analyze.compile.kernel_body import STEP_PROBE, kernel_body, kernel_work, step_probe
+from tpudiag.api.estimate import _kernel_works, _table_source
 from tpudiag.api.pipeline import compile_run_artifacts
 
 pytest.importorskip("jaxlib.mlir")
@@ -63,9 +63,10 @@ def test_splash_kernels_work_is_their_matmuls_over_the_blocks_the_causal_mask_ke
                                                                            True, True)
         assert work.dense_flops == dense
         assert work.flops == HEADS * ACTIVE * MATMULS[name] * ONE_MATMUL  # 10 of 16 blocks
+        assert work.active == HEADS * ACTIVE
         # without the tables' values every grid step is counted, and the work says so
         blind = kernel_work(body)
-        assert (blind.flops, blind.resolved) == (dense, False)
+        assert (blind.flops, blind.resolved, blind.active) == (dense, False, blind.steps)
 
 
 @pytest.mark.parametrize("leg", sorted(ARTIFACT_SETS))
@@ -111,7 +112,7 @@ def test_the_estimate_times_each_splash_kernel_by_its_mxu_work(leg, tmp_path):
     hlo = arts[0].hlo
     report, _ = _hbm_outside_vmem(report, hlo)
     before = {o.name: o for o in report.modules[0].ops}
-    after, note = _kernel_bodies(report, hlo, _run(leg))
+    after, note = _kernel_bodies(report, _kernel_works(report, hlo, _run(leg)))
     ops = {o.name: o for o in after.modules[0].ops}
     peak = report.target.peak_bf16_flops_per_s
     added = 0.0
@@ -137,7 +138,7 @@ def test_the_estimate_times_each_splash_kernel_by_its_mxu_work(leg, tmp_path):
     shutil.copytree(_run(leg), bare)
     for f in (bare / "modules").glob("*/kernel_tables.json"):
         f.unlink()
-    blind, note = _kernel_bodies(report, hlo, bare)
+    blind, note = _kernel_bodies(report, _kernel_works(report, hlo, bare))
     assert note.endswith("; 3 whose grid steps depend on tables that could not be evaluated (values not known, or "
                          "too many steps): every step counted")
     for o in blind.modules[0].ops:
@@ -158,7 +159,7 @@ def test_maxtext_own_step_splash_kernels_timed_and_its_gmm_left_alone():
     arts, report = compile_run_artifacts(run, with_llo=False, suggestions=False)
     hlo = arts[0].hlo
     before = {o.name: o for o in report.modules[0].ops}
-    after, note = _kernel_bodies(report, hlo, run)
+    after, note = _kernel_bodies(report, _kernel_works(report, hlo, run))
     assert note.startswith("4 Pallas kernel op(s) with no cost estimate of their own")
     assert "could not be evaluated" not in note
     changed = {o.name: o for o in after.modules[0].ops if o != before[o.name]}
@@ -230,5 +231,58 @@ def test_a_guard_on_a_table_through_division_and_remainder(tmp_path):
     work = kernel_work(body, [table.ravel().tolist()])
     assert (work.steps, work.matmuls, work.guarded, work.resolved) == (24, 2, True, True)
     assert work.flops == 24 * one + runs * one and work.dense_flops == 48 * one
+    assert work.active == 24  # one matmul runs on every step
     assert kernel_work(body, [[0] * 6]).flops == 24 * one  # the guard never holds
+    assert kernel_work(body, [[0] * 6]).active == 24
+    # its last axis has 6 steps: probes of 2 and 3 steps along it, the guard made to hold
+    for steps in STEP_PROBE:
+        probe = kernel_work(_probe_body(step_probe({"custom_call_config": {"body": _b64(body)}},
+                                                   ["s32[2,3]", "bf16[512,256]", "bf16[256,768]"], "f32[512,768]",
+                                                   steps)))
+        assert (probe.steps, probe.active, probe.flops, probe.resolved) == (steps, steps, 2 * steps * one, True)
     assert kernel_work(body, [[1, 2]]).resolved is False  # a table of the wrong size: not used
+
+
+def _b64(body: bytes) -> str:
+    import base64
+
+    return base64.b64encode(body).decode()
+
+
+def _probe_body(text: str) -> bytes:
+    """The kernel body inside a step probe's StableHLO module (parsed by jax's own bindings)."""
+    from jax._src.interpreters import mlir
+    from jaxlib.mlir import ir
+
+    with mlir.make_ir_context():
+        module = ir.Module.parse(text)
+        (call,) = [op for op in module.body.operations[0].regions[0].blocks[0].operations
+                   if op.operation.name == "stablehlo.custom_call"]
+        config = json.loads(ir.StringAttr(call.operation.attributes["backend_config"]).value)
+    assert "debug_locations" not in config["custom_call_config"]
+    return kernel_body(config)
+
+
+@pytest.mark.parametrize("leg", sorted(ARTIFACT_SETS))
+def test_step_probes_run_every_step_of_a_cut_grid(leg):
+    """Each splash kernel's step probe: the grid cut to 2, then 3, steps along its last axis (the key
+    blocks, 4 of them here), every other axis 1, and the mask's branches made to hold, so the body
+    the compiler sees does its matmuls on every step; row-major operands and results."""
+    arts, _ = compile_run_artifacts(_run(leg), with_llo=False, suggestions=False)
+    hlo = arts[0].hlo
+    for name, instr in _kernels(hlo).items():
+        shapes = [hlo.operand(instr, k).shape for k in range(len(instr.operands))]
+        for steps in STEP_PROBE:
+            text = step_probe(instr.backend_config, shapes, instr.shape, steps)
+            assert "operand_layouts = [dense<[2, 1, 0]> : tensor<3xindex>" in text
+            work = kernel_work(_probe_body(text))
+            assert (work.steps, work.active, work.guarded, work.resolved) == (steps, steps, True, True)
+            assert work.flops == work.dense_flops == steps * MATMULS[name] * ONE_MATMUL
+        # a grid whose last axis has no more steps than the longer probe is not probed (its last step
+        # would write the output back)
+        short = json.loads(json.dumps(instr.backend_config))
+        short["custom_call_config"]["body"] = _b64(_probe_body(step_probe(instr.backend_config, shapes, instr.shape,
+                                                                          STEP_PROBE[1])))
+        assert step_probe(short, shapes, instr.shape, STEP_PROBE[0]) is None
+    assert step_probe({"custom_call_config": {"body": "bm90IE1MSVI="}}, ["f32[8]"], "f32[8]", 2) is None
+    assert step_probe(instr.backend_config, ["c64[8]"] * len(instr.operands), instr.shape, 2) is None

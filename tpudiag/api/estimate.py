@@ -149,6 +149,27 @@ def _at_cycles(op, cycles: int, clock: float, source: str, limit: str):
                    cycles_source=source, limit=limit)
 
 
+def _probe_setup(run: Path, subdir: str, limits):
+    """(the directory a pass's probes go in, created; their limits): the static profile stepped
+    through, not fast-forwarded (fast-forwarding inflates a large matmul's cycles: tpu_compile.Limits),
+    each within PROBE_STATIC_S CPU seconds, and no LLO bundle dump (only the static profile is read)."""
+    from dataclasses import replace
+
+    pdir = Path(run) / rundir.ESTIMATE_DIR / subdir
+    pdir.mkdir(parents=True, exist_ok=True)
+    return pdir, replace(limits, static_timeout_s=min(limits.static_timeout_s, PROBE_STATIC_S), scale_with_size=False,
+                         fast_forward=False, llo_dump=False)
+
+
+def _compile_alone(path: Path, name: str, kind: str, pdir: Path, target, limits):
+    """One probe module compiled for `target` with the static profile: its `ModuleReport`."""
+    from tpudiag.api.pipeline import compile_inputs
+    from tpudiag.capture.tpu_compile import ModuleInput
+
+    return compile_inputs([ModuleInput(name=name, path=path, kind=kind)], pdir, target, static_profile=True, jobs=1,
+                          limits=limits, suggestions=False, group_setup=False, with_llo=False).modules[0]
+
+
 def _probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
     """(the report with the step's compute-bound matmul fusions timed by the compiler's static cycles
     of their probes, a finding or None, the names of the ops a probe timed). Each distinct matmul is
@@ -157,22 +178,15 @@ def _probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
     from dataclasses import replace
 
     from tpudiag.analyze.compile.matmul_probe import select_probes
-    from tpudiag.api.pipeline import compile_inputs
-    from tpudiag.capture.tpu_compile import ModuleInput
 
     m = report.modules[0]
     probes = select_probes(hlo, m.ops, PROBES_MAX)
     if not probes:
         return report, None, frozenset()
-    pdir = Path(run) / rundir.ESTIMATE_DIR / "probes"
-    pdir.mkdir(parents=True, exist_ok=True)
+    pdir, probe_limits = _probe_setup(run, "probes", limits)
     if progress:
         progress(f"timing up to {len(probes)} distinct matmul(s) with the compiler's static profile, each alone "
                  f"(at most {PROBE_BUDGET_S:.0f} s)")
-    # stepped through, not fast-forwarded: fast-forwarding inflates a large matmul's cycles (tpu_compile.Limits);
-    # no LLO bundle dump (only the static profile is read)
-    probe_limits = replace(limits, static_timeout_s=min(limits.static_timeout_s, PROBE_STATIC_S), scale_with_size=False,
-                           fast_forward=False, llo_dump=False)
     clock = report.target.clock_hz
     seconds, missing, skipped = {}, 0, 0
     t0 = time.monotonic()
@@ -182,10 +196,7 @@ def _probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
             break
         path = pdir / f"probe{i:02d}-{p.key}.hlo.txt"
         path.write_text(p.text)
-        probed = compile_inputs([ModuleInput(name=f"probe{i:02d}", path=path, kind="hlo")], pdir, target,
-                                static_profile=True, jobs=1, limits=probe_limits, suggestions=False,
-                                group_setup=False, with_llo=False)
-        pm = probed.modules[0]
+        pm = _compile_alone(path, f"probe{i:02d}", "hlo", pdir, target, probe_limits)
         cycles = max((o.estimated_cycles or 0 for o in pm.ops if o.flops > 0 and o.cycles_source == "static_profile"),
                      default=0)
         if not cycles:
@@ -300,20 +311,14 @@ def _table_source(hlo, instr) -> str | None:
     return None
 
 
-def _kernel_bodies(report, hlo, run: Path):
-    """(the report with each Pallas kernel that gives no cost estimate of its own timed by the MXU
-    work of its body over the grid steps that run it, a finding or None). Such a kernel's op counts
-    0 FLOPs (JAX's splash attention gives none); its body's matmuls, their loops and the grid steps
-    its scalar-prefetched tables let run are read by `analyze/compile/kernel_body.py`, the tables'
-    values from the module's `kernel_tables.json`. An op takes the longer of that at the MXU peak and
-    its time so far."""
-    from dataclasses import replace
-
+def _kernel_works(report, hlo, run: Path) -> dict:
+    """{op name: (its instruction, its KernelWork)} for the step's ops of Pallas kernels that give no
+    cost estimate of their own and whose body has matmuls (`analyze/compile/kernel_body.py`), the
+    tables' values from the module's `kernel_tables.json`."""
     from tpudiag.analyze.compile.kernel_body import kernel_body, kernel_work
     from tpudiag.analyze.hlo.cost import has_cost_estimate
 
     m = report.modules[0]
-    t = report.target
     tables_file = Path(run) / rundir.MODULES_DIR / Path(m.artifacts).name / rundir.KERNEL_TABLES
     try:
         tables = json.loads(tables_file.read_text()) if tables_file.is_file() else {}
@@ -321,24 +326,40 @@ def _kernel_bodies(report, hlo, run: Path):
         tables = {}
     tables = {k: v for k, v in tables.items() if isinstance(v, list) and all(type(x) is int for x in v)} \
         if isinstance(tables, dict) else {}
-    ops, added, timed, unresolved, memo = [], 0.0, 0, 0, {}
+    out, memo = {}, {}
     for o in m.ops:
         instr = hlo.instruction(o.name, o.computation) if o.opcode == "custom-call" else None
-        body = None
-        if instr is not None and instr.custom_call_target == "tpu_custom_call" and not has_cost_estimate(instr):
-            body = kernel_body(instr.backend_config)
+        if instr is None or instr.custom_call_target != "tpu_custom_call" or has_cost_estimate(instr):
+            continue
+        body = kernel_body(instr.backend_config)
         if body is None:
-            ops.append(o)
             continue
         values = [tables.get(_table_source(hlo, hlo.operand(instr, k)) or "") for k in range(len(instr.operands))]
         key = (body, tuple(tuple(v) if v else None for v in values))
         if key not in memo:
             memo[key] = kernel_work(body, values)
-        work = memo[key]
-        if work is None or work.flops <= 0:
+        if memo[key] is not None and memo[key].flops > 0:
+            out[o.name] = (instr, memo[key])
+    return out
+
+
+def _kernel_bodies(report, works: dict):
+    """(the report with each Pallas kernel that gives no cost estimate of its own timed by the MXU
+    work of its body over the grid steps that run it, a finding or None). Such a kernel's op counts
+    0 FLOPs (JAX's splash attention gives none); `works` is `_kernel_works`. An op takes the longer of
+    that at the MXU peak and its time so far."""
+    from dataclasses import replace
+
+    if not works:
+        return report, None
+    m = report.modules[0]
+    t = report.target
+    ops, added, unresolved = [], 0.0, 0
+    for o in m.ops:
+        if o.name not in works:
             ops.append(o)
             continue
-        timed += 1
+        work = works[o.name][1]
         unresolved += work.guarded and not work.resolved
         s = work.flops / t.peak_bf16_flops_per_s
         steps = "every grid step" if not work.guarded else (
@@ -350,13 +371,105 @@ def _kernel_bodies(report, hlo, run: Path):
         else:
             o = replace(o, flops=work.flops)
         ops.append(o)
-    if not timed:
-        return report, None
-    note = (f"{timed} Pallas kernel op(s) with no cost estimate of their own: MXU work read from the kernel's "
+    note = (f"{len(works)} Pallas kernel op(s) with no cost estimate of their own: MXU work read from the kernel's "
             f"body over the grid steps that run it, at the MXU peak (+{added:.4g} s per step; softmax and other "
             "vector work not counted)"
             + (f"; {unresolved} whose grid steps depend on tables that could not be evaluated (values not known, "
                "or too many steps): every step counted" if unresolved else ""))
+    return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
+
+
+def _kernel_key(hlo, instr) -> tuple:
+    """What makes two kernel ops one probe: the body, the operand shapes and the result shape."""
+    shapes = tuple(hlo.operand(instr, k).shape if hlo.operand(instr, k) else "" for k in range(len(instr.operands)))
+    return (instr.backend_config.get("custom_call_config", {}).get("body"), shapes, instr.shape)
+
+
+# Wall seconds all kernel step probes of a step may take.
+KERNEL_PROBE_BUDGET_S = 300.0
+
+
+def _probe_kernels(report, hlo, works: dict, run: Path, target, limits, progress=None):
+    """(the report with each Pallas kernel that gives no cost estimate of its own timed by the
+    compiler's cycles for one of its grid steps, a finding or None). The kernel's own static profile
+    does not follow its branches on table values (splash attention's block masks), so each distinct
+    kernel whose active steps `_kernel_works` counted from its tables is compiled alone twice with its
+    body rewritten (`kernel_body.step_probe`: the grid cut to STEP_PROBE steps along its last axis,
+    every branch on a table made to hold), with the static profile, into `RUN/estimate/kernel_probes/`.
+    The difference is one active step's cycles; times the active steps, it is the op's time where
+    longer than its time so far."""
+    from dataclasses import replace
+
+    from tpudiag.analyze.compile.kernel_body import STEP_PROBE, step_probe
+
+    resolved = {n: (i, w) for n, (i, w) in works.items() if w.resolved}
+    if not resolved:
+        return report, None
+    m = report.modules[0]
+    pdir, probe_limits = _probe_setup(run, "kernel_probes", limits)
+    if progress:
+        progress(f"timing {len(resolved)} Pallas kernel op(s) by the compiler's cycles for their grid steps, each "
+                 f"kernel alone (at most {KERNEL_PROBE_BUDGET_S:.0f} s)")
+    clock = report.target.clock_hz
+    flops_per_cycle = report.target.peak_bf16_flops_per_s / clock
+    step_cycles, names, failed, short, skipped = {}, {}, 0, 0, 0
+    t0 = time.monotonic()
+    for instr, _ in resolved.values():
+        key = _kernel_key(hlo, instr)
+        if key in step_cycles:
+            continue
+        shapes = list(key[1])
+        texts = [step_probe(instr.backend_config, shapes, instr.shape, n) for n in STEP_PROBE]
+        if None in texts:  # a grid too short along its last axis, or a body these bindings cannot rewrite
+            step_cycles[key] = None
+            short += 1
+            continue
+        if time.monotonic() - t0 > KERNEL_PROBE_BUDGET_S:
+            step_cycles[key] = None
+            skipped += 1
+            continue
+        names[key] = pname = f"kprobe{len(names):02d}"
+        cycles = []
+        for n, text in zip(STEP_PROBE, texts):
+            path = pdir / f"{pname}-{n}steps.mlir"
+            path.write_text(text)
+            pm = _compile_alone(path, f"{pname}-{n}steps", "mlir", pdir, target, probe_limits)
+            got = [o.estimated_cycles for o in pm.ops
+                   if o.opcode == "custom-call" and o.cycles_source == "static_profile" and o.estimated_cycles]
+            if len(got) != 1:
+                break
+            cycles.append(got[0])
+        ok = len(cycles) == 2 and cycles[1] > cycles[0]
+        step_cycles[key] = (cycles[1] - cycles[0]) / (STEP_PROBE[1] - STEP_PROBE[0]) if ok else None
+        failed += not ok
+    ops, added, slower, ratios = [], 0.0, 0, []
+    for o in m.ops:
+        instr, work = resolved.get(o.name, (None, None))
+        key = _kernel_key(hlo, instr) if instr is not None else None
+        per_step = step_cycles.get(key) if key else None
+        if not per_step:
+            ops.append(o)
+            continue
+        ratios.append(per_step / (work.dense_flops / work.steps / flops_per_cycle))
+        new = _at_cycles(o, round(per_step * work.active), clock, "kernel_probe",
+                         f"compiler cycles for one grid step, alone ({names[key]}), x {work.active:,} active steps")
+        if new is not o:
+            added += (new.estimated_s - o.estimated_s) * o.runs
+            slower += 1
+        ops.append(new)
+    if not ratios and not failed and not skipped:
+        return report, None
+    distinct = sum(1 for v in step_cycles.values() if v)
+    note = (f"{len(ratios)} Pallas kernel op(s) ({distinct} distinct) timed by the TPU compiler's static cycles for "
+            "one grid step, each kernel compiled alone with the branches on its tables made to hold "
+            "(estimate/kernel_probes/)"
+            + (f": {min(ratios):.3g}x-{max(ratios):.3g}x their matmuls at the MXU peak per step, {slower} slower "
+               f"than before, +{added:.4g} s per step" if ratios else "")
+            + (f"; {failed} kernel probe(s) gave no cycles" if failed else "")
+            + (f"; {short} kernel(s) with {STEP_PROBE[1]} or fewer steps on the grid's last axis not probed"
+               if short else "")
+            + (f"; {skipped} kernel(s) not probed within {KERNEL_PROBE_BUDGET_S:.0f} s" if skipped else "")
+            + ("; those stay at their matmuls' MXU time" if failed or short or skipped else ""))
     return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
 
 
@@ -554,9 +667,11 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
             hlo, host = _step_hlo(report, run), None
             if hlo is not None:
                 report, _ = _hbm_outside_vmem(report, hlo)
-                report, _ = _kernel_bodies(report, hlo, run)
+                works = _kernel_works(report, hlo, run)
+                report, _ = _kernel_bodies(report, works)
                 probed = frozenset()
                 if matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS:
+                    report, _ = _probe_kernels(report, hlo, works, run, target, limits or Limits(), progress)
                     report, _, probed = _probe_matmuls(report, hlo, run, target, limits or Limits(), progress)
                 if matmul_probes if cost_model is None else cost_model:
                     report, _ = _cost_model_matmuls(report, hlo, probed)

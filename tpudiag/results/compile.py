@@ -27,7 +27,8 @@ class OpEstimate(Model):
     category: str
     source: str | None
     estimated_cycles: int | None  # the TPU compiler's static estimate; None where it gave none
-    cycles_source: str  # static_profile | none | off | not_estimated; an estimate's: matmul_probe | cost_model
+    # static_profile | none | off | not_estimated; an estimate's: matmul_probe | kernel_probe | cost_model
+    cycles_source: str
     flops: int
     bytes_accessed: int
     ici_bytes: int

@@ -75,6 +75,7 @@ class KernelWork:
     flops: int  # MXU work over the grid steps that run it
     dense_flops: int  # every grid step counted
     steps: int  # grid steps
+    active: int  # grid steps that run some of the matmuls (all of them where one is not guarded)
     matmuls: int  # tpu.matmul ops in the body
     guarded: bool  # some of the work runs only where a prefetched table says so
     resolved: bool  # that condition was evaluated from the table's values (False: every step counted)
@@ -278,11 +279,12 @@ def kernel_work(body: bytes, tables: list | None = None) -> KernelWork | None:
         dense = per_step * steps
         guarded = [(f, g) for f, g in found if g]
         if not guarded:
-            return KernelWork(dense, dense, steps, len(found), False, True)
+            return KernelWork(dense, dense, steps, steps, len(found), False, True)
         if steps > MAX_STEPS:
-            return KernelWork(dense, dense, steps, len(found), True, False)
+            return KernelWork(dense, dense, steps, steps, len(found), True, False)
         ev = _Guards(grid_args, table_args)
-        total = sum(f for f, g in found if not g) * steps
+        unguarded = sum(f for f, g in found if not g)
+        total, active = unguarded * steps, 0
         by_guard: dict[tuple, int] = {}  # matmuls under the same conditions: their work together
         for f, g in guarded:
             by_guard[g] = by_guard.get(g, 0) + f
@@ -295,13 +297,15 @@ def kernel_work(body: bytes, tables: list | None = None) -> KernelWork | None:
                         conds[v] = ev.compile(v)
                 checks.append((f, [(conds[v], want) for v, want in g]))
             for ids in _grid(bounds):
-                seen = {}
+                seen, ran = {}, bool(unguarded)
                 for f, needs in checks:
                     if all(_holds(seen, c, want, ids) for c, want in needs):
                         total += f
+                        ran = True
+                active += ran
         except (_Unknown, TypeError, ValueError, IndexError, OverflowError):
-            return KernelWork(dense, dense, steps, len(found), True, False)
-        return KernelWork(total, dense, steps, len(found), True, True)
+            return KernelWork(dense, dense, steps, steps, len(found), True, False)
+        return KernelWork(total, dense, steps, active, len(found), True, True)
 
 
 def _holds(seen: dict, cond, want: bool, ids) -> bool:
@@ -321,3 +325,119 @@ def _grid(bounds):
             if ids[d] < bounds[d]:
                 break
             ids[d] = 0
+
+
+# The grid steps of a kernel's two step probes along its last axis: the difference of their static
+# cycles is one step's. Neither reaches the axis's last step, where a kernel writes its output block
+# back (splash attention writes its output once a row of key blocks is done), so the axis must have
+# more than STEP_PROBE[1] steps.
+STEP_PROBE = (2, 3)
+
+# HLO element types as StableHLO spells them (a probe's operands and results).
+_TENSOR_TYPES = {"bf16": "bf16", "f32": "f32", "f16": "f16", "f64": "f64", "s8": "i8", "s16": "i16", "s32": "i32",
+                 "s64": "i64", "u8": "ui8", "u16": "ui16", "u32": "ui32", "u64": "ui64", "pred": "i1",
+                 "f8e4m3fn": "f8E4M3FN", "f8e5m2": "f8E5M2", "s4": "i4", "u4": "ui4"}
+
+
+def _tensor(shape: str) -> tuple[str, int] | None:
+    """(the StableHLO tensor type of an HLO array shape, its rank); None where it has no spelling here."""
+    m = re.match(r"(\w+)\[([\d,]*)\]", shape or "")
+    if not m or m.group(1) not in _TENSOR_TYPES:
+        return None
+    dims = [d for d in m.group(2).split(",") if d]
+    return "tensor<" + "".join(f"{d}x" for d in dims) + _TENSOR_TYPES[m.group(1)] + ">", len(dims)
+
+
+def _reads_table(value, tables, depth: int = 0) -> bool:
+    """Whether `value` is computed from a load of one of `tables` (the scalar-prefetch arguments)."""
+    from jaxlib.mlir import ir
+
+    owner = value.owner
+    if isinstance(owner, ir.Block) or depth > 16:
+        return False
+    if owner.name == "memref.load" and any(owner.operands[0] == t for t in tables):
+        return True
+    return any(_reads_table(v, tables, depth + 1) for v in owner.operands)
+
+
+def _force_table_branches(block, tables) -> int:
+    """Every `scf.if` under `block` whose condition reads one of `tables` made to hold; how many."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith
+
+    forced = 0
+    for op in block.operations:
+        if op.operation.name == "scf.if" and _reads_table(op.operation.operands[0], tables):
+            with ir.InsertionPoint(op):
+                true = arith.ConstantOp(ir.IntegerType.get_signless(1), 1)
+            op.operation.operands[0] = true.result
+            forced += 1
+        for region in op.operation.regions:
+            for inner in region.blocks:
+                forced += _force_table_branches(inner, tables)
+    return forced
+
+
+def _layout(rank: int) -> str:
+    """Row-major, as Pallas lowers a kernel's operands and results."""
+    if not rank:
+        return "dense<> : tensor<0xindex>"
+    return f"dense<[{', '.join(str(d) for d in reversed(range(rank)))}]> : tensor<{rank}xindex>"
+
+
+def step_probe(backend_config: dict, operand_shapes: list[str], result_shape: str, steps: int) -> str | None:
+    """A StableHLO module holding the kernel alone with its body rewritten: the grid cut to `steps`
+    along its last axis (every other axis to 1), and every `scf.if` whose condition reads one of its
+    scalar-prefetched tables made to hold, so that each step does the work of a step that runs (the
+    static profile does not follow a branch on a table's values). Operands and results are row-major,
+    as Pallas lays them out. None where the body cannot be read or rewritten, its last axis has no
+    more than STEP_PROBE[1] steps, or a shape has no StableHLO spelling."""
+    import io
+    import json
+
+    body = kernel_body(backend_config)
+    args = [_tensor(s) for s in operand_shapes]
+    results = [_tensor(s) for s in re.findall(r"\w+\[[\d,]*\]", result_shape or "")]
+    if body is None or not results or None in args or None in results:
+        return None
+    try:
+        from jaxlib.mlir import ir
+        from jaxlib.mlir.passmanager import PassManager
+
+        ctx, module = _module(body)
+        with ctx, ir.Location.unknown():
+            main = next((op for op in module.body.operations if "iteration_bounds" in _attrs(op.operation)), None)
+            if main is None:
+                return None
+            attrs = _attrs(main.operation)
+            bounds = _ints(attrs["iteration_bounds"])
+            prefetch = _ints(attrs["scalar_prefetch"])[0] if "scalar_prefetch" in attrs else 0
+            if not bounds or bounds[-1] <= STEP_PROBE[1]:
+                return None
+            main.operation.attributes["iteration_bounds"] = ir.DenseI64ArrayAttr.get([1] * (len(bounds) - 1) + [steps])
+            entry = main.operation.regions[0].blocks[0]
+            _force_table_branches(entry, list(entry.arguments)[len(bounds):len(bounds) + prefetch])
+            PassManager.parse("builtin.module(mosaic-serde{serialize=true})").run(module.operation)
+            buf = io.BytesIO()
+            module.operation.write_bytecode(buf, desired_version=0)
+    except Exception:  # noqa: BLE001 - bindings that cannot read or rewrite this body: no probe
+        return None
+    config = json.loads(json.dumps(backend_config))
+    config["custom_call_config"].pop("debug_locations", None)  # they name the original body's operations
+    config["custom_call_config"]["body"] = base64.b64encode(buf.getvalue()).decode()
+    escaped = json.dumps(config).replace("\\", "\\5C").replace('"', "\\22")
+    types = [t for t, _ in results]
+    n = len(results)
+    out_type = f"({', '.join(types)})" if n > 1 else types[0]
+    params = ", ".join(f"%a{i}: {t}" for i, (t, _) in enumerate(args))
+    operands = ", ".join(f"%a{i}" for i in range(len(args)))
+    returned = ", ".join(f"%0#{i}" for i in range(n)) if n > 1 else "%0"
+    layouts = (f"operand_layouts = [{', '.join(_layout(r) for _, r in args)}], "
+               f"result_layouts = [{', '.join(_layout(r) for _, r in results)}]")
+    return "\n".join([
+        "module @kernel_step_probe attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {",
+        f"  func.func public @main({params}) -> ({', '.join(types)}) {{",
+        f"    %0{':' + str(n) if n > 1 else ''} = stablehlo.custom_call @tpu_custom_call({operands}) "
+        f"{{backend_config = \"{escaped}\", {layouts}}} : ({', '.join(t for t, _ in args)}) -> {out_type}",
+        f"    return {returned} : {', '.join(types)}",
+        "  }", "}"]) + "\n"
