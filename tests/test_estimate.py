@@ -147,8 +147,8 @@ def test_splash_attention_is_timed_by_its_kernels_mxu_work(tmp_path, newest_leg)
         assert o["cycles_source"] == "kernel_probe" and o["bound_by"] == "static_cycles"
         assert re.fullmatch(r"compiler cycles for one grid step, alone \(kprobe0[0-2]\), x 20 active steps", o["limit"])
         assert o["estimated_s"] > o["flops"] / peak
-    (probed,) = [f for f in doc["findings"] if "for one grid step" in f]
-    assert probed.startswith("3 Pallas kernel op(s) (3 distinct) timed by the TPU compiler's static cycles")
+    (probed,) = [f for f in doc["findings"] if "cycles for their grid steps" in f]
+    assert probed.startswith("3 Pallas kernel op(s) (3 distinct, 3 kind(s) of grid step) timed by the TPU compiler")
     assert "gave no cycles" not in probed and "not probed" not in probed
     assert len(list((run / "estimate" / "kernel_probes").glob("kprobe*.mlir"))) == 6
 

@@ -234,12 +234,17 @@ def test_a_guard_on_a_table_through_division_and_remainder(tmp_path):
     assert work.active == 24  # one matmul runs on every step
     assert kernel_work(body, [[0] * 6]).flops == 24 * one  # the guard never holds
     assert kernel_work(body, [[0] * 6]).active == 24
-    # its last axis has 6 steps: probes of 2 and 3 steps along it, the guard made to hold
+    # two kinds of step, the guard holding or not, 12 each; its last axis has 6 steps: probes of 2 and 3
+    # steps along it, the guard set as in each kind
+    assert work.signatures == (((0,), 12), ((1,), 12))
+    config = {"custom_call_config": {"body": _b64(body)}}
+    shapes = ["s32[2,3]", "bf16[512,256]", "bf16[256,768]"]
     for steps in STEP_PROBE:
-        probe = kernel_work(_probe_body(step_probe({"custom_call_config": {"body": _b64(body)}},
-                                                   ["s32[2,3]", "bf16[512,256]", "bf16[256,768]"], "f32[512,768]",
-                                                   steps)))
-        assert (probe.steps, probe.active, probe.flops, probe.resolved) == (steps, steps, 2 * steps * one, True)
+        for (holds,), _ in work.signatures:
+            probe = kernel_work(_probe_body(step_probe(config, shapes, "f32[512,768]", steps, work, (holds,))))
+            assert (probe.steps, probe.active, probe.resolved) == (steps, steps, True)
+            assert probe.flops == (1 + holds) * steps * one and probe.signatures == (((), steps),)
+    assert step_probe(config, shapes, "f32[512,768]", 2, work, (1, 0)) is None  # a signature of another body
     assert kernel_work(body, [[1, 2]]).resolved is False  # a table of the wrong size: not used
 
 
@@ -268,21 +273,57 @@ def test_step_probes_run_every_step_of_a_cut_grid(leg):
     """Each splash kernel's step probe: the grid cut to 2, then 3, steps along its last axis (the key
     blocks, 4 of them here), every other axis 1, and the mask's branches made to hold, so the body
     the compiler sees does its matmuls on every step; row-major operands and results."""
-    arts, _ = compile_run_artifacts(_run(leg), with_llo=False, suggestions=False)
+    run = _run(leg)
+    arts, _ = compile_run_artifacts(run, with_llo=False, suggestions=False)
     hlo = arts[0].hlo
     for name, instr in _kernels(hlo).items():
         shapes = [hlo.operand(instr, k).shape for k in range(len(instr.operands))]
+        work = kernel_work(kernel_body(instr.backend_config), _tables(run, hlo, instr))
+        assert work.signatures == (((1,), HEADS * ACTIVE),)  # one kind of step: the block runs
         for steps in STEP_PROBE:
-            text = step_probe(instr.backend_config, shapes, instr.shape, steps)
+            text = step_probe(instr.backend_config, shapes, instr.shape, steps, work, (1,))
             assert "operand_layouts = [dense<[2, 1, 0]> : tensor<3xindex>" in text
-            work = kernel_work(_probe_body(text))
-            assert (work.steps, work.active, work.guarded, work.resolved) == (steps, steps, True, True)
-            assert work.flops == work.dense_flops == steps * MATMULS[name] * ONE_MATMUL
+            probe = kernel_work(_probe_body(text))
+            assert (probe.steps, probe.active, probe.guarded, probe.resolved) == (steps, steps, True, True)
+            assert probe.flops == probe.dense_flops == steps * MATMULS[name] * ONE_MATMUL
         # a grid whose last axis has no more steps than the longer probe is not probed (its last step
         # would write the output back)
         short = json.loads(json.dumps(instr.backend_config))
         short["custom_call_config"]["body"] = _b64(_probe_body(step_probe(instr.backend_config, shapes, instr.shape,
-                                                                          STEP_PROBE[1])))
-        assert step_probe(short, shapes, instr.shape, STEP_PROBE[0]) is None
-    assert step_probe({"custom_call_config": {"body": "bm90IE1MSVI="}}, ["f32[8]"], "f32[8]", 2) is None
-    assert step_probe(instr.backend_config, ["c64[8]"] * len(instr.operands), instr.shape, 2) is None
+                                                                          STEP_PROBE[1], work, (1,))))
+        short_work = kernel_work(kernel_body(short))
+        assert short_work.bounds == (1, 1, STEP_PROBE[1])
+        assert step_probe(short, shapes, instr.shape, STEP_PROBE[0], short_work, ()) is None
+    assert step_probe({"custom_call_config": {"body": "bm90IE1MSVI="}}, ["f32[8]"], "f32[8]", 2, work, (1,)) is None
+    assert step_probe(instr.backend_config, ["c64[8]"] * len(instr.operands), instr.shape, 2, work, (1,)) is None
+
+
+def test_tokamax_splash_kinds_of_step_and_a_grid_sized_at_run_time():
+    """tokamax's splash attention (fixture `estimate_splash_tokamax`: 2 heads, sequence 4096 in blocks
+    of 1024, causal): its forward kernel's grid runs over the mask's 10 blocks a head, that count a
+    leading operand of the call (a constant of the step); its fused backward kernel runs a full grid
+    and branches between masked and unmasked blocks. Each step's kind (the values its branches on the
+    tables take) is counted, and each kind's probe sets those branches so one matmul path runs."""
+    run = ARTIFACT_SETS["jax-0.12"] / "estimate_splash_tokamax"
+    skip_if_newer_than_this_xla(run)
+    arts, report = compile_run_artifacts(run, with_llo=False, suggestions=False)
+    hlo = arts[0].hlo
+    works = {n.rsplit(".", 1)[0]: (instr, w, estimated)
+             for n, (instr, w, estimated) in _kernel_works(report, hlo, run).items()}
+    one = 2 * 1024 * 1024 * 128
+    instr, fwd, estimated = works["splash_mha_fwd_residuals"]
+    assert estimated  # tokamax gives a cost estimate: the MXU pass leaves it alone, the probes do not
+    assert (fwd.dynamic, fwd.bounds, fwd.steps, fwd.active, fwd.resolved) == (1, (2, 10), 20, 20, True)
+    assert fwd.flops == 20 * 2 * one
+    # per head: each row's first block initialises, its diagonal block is masked and writes the row
+    # back; rows of 1, 2, 3 and 4 blocks
+    assert sorted(c for _, c in fwd.signatures) == [2, 6, 6, 6]
+    shapes = [hlo.operand(instr, k).shape for k in range(len(instr.operands))]
+    for sig, _ in fwd.signatures:
+        text = step_probe(instr.backend_config, shapes, instr.shape, 3, fwd, sig)
+        assert text.count("%a") - text.count("%a", text.index("stablehlo.custom_call")) == len(shapes) - 1
+        probe = kernel_work(_probe_body(text))  # the run-time size dropped, one matmul path set to run
+        assert (probe.dynamic, probe.bounds, probe.flops) == (0, (1, 3), 3 * 2 * one)
+    instr, dkv, _ = works["splash_mha_dkv_no_residuals"]
+    assert (dkv.bounds, dkv.active, dkv.flops) == ((4, 2, 4), 20, 20 * 5 * one)
+    assert dkv.signatures == (((1, 0), 12), ((0, 1), 8))  # unmasked blocks below the diagonal, masked on it

@@ -13,6 +13,7 @@ error with nothing written; a FUNC that raises is a failed run with its log.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -329,18 +330,32 @@ def _kernel_works(report, hlo, run: Path) -> dict:
     out, memo = {}, {}
     for o in m.ops:
         instr = hlo.instruction(o.name, o.computation) if o.opcode == "custom-call" else None
-        if instr is None or instr.custom_call_target != "tpu_custom_call" or has_cost_estimate(instr):
+        if instr is None or instr.custom_call_target != "tpu_custom_call":
             continue
         body = kernel_body(instr.backend_config)
         if body is None:
             continue
-        values = [tables.get(_table_source(hlo, hlo.operand(instr, k)) or "") for k in range(len(instr.operands))]
+        values = []
+        for k in range(len(instr.operands)):
+            source = _table_source(hlo, hlo.operand(instr, k))
+            values.append(tables.get(source or "") or _constant_values(hlo, source))
         key = (body, tuple(tuple(v) if v else None for v in values))
         if key not in memo:
             memo[key] = kernel_work(body, values)
         if memo[key] is not None and memo[key].flops > 0:
-            out[o.name] = (instr, memo[key])
+            out[o.name] = (instr, memo[key], has_cost_estimate(instr))
     return out
+
+
+def _constant_values(hlo, name: str | None) -> list[int] | None:
+    """The values of an integer constant the optimized HLO prints whole (a scalar, a short table);
+    None where it elides them or is not one."""
+    instr = hlo.instruction(name) if name else None
+    m = re.match(r"([su](?:8|16|32|64)|pred)\[([\d,]*)\]", instr.shape) if instr is not None else None
+    if not m or "..." in instr.literal:
+        return None
+    values = [int(v) for v in re.findall(r"-?\d+", instr.literal.replace("true", "1").replace("false", "0"))]
+    return values if len(values) == math.prod(int(d) for d in m.group(2).split(",") if d) else None
 
 
 def _kernel_bodies(report, works: dict):
@@ -350,6 +365,7 @@ def _kernel_bodies(report, works: dict):
     that at the MXU peak and its time so far."""
     from dataclasses import replace
 
+    works = {n: w for n, (_, w, estimated) in works.items() if not estimated}
     if not works:
         return report, None
     m = report.modules[0]
@@ -359,7 +375,7 @@ def _kernel_bodies(report, works: dict):
         if o.name not in works:
             ops.append(o)
             continue
-        work = works[o.name][1]
+        work = works[o.name]
         unresolved += work.guarded and not work.resolved
         s = work.flops / t.peak_bf16_flops_per_s
         steps = "every grid step" if not work.guarded else (
@@ -385,91 +401,121 @@ def _kernel_key(hlo, instr) -> tuple:
     return (instr.backend_config.get("custom_call_config", {}).get("body"), shapes, instr.shape)
 
 
-# Wall seconds all kernel step probes of a step may take.
-KERNEL_PROBE_BUDGET_S = 300.0
+def _first_line(text: str | None, limit: int = 300) -> str:
+    """The gist of a compiler's message: its first line that says something, cut to `limit`."""
+    lines = [x.strip() for x in (text or "").splitlines() if x.strip()]
+    line = re.sub(r"[FEWI]\d{4} [\d:.]+\s+\d+ \S+\] ", "", lines[0]) if lines else "no reason given"  # glog's prefix
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+# Wall seconds all kernel step probes of a step may take, and the most kinds of grid step (the values
+# of the branches on its tables) probed in one kernel.
+KERNEL_PROBE_BUDGET_S = 600.0
+KERNEL_PROBE_SIGNATURES = 4
 
 
 def _probe_kernels(report, hlo, works: dict, run: Path, target, limits, progress=None):
-    """(the report with each Pallas kernel that gives no cost estimate of its own timed by the
-    compiler's cycles for one of its grid steps, a finding or None). The kernel's own static profile
-    does not follow its branches on table values (splash attention's block masks), so each distinct
-    kernel whose active steps `_kernel_works` counted from its tables is compiled alone twice with its
-    body rewritten (`kernel_body.step_probe`: the grid cut to STEP_PROBE steps along its last axis,
-    every branch on a table made to hold), with the static profile, into `RUN/estimate/kernel_probes/`.
-    The difference is one active step's cycles; times the active steps, it is the op's time where
-    longer than its time so far."""
+    """(the report with the step's Pallas kernels whose grid steps their tables decide timed by the
+    compiler's cycles for those steps, a finding or None). Such a kernel's own static profile does not
+    follow its branches on table values (splash attention's block masks), and its own cost estimate,
+    where it gives one, counts FLOPs. So each distinct kernel whose steps `_kernel_works` evaluated
+    from its tables (a kernel with a cost estimate: where its matmuls run under those branches) is
+    compiled alone, with the static profile, into `RUN/estimate/kernel_probes/`, for each kind of step
+    it runs (the values its table branches take, `KernelWork.signatures`): twice, its body rewritten
+    by `kernel_body.step_probe` (the grid cut to STEP_PROBE steps along its last axis, the branches
+    set to that kind's values). The difference is one such step's cycles; summed over the steps that
+    run, it is the op's time where longer than its time so far."""
     from dataclasses import replace
 
     from tpudiag.analyze.compile.kernel_body import STEP_PROBE, step_probe
 
-    resolved = {n: (i, w) for n, (i, w) in works.items() if w.resolved}
-    if not resolved:
+    probed_works = {n: (i, w) for n, (i, w, estimated) in works.items()
+                    if w.resolved and w.signatures and (w.guarded or not estimated)}
+    if not probed_works:
         return report, None
     m = report.modules[0]
     pdir, probe_limits = _probe_setup(run, "kernel_probes", limits)
     if progress:
-        progress(f"timing {len(resolved)} Pallas kernel op(s) by the compiler's cycles for their grid steps, each "
-                 f"kernel alone (at most {KERNEL_PROBE_BUDGET_S:.0f} s)")
+        progress(f"timing {len(probed_works)} Pallas kernel op(s) by the compiler's cycles for their grid steps, "
+                 f"each kernel alone (at most {KERNEL_PROBE_BUDGET_S:.0f} s)")
     clock = report.target.clock_hz
     flops_per_cycle = report.target.peak_bf16_flops_per_s / clock
-    step_cycles, names, failed, short, skipped = {}, {}, 0, 0, 0
+    kernel_cycles, names, failed, short, skipped, kinds, reasons = {}, {}, 0, 0, 0, 0, {}
     t0 = time.monotonic()
-    for instr, _ in resolved.values():
+    for instr, work in probed_works.values():
         key = _kernel_key(hlo, instr)
-        if key in step_cycles:
+        if key in kernel_cycles:
             continue
+        kernel_cycles[key] = None
         shapes = list(key[1])
-        texts = [step_probe(instr.backend_config, shapes, instr.shape, n) for n in STEP_PROBE]
-        if None in texts:  # a grid too short along its last axis, or a body these bindings cannot rewrite
-            step_cycles[key] = None
+        if len(work.signatures) > KERNEL_PROBE_SIGNATURES:
+            short += 1
+            continue
+        texts = [[step_probe(instr.backend_config, shapes, instr.shape, n, work, sig) for n in STEP_PROBE]
+                 for sig, _ in work.signatures]
+        if any(None in pair for pair in texts):  # a grid too short along its last axis, or a body not rewritten
             short += 1
             continue
         if time.monotonic() - t0 > KERNEL_PROBE_BUDGET_S:
-            step_cycles[key] = None
             skipped += 1
             continue
         names[key] = pname = f"kprobe{len(names):02d}"
-        cycles = []
-        for n, text in zip(STEP_PROBE, texts):
-            path = pdir / f"{pname}-{n}steps.mlir"
-            path.write_text(text)
-            pm = _compile_alone(path, f"{pname}-{n}steps", "mlir", pdir, target, probe_limits)
-            got = [o.estimated_cycles for o in pm.ops
-                   if o.opcode == "custom-call" and o.cycles_source == "static_profile" and o.estimated_cycles]
-            if len(got) != 1:
+        total = 0.0
+        for s_i, ((_, count), pair) in enumerate(zip(work.signatures, texts)):
+            cycles = []
+            for n, text in zip(STEP_PROBE, pair):
+                tag = f"{pname}{'abcd'[s_i] if len(texts) > 1 else ''}-{n}steps"
+                path = pdir / f"{tag}.mlir"
+                path.write_text(text)
+                pm = _compile_alone(path, tag, "mlir", pdir, target, probe_limits)
+                got = [o.estimated_cycles for o in pm.ops
+                       if o.opcode == "custom-call" and o.cycles_source == "static_profile" and o.estimated_cycles]
+                if len(got) != 1:
+                    why = pm.error if not pm.ok else pm.static_profile if pm.static_profile != "ok" else "no cycles"
+                    reasons.setdefault(tag, _first_line(why))
+                    break
+                cycles.append(got[0])
+            if len(cycles) != 2 or cycles[1] <= cycles[0]:
+                total = None
                 break
-            cycles.append(got[0])
-        ok = len(cycles) == 2 and cycles[1] > cycles[0]
-        step_cycles[key] = (cycles[1] - cycles[0]) / (STEP_PROBE[1] - STEP_PROBE[0]) if ok else None
-        failed += not ok
+            total += (cycles[1] - cycles[0]) / (STEP_PROBE[1] - STEP_PROBE[0]) * count
+        kernel_cycles[key] = total
+        failed += total is None
+        kinds += len(texts) if total is not None else 0
     ops, added, slower, ratios = [], 0.0, 0, []
     for o in m.ops:
-        instr, work = resolved.get(o.name, (None, None))
-        key = _kernel_key(hlo, instr) if instr is not None else None
-        per_step = step_cycles.get(key) if key else None
-        if not per_step:
+        instr, work = probed_works.get(o.name, (None, None))
+        cycles = kernel_cycles.get(_kernel_key(hlo, instr)) if instr is not None else None
+        if not cycles:
             ops.append(o)
             continue
-        ratios.append(per_step / (work.dense_flops / work.steps / flops_per_cycle))
-        new = _at_cycles(o, round(per_step * work.active), clock, "kernel_probe",
-                         f"compiler cycles for one grid step, alone ({names[key]}), x {work.active:,} active steps")
+        ratios.append(cycles / (work.flops / flops_per_cycle))
+        kind = f"{len(work.signatures)} kinds of grid step" if len(work.signatures) > 1 else "one grid step"
+        new = _at_cycles(o, round(cycles), clock, "kernel_probe",
+                         f"compiler cycles for {kind}, alone ({names[_kernel_key(hlo, instr)]}), "
+                         f"x {work.active:,} active steps")
         if new is not o:
             added += (new.estimated_s - o.estimated_s) * o.runs
             slower += 1
         ops.append(new)
-    if not ratios and not failed and not skipped:
+    if not ratios and not failed and not skipped and not short:
         return report, None
-    distinct = sum(1 for v in step_cycles.values() if v)
-    note = (f"{len(ratios)} Pallas kernel op(s) ({distinct} distinct) timed by the TPU compiler's static cycles for "
-            "one grid step, each kernel compiled alone with the branches on its tables made to hold "
-            "(estimate/kernel_probes/)"
-            + (f": {min(ratios):.3g}x-{max(ratios):.3g}x their matmuls at the MXU peak per step, {slower} slower "
-               f"than before, +{added:.4g} s per step" if ratios else "")
-            + (f"; {failed} kernel probe(s) gave no cycles" if failed else "")
-            + (f"; {short} kernel(s) with {STEP_PROBE[1]} or fewer steps on the grid's last axis not probed"
-               if short else "")
+    distinct = sum(1 for v in kernel_cycles.values() if v)
+    if ratios:
+        head = (f"{len(ratios)} Pallas kernel op(s) ({distinct} distinct, {kinds} kind(s) of grid step) timed by "
+                "the TPU compiler's static cycles for their grid steps, each kernel compiled alone with the branches "
+                f"on its tables set (estimate/kernel_probes/): {min(ratios):.3g}x-{max(ratios):.3g}x their matmuls "
+                f"at the MXU peak, {slower} slower than before, +{added:.4g} s per step")
+    else:
+        head = "no Pallas kernel op timed by the TPU compiler's cycles for its grid steps (estimate/kernel_probes/)"
+    first = next(iter(reasons.items()), None)
+    note = (head
+            + (f"; {failed} kernel(s) whose probes gave no cycles" + (f" ({first[0]}: {first[1]})" if first else "")
+               if failed else "")
+            + (f"; {short} kernel(s) not probed (a grid's last axis of {STEP_PROBE[1]} steps or fewer, more than "
+               f"{KERNEL_PROBE_SIGNATURES} kinds of step, or a body not rewritten)" if short else "")
             + (f"; {skipped} kernel(s) not probed within {KERNEL_PROBE_BUDGET_S:.0f} s" if skipped else "")
-            + ("; those stay at their matmuls' MXU time" if failed or short or skipped else ""))
+            + ("; those keep their time" if failed or short or skipped else ""))
     return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
 
 

@@ -222,6 +222,9 @@ def _rss_bytes(pid: int) -> int:
 def _last_error_line(log: Path) -> str:
     """libtpu aborts with a line like `F... Static LLO profiling of fusion.3 failed: ...`."""
     lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
+    for ln in reversed(lines):  # the fatal line first: an earlier E line may be a warning it did not die of
+        if re.match(r"F\d{4} ", ln):
+            return ln[:400]
     for ln in reversed(lines):
         if ln[:1] in "FE" and ("failed" in ln or "Check failed" in ln or "INVALID_ARGUMENT" in ln):
             return ln[:400]

@@ -79,6 +79,11 @@ class KernelWork:
     matmuls: int  # tpu.matmul ops in the body
     guarded: bool  # some of the work runs only where a prefetched table says so
     resolved: bool  # that condition was evaluated from the table's values (False: every step counted)
+    dynamic: int = 0  # grid axes sized at run time (their sizes: the custom call's leading operands)
+    bounds: tuple = ()  # the grid, the axes sized at run time at their sizes
+    # ((the value, 1, 0 or None where unknown, of each `scf.if` condition on a table, in walk order), the
+    # active steps that have them), most steps first; () where the steps were not evaluated
+    signatures: tuple = ()
 
 
 class _Unknown(Exception):
@@ -243,10 +248,32 @@ def _walk(block, mult, guard, found):
                 _walk(b, mult * trips, cond, found)
 
 
-def kernel_work(body: bytes, tables: list | None = None) -> KernelWork | None:
-    """The kernel's MXU work. `tables`: for each scalar-prefetch operand in order, its values
-    (flat, row-major) where the step holds it as a constant, else None. None when the body cannot be
-    read, has no grid or no matmul."""
+def _table_ifs(block, tables, found: list) -> list:
+    """The `scf.if`s under `block` whose condition reads one of `tables`, in walk order (the order
+    `step_probe` finds them in again)."""
+    for op in block.operations:
+        if op.operation.name == "scf.if" and _reads_table(op.operation.operands[0], tables):
+            found.append(op.operation)
+        for region in op.operation.regions:
+            for inner in region.blocks:
+                _table_ifs(inner, tables, found)
+    return found
+
+
+def _value(f, ids):
+    """A compiled condition's value at a grid step: 0 or 1, or None where it cannot be evaluated."""
+    try:
+        return int(bool(f(ids))) if f is not None else None
+    except (_Unknown, TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+def kernel_work(body: bytes, operands: list | None = None) -> KernelWork | None:
+    """The kernel's MXU work. `operands`: for each operand of the custom call in order, its values
+    (flat, row-major) where the step holds it as a constant, else None: first one scalar for each grid
+    axis sized at run time, then the scalar-prefetched tables. None when the body cannot be read, has
+    no grid or no matmul, or a grid axis sized at run time is not a known constant."""
+    operands = list(operands or [])
     try:
         ctx, module = _module(body)
     except Exception:  # noqa: BLE001 - a body these bindings cannot read: no figure
@@ -259,14 +286,23 @@ def kernel_work(body: bytes, tables: list | None = None) -> KernelWork | None:
                 main, bounds = op, _ints(attrs["iteration_bounds"])
                 prefetch = _ints(attrs["scalar_prefetch"])[0] if "scalar_prefetch" in attrs else 0
                 break
-        if main is None or any(b < 1 for b in bounds):  # no grid, or one sized at run time
+        if main is None:
+            return None
+        dynamic = sum(1 for b in bounds if b < 0)  # axes sized at run time: the leading operands
+        sizes = iter(operands[:dynamic])
+        for d, b in enumerate(bounds):
+            if b < 0:
+                got = next(sizes, None)
+                bounds[d] = got[0] if got and len(got) == 1 else 0
+        if not bounds or any(b < 1 for b in bounds):  # a size not known, or an empty grid
             return None
         entry = main.operation.regions[0].blocks[0]
         args = list(entry.arguments)
         grid_args = args[:len(bounds)]
         table_args = []
+        tables = operands[dynamic:]
         for n, arg in enumerate(args[len(bounds):len(bounds) + prefetch]):
-            vals = tables[n] if tables and n < len(tables) else None
+            vals = tables[n] if n < len(tables) else None
             shape = _shape(arg.type)
             table_args.append((arg, (shape, list(vals)) if vals is not None and len(vals) == math.prod(shape)
                                else None))
@@ -278,16 +314,23 @@ def kernel_work(body: bytes, tables: list | None = None) -> KernelWork | None:
         per_step = sum(f for f, _ in found)
         dense = per_step * steps
         guarded = [(f, g) for f, g in found if g]
-        if not guarded:
-            return KernelWork(dense, dense, steps, steps, len(found), False, True)
+        dense_work = KernelWork(dense, dense, steps, steps, len(found), bool(guarded), not guarded, dynamic,
+                                tuple(bounds))
         if steps > MAX_STEPS:
-            return KernelWork(dense, dense, steps, steps, len(found), True, False)
+            return dense_work
         ev = _Guards(grid_args, table_args)
         unguarded = sum(f for f, g in found if not g)
         total, active = unguarded * steps, 0
         by_guard: dict[tuple, int] = {}  # matmuls under the same conditions: their work together
         for f, g in guarded:
             by_guard[g] = by_guard.get(g, 0) + f
+        ifs = []  # the conditions on the tables, each compiled where it can be
+        for op in _table_ifs(entry, [a for a, _ in table_args], []):
+            try:
+                ifs.append(ev.compile(op.operands[0]))
+            except _Unknown:
+                ifs.append(None)
+        signatures: dict[tuple, int] = {}
         try:
             conds = {}  # each distinct condition value, compiled once
             checks = []
@@ -302,10 +345,14 @@ def kernel_work(body: bytes, tables: list | None = None) -> KernelWork | None:
                     if all(_holds(seen, c, want, ids) for c, want in needs):
                         total += f
                         ran = True
-                active += ran
+                if ran:
+                    active += 1
+                    key = tuple(_value(f, ids) for f in ifs)
+                    signatures[key] = signatures.get(key, 0) + 1
         except (_Unknown, TypeError, ValueError, IndexError, OverflowError):
-            return KernelWork(dense, dense, steps, steps, len(found), True, False)
-        return KernelWork(total, dense, steps, active, len(found), True, True)
+            return dense_work
+        ranked = tuple(sorted(signatures.items(), key=lambda kv: (-kv[1], str(kv[0]))))
+        return KernelWork(total, dense, steps, active, len(found), bool(guarded), True, dynamic, tuple(bounds), ranked)
 
 
 def _holds(seen: dict, cond, want: bool, ids) -> bool:
@@ -360,24 +407,6 @@ def _reads_table(value, tables, depth: int = 0) -> bool:
     return any(_reads_table(v, tables, depth + 1) for v in owner.operands)
 
 
-def _force_table_branches(block, tables) -> int:
-    """Every `scf.if` under `block` whose condition reads one of `tables` made to hold; how many."""
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import arith
-
-    forced = 0
-    for op in block.operations:
-        if op.operation.name == "scf.if" and _reads_table(op.operation.operands[0], tables):
-            with ir.InsertionPoint(op):
-                true = arith.ConstantOp(ir.IntegerType.get_signless(1), 1)
-            op.operation.operands[0] = true.result
-            forced += 1
-        for region in op.operation.regions:
-            for inner in region.blocks:
-                forced += _force_table_branches(inner, tables)
-    return forced
-
-
 def _layout(rank: int) -> str:
     """Row-major, as Pallas lowers a kernel's operands and results."""
     if not rank:
@@ -385,23 +414,27 @@ def _layout(rank: int) -> str:
     return f"dense<[{', '.join(str(d) for d in reversed(range(rank)))}]> : tensor<{rank}xindex>"
 
 
-def step_probe(backend_config: dict, operand_shapes: list[str], result_shape: str, steps: int) -> str | None:
+def step_probe(backend_config: dict, operand_shapes: list[str], result_shape: str, steps: int, work: KernelWork,
+               signature: tuple) -> str | None:
     """A StableHLO module holding the kernel alone with its body rewritten: the grid cut to `steps`
-    along its last axis (every other axis to 1), and every `scf.if` whose condition reads one of its
-    scalar-prefetched tables made to hold, so that each step does the work of a step that runs (the
-    static profile does not follow a branch on a table's values). Operands and results are row-major,
-    as Pallas lays them out. None where the body cannot be read or rewritten, its last axis has no
-    more than STEP_PROBE[1] steps, or a shape has no StableHLO spelling."""
+    along its last axis (every other axis to 1; an axis sized at run time takes its size from `work`,
+    and its operand is dropped), and every `scf.if` whose condition reads one of its scalar-prefetched
+    tables set to its value in `signature` (one of `work.signatures`; an unknown value to false), so
+    that each step does the work of the grid steps that have that signature (the static profile does
+    not follow a branch on a table's values). Operands and results are row-major, as Pallas lays them
+    out. None where the body cannot be read or rewritten, its last axis has no more than
+    STEP_PROBE[1] steps, the signature does not fit the body, or a shape has no StableHLO spelling."""
     import io
     import json
 
     body = kernel_body(backend_config)
-    args = [_tensor(s) for s in operand_shapes]
+    args = [_tensor(s) for s in operand_shapes[work.dynamic:]]
     results = [_tensor(s) for s in re.findall(r"\w+\[[\d,]*\]", result_shape or "")]
     if body is None or not results or None in args or None in results:
         return None
     try:
         from jaxlib.mlir import ir
+        from jaxlib.mlir.dialects import arith
         from jaxlib.mlir.passmanager import PassManager
 
         ctx, module = _module(body)
@@ -412,11 +445,17 @@ def step_probe(backend_config: dict, operand_shapes: list[str], result_shape: st
             attrs = _attrs(main.operation)
             bounds = _ints(attrs["iteration_bounds"])
             prefetch = _ints(attrs["scalar_prefetch"])[0] if "scalar_prefetch" in attrs else 0
-            if not bounds or bounds[-1] <= STEP_PROBE[1]:
+            if len(bounds) != len(work.bounds) or work.bounds[-1] <= STEP_PROBE[1]:
                 return None
             main.operation.attributes["iteration_bounds"] = ir.DenseI64ArrayAttr.get([1] * (len(bounds) - 1) + [steps])
             entry = main.operation.regions[0].blocks[0]
-            _force_table_branches(entry, list(entry.arguments)[len(bounds):len(bounds) + prefetch])
+            ifs = _table_ifs(entry, list(entry.arguments)[len(bounds):len(bounds) + prefetch], [])
+            if len(ifs) != len(signature):
+                return None
+            for op, value in zip(ifs, signature):
+                with ir.InsertionPoint(op):
+                    const = arith.ConstantOp(ir.IntegerType.get_signless(1), int(bool(value)))
+                op.operands[0] = const.result
             PassManager.parse("builtin.module(mosaic-serde{serialize=true})").run(module.operation)
             buf = io.BytesIO()
             module.operation.write_bytecode(buf, desired_version=0)
