@@ -246,6 +246,7 @@ def test_a_guard_on_a_table_through_division_and_remainder(tmp_path):
             assert probe.flops == (1 + holds) * steps * one and probe.signatures == (((), steps),)
     assert step_probe(config, shapes, "f32[512,768]", 2, work, (1, 0)) is None  # a signature of another body
     assert kernel_work(body, [[1, 2]]).resolved is False  # a table of the wrong size: not used
+    assert work.table_gated and work.parallel == 1  # no dimension semantics given: none parallel
 
 
 def _b64(body: bytes) -> str:
@@ -327,3 +328,64 @@ def test_tokamax_splash_kinds_of_step_and_a_grid_sized_at_run_time():
     instr, dkv, _ = works["splash_mha_dkv_no_residuals"]
     assert (dkv.bounds, dkv.active, dkv.flops) == ((4, 2, 4), 20, 20 * 5 * one)
     assert dkv.signatures == (((1, 0), 12), ((0, 1), 8))  # unmasked blocks below the diagonal, masked on it
+
+
+def test_a_probe_the_compiler_cannot_profile_keeps_the_op_and_says_why(tmp_path):
+    """tokamax's splash kernels as MaxText runs them (base-2 exponent, tokamax's default): libtpu
+    0.0.50.1's static profile aborts on their probes, so their ops keep their time (tokamax's cost
+    estimate) and the finding gives the compiler's reason."""
+    import importlib.metadata as md
+
+    from tpudiag.api.estimate import _probe_kernels
+    from tpudiag.capture.tpu_compile import Limits
+    from tpudiag.targets import resolve_target
+
+    fixture = ARTIFACT_SETS["jax-0.12"] / "estimate_splash_tokamax"
+    skip_if_newer_than_this_xla(fixture)
+    if md.version("libtpu") != "0.0.50.1":
+        pytest.skip("the abort is libtpu 0.0.50.1's")
+    run = tmp_path / "run"
+    shutil.copytree(fixture, run)
+    arts, report = compile_run_artifacts(run, with_llo=False, suggestions=False)
+    hlo = arts[0].hlo
+    after, note = _probe_kernels(report, hlo, _kernel_works(report, hlo, run), run, resolve_target("v6e:2x2"),
+                                 Limits())
+    assert note.startswith("no Pallas kernel op timed by the TPU compiler's cycles for its grid steps")
+    assert ("; 2 kernel op(s) whose probes gave no cycles (kprobe00-kind0-2steps: dropped: the TPU compiler "
+            "aborted") in note
+    assert "LLO_CHECK failure" in note and note.endswith("; those keep their time")
+    assert [o for o in after.modules[0].ops if o.cycles_source == "kernel_probe"] == []
+    times = {o.name: o.estimated_s for o in report.modules[0].ops}
+    assert {o.name: o.estimated_s for o in after.modules[0].ops} == times
+
+
+def test_a_kernel_gated_on_grid_ids_alone_is_not_table_gated(tmp_path):
+    """A kernel of this file's own whose matmul runs where `j < 5` (grid ids only, no table), its first
+    axis `parallel`: its work is counted on those steps, but it is not a kernel whose tables gate its
+    matmuls, so the estimate does not probe it (a probe along its last axis would not see the steps
+    that run)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(x_ref, w_ref, o_ref):
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+        @pl.when(pl.program_id(1) < 5)
+        def _():
+            o_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+    def fn(x, w):
+        return pl.pallas_call(
+            kernel, grid=(4, 6),
+            in_specs=[pl.BlockSpec((128, 256), lambda i, j: (i, 0)), pl.BlockSpec((256, 128), lambda i, j: (0, j))],
+            out_specs=pl.BlockSpec((128, 128), lambda i, j: (i, j)),
+            out_shape=jax.ShapeDtypeStruct((512, 768), jnp.float32),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")))(x, w)
+
+    args = (jax.ShapeDtypeStruct((512, 256), jnp.bfloat16), jax.ShapeDtypeStruct((256, 768), jnp.bfloat16))
+    work = kernel_work(_lowered_body(fn, args, tmp_path))
+    one = 2 * 128 * 128 * 256
+    assert (work.steps, work.active, work.flops, work.guarded, work.resolved) == (24, 20, 20 * one, True, True)
+    assert not work.table_gated and work.parallel == 4 and work.signatures == (((), 20),)

@@ -313,9 +313,10 @@ def _table_source(hlo, instr) -> str | None:
 
 
 def _kernel_works(report, hlo, run: Path) -> dict:
-    """{op name: (its instruction, its KernelWork)} for the step's ops of Pallas kernels that give no
-    cost estimate of their own and whose body has matmuls (`analyze/compile/kernel_body.py`), the
-    tables' values from the module's `kernel_tables.json`."""
+    """{op name: (its instruction, its KernelWork, whether the kernel gives a cost estimate of its own)}
+    for the step's ops of Pallas kernels whose body has matmuls (`analyze/compile/kernel_body.py`); the
+    values of their operands that are constants of the step (the tables, a grid size) from the module's
+    `kernel_tables.json` or the HLO's own text."""
     from tpudiag.analyze.compile.kernel_body import kernel_body, kernel_work
     from tpudiag.analyze.hlo.cost import has_cost_estimate
 
@@ -415,22 +416,23 @@ KERNEL_PROBE_SIGNATURES = 4
 
 
 def _probe_kernels(report, hlo, works: dict, run: Path, target, limits, progress=None):
-    """(the report with the step's Pallas kernels whose grid steps their tables decide timed by the
-    compiler's cycles for those steps, a finding or None). Such a kernel's own static profile does not
-    follow its branches on table values (splash attention's block masks), and its own cost estimate,
-    where it gives one, counts FLOPs. So each distinct kernel whose steps `_kernel_works` evaluated
-    from its tables (a kernel with a cost estimate: where its matmuls run under those branches) is
-    compiled alone, with the static profile, into `RUN/estimate/kernel_probes/`, for each kind of step
-    it runs (the values its table branches take, `KernelWork.signatures`): twice, its body rewritten
-    by `kernel_body.step_probe` (the grid cut to STEP_PROBE steps along its last axis, the branches
-    set to that kind's values). The difference is one such step's cycles; summed over the steps that
-    run, it is the op's time where longer than its time so far."""
+    """(the report with the step's Pallas kernels whose matmuls their tables gate timed by the
+    compiler's cycles for their grid steps, a finding or None). Such a kernel's own static profile does
+    not follow its branches on table values (splash attention's block masks), and its own cost
+    estimate, where it gives one, counts FLOPs. So each distinct kernel whose every matmul branch reads
+    a table (`KernelWork.table_gated`: not one gated on grid ids alone), its steps evaluated from its
+    tables, is compiled alone with the static profile into `RUN/estimate/kernel_probes/`, for each
+    kind of step it runs (the values its table branches take, `KernelWork.signatures`): twice, its
+    body rewritten by `kernel_body.step_probe` (the grid cut to STEP_PROBE steps along its last axis,
+    the branches set to that kind's values). The difference is one such step's cycles; summed over the
+    steps of each kind (over the TensorCores of a megacore device, where the kernel has parallel grid
+    steps for each), it is the op's time where longer than its time so far. The budget is checked
+    before each kernel's probes."""
     from dataclasses import replace
 
     from tpudiag.analyze.compile.kernel_body import STEP_PROBE, step_probe
 
-    probed_works = {n: (i, w) for n, (i, w, estimated) in works.items()
-                    if w.resolved and w.signatures and (w.guarded or not estimated)}
+    probed_works = {n: (i, w) for n, (i, w, _) in works.items() if w.resolved and w.signatures and w.table_gated}
     if not probed_works:
         return report, None
     m = report.modules[0]
@@ -440,67 +442,75 @@ def _probe_kernels(report, hlo, works: dict, run: Path, target, limits, progress
                  f"each kernel alone (at most {KERNEL_PROBE_BUDGET_S:.0f} s)")
     clock = report.target.clock_hz
     flops_per_cycle = report.target.peak_bf16_flops_per_s / clock
-    kernel_cycles, names, failed, short, skipped, kinds, reasons = {}, {}, 0, 0, 0, 0, {}
+    # a megacore device (v5p) splits a kernel's `parallel` grid axes over its TensorCores; a probe, its
+    # other axes cut to 1, runs on one of them
+    cores = max(1, target.chip.tensorcores_per_chip // target.chip.devices_per_chip)
+    step_cycles, names, status, reasons = {}, {}, {}, {}  # (kernel, kind): one step's cycles; op: why not timed
     t0 = time.monotonic()
-    for instr, work in probed_works.values():
+    for name, (instr, work) in probed_works.items():
         key = _kernel_key(hlo, instr)
-        if key in kernel_cycles:
-            continue
-        kernel_cycles[key] = None
-        shapes = list(key[1])
+        todo = [sig for sig, _ in work.signatures if (key, sig) not in step_cycles]
         if len(work.signatures) > KERNEL_PROBE_SIGNATURES:
-            short += 1
+            status[name] = "short"
             continue
-        texts = [[step_probe(instr.backend_config, shapes, instr.shape, n, work, sig) for n in STEP_PROBE]
-                 for sig, _ in work.signatures]
-        if any(None in pair for pair in texts):  # a grid too short along its last axis, or a body not rewritten
-            short += 1
+        texts = {sig: [step_probe(instr.backend_config, list(key[1]), instr.shape, n, work, sig) for n in STEP_PROBE]
+                 for sig in todo}
+        if any(None in pair for pair in texts.values()):  # a last axis too short, or a body not rewritten
+            status[name] = "short"
             continue
-        if time.monotonic() - t0 > KERNEL_PROBE_BUDGET_S:
-            skipped += 1
+        if texts and time.monotonic() - t0 > KERNEL_PROBE_BUDGET_S:
+            status[name] = "skipped"
             continue
-        names[key] = pname = f"kprobe{len(names):02d}"
-        total = 0.0
-        for s_i, ((_, count), pair) in enumerate(zip(work.signatures, texts)):
+        pname = names.setdefault(key, f"kprobe{len(names):02d}")
+        for sig, pair in texts.items():
+            tag = f"{pname}-kind{sum(1 for k, _ in step_cycles if k == key)}"
             cycles = []
             for n, text in zip(STEP_PROBE, pair):
-                tag = f"{pname}{'abcd'[s_i] if len(texts) > 1 else ''}-{n}steps"
-                path = pdir / f"{tag}.mlir"
+                path = pdir / f"{tag}-{n}steps.mlir"
                 path.write_text(text)
-                pm = _compile_alone(path, tag, "mlir", pdir, target, probe_limits)
+                pm = _compile_alone(path, f"{tag}-{n}steps", "mlir", pdir, target, probe_limits)
                 got = [o.estimated_cycles for o in pm.ops
                        if o.opcode == "custom-call" and o.cycles_source == "static_profile" and o.estimated_cycles]
                 if len(got) != 1:
                     why = pm.error if not pm.ok else pm.static_profile if pm.static_profile != "ok" else "no cycles"
-                    reasons.setdefault(tag, _first_line(why))
+                    reasons.setdefault(f"{tag}-{n}steps", _first_line(why))
                     break
                 cycles.append(got[0])
-            if len(cycles) != 2 or cycles[1] <= cycles[0]:
-                total = None
+            ok = len(cycles) == 2 and cycles[1] > cycles[0]
+            if len(cycles) == 2 and not ok:
+                reasons.setdefault(tag, f"{STEP_PROBE[1]} steps not slower than {STEP_PROBE[0]}")
+            step_cycles[(key, sig)] = (cycles[1] - cycles[0]) / (STEP_PROBE[1] - STEP_PROBE[0]) if ok else None
+            if not ok:
                 break
-            total += (cycles[1] - cycles[0]) / (STEP_PROBE[1] - STEP_PROBE[0]) * count
-        kernel_cycles[key] = total
-        failed += total is None
-        kinds += len(texts) if total is not None else 0
-    ops, added, slower, ratios = [], 0.0, 0, []
+    ops, added, slower, ratios, timed_keys = [], 0.0, 0, [], set()
     for o in m.ops:
         instr, work = probed_works.get(o.name, (None, None))
-        cycles = kernel_cycles.get(_kernel_key(hlo, instr)) if instr is not None else None
-        if not cycles:
+        if instr is None or o.name in status:
             ops.append(o)
             continue
+        key = _kernel_key(hlo, instr)
+        per_kind = [step_cycles.get((key, sig)) for sig, _ in work.signatures]
+        if None in per_kind:
+            status[o.name] = "failed"
+            ops.append(o)
+            continue
+        split = cores if cores > 1 and work.parallel >= cores else 1
+        cycles = sum(c * count for c, (_, count) in zip(per_kind, work.signatures)) / split
+        timed_keys.add(key)
         ratios.append(cycles / (work.flops / flops_per_cycle))
         kind = f"{len(work.signatures)} kinds of grid step" if len(work.signatures) > 1 else "one grid step"
         new = _at_cycles(o, round(cycles), clock, "kernel_probe",
-                         f"compiler cycles for {kind}, alone ({names[_kernel_key(hlo, instr)]}), "
-                         f"x {work.active:,} active steps")
+                         f"compiler cycles for {kind}, alone ({names[key]}), x {work.active:,} active steps"
+                         + (f" over {split} TensorCores" if split > 1 else ""))
         if new is not o:
             added += (new.estimated_s - o.estimated_s) * o.runs
             slower += 1
         ops.append(new)
+    failed, short, skipped = (sum(1 for v in status.values() if v == want) for want in ("failed", "short", "skipped"))
     if not ratios and not failed and not skipped and not short:
         return report, None
-    distinct = sum(1 for v in kernel_cycles.values() if v)
+    distinct = len(timed_keys)
+    kinds = sum(1 for (k, _), c in step_cycles.items() if k in timed_keys and c is not None)
     if ratios:
         head = (f"{len(ratios)} Pallas kernel op(s) ({distinct} distinct, {kinds} kind(s) of grid step) timed by "
                 "the TPU compiler's static cycles for their grid steps, each kernel compiled alone with the branches "
@@ -510,11 +520,12 @@ def _probe_kernels(report, hlo, works: dict, run: Path, target, limits, progress
         head = "no Pallas kernel op timed by the TPU compiler's cycles for its grid steps (estimate/kernel_probes/)"
     first = next(iter(reasons.items()), None)
     note = (head
-            + (f"; {failed} kernel(s) whose probes gave no cycles" + (f" ({first[0]}: {first[1]})" if first else "")
+            + (f"; {failed} kernel op(s) whose probes gave no cycles" + (f" ({first[0]}: {first[1]})" if first else "")
                if failed else "")
-            + (f"; {short} kernel(s) not probed (a grid's last axis of {STEP_PROBE[1]} steps or fewer, more than "
+            + (f"; {short} kernel op(s) not probed (a grid's last axis of {STEP_PROBE[1]} steps or fewer, more than "
                f"{KERNEL_PROBE_SIGNATURES} kinds of step, or a body not rewritten)" if short else "")
-            + (f"; {skipped} kernel(s) not probed within {KERNEL_PROBE_BUDGET_S:.0f} s" if skipped else "")
+            + (f"; {skipped} kernel op(s) not probed: the probes' {KERNEL_PROBE_BUDGET_S:.0f} s were spent"
+               if skipped else "")
             + ("; those keep their time" if failed or short or skipped else ""))
     return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import base64
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # A grid of more steps than this is counted densely: each step's guards are evaluated in Python
 # (a few microseconds a step).
@@ -77,10 +77,13 @@ class KernelWork:
     steps: int  # grid steps
     active: int  # grid steps that run some of the matmuls (all of them where one is not guarded)
     matmuls: int  # tpu.matmul ops in the body
-    guarded: bool  # some of the work runs only where a prefetched table says so
+    guarded: bool  # some of the work runs under a branch (`scf.if`) of the body
     resolved: bool  # that condition was evaluated from the table's values (False: every step counted)
     dynamic: int = 0  # grid axes sized at run time (their sizes: the custom call's leading operands)
     bounds: tuple = ()  # the grid, the axes sized at run time at their sizes
+    # every branch some of the matmuls run under reads a scalar-prefetched table (none on grid ids alone)
+    table_gated: bool = False
+    parallel: int = 1  # grid steps over the axes whose dimension semantics are `parallel`
     # ((the value, 1, 0 or None where unknown, of each `scf.if` condition on a table, in walk order), the
     # active steps that have them), most steps first; () where the steps were not evaluated
     signatures: tuple = ()
@@ -288,6 +291,7 @@ def kernel_work(body: bytes, operands: list | None = None) -> KernelWork | None:
                 break
         if main is None:
             return None
+        semantics = re.findall(r"dimension_semantics<(\w+)>", str(attrs.get("dimension_semantics", "")))
         dynamic = sum(1 for b in bounds if b < 0)  # axes sized at run time: the leading operands
         sizes = iter(operands[:dynamic])
         for d, b in enumerate(bounds):
@@ -314,10 +318,15 @@ def kernel_work(body: bytes, operands: list | None = None) -> KernelWork | None:
         per_step = sum(f for f, _ in found)
         dense = per_step * steps
         guarded = [(f, g) for f, g in found if g]
-        dense_work = KernelWork(dense, dense, steps, steps, len(found), bool(guarded), not guarded, dynamic,
-                                tuple(bounds))
-        if steps > MAX_STEPS:
-            return dense_work
+        table_values = [a for a, _ in table_args]
+        gated = bool(guarded) and all(_reads_table(v, table_values) for _, g in guarded for v, _ in g)
+        parallel = math.prod(b for b, sem in zip(bounds, semantics) if sem == "parallel") \
+            if len(semantics) == len(bounds) else 1
+        shape = dict(dynamic=dynamic, bounds=tuple(bounds), table_gated=gated, parallel=parallel)
+        dense_work = KernelWork(dense, dense, steps, steps, len(found), bool(guarded), not guarded, **shape)
+        ifs_ops = _table_ifs(entry, table_values, [])
+        if steps > MAX_STEPS or not (guarded or ifs_ops):  # nothing to evaluate step by step
+            return dense_work if guarded else replace(dense_work, signatures=(((), steps),))
         ev = _Guards(grid_args, table_args)
         unguarded = sum(f for f, g in found if not g)
         total, active = unguarded * steps, 0
@@ -325,7 +334,7 @@ def kernel_work(body: bytes, operands: list | None = None) -> KernelWork | None:
         for f, g in guarded:
             by_guard[g] = by_guard.get(g, 0) + f
         ifs = []  # the conditions on the tables, each compiled where it can be
-        for op in _table_ifs(entry, [a for a, _ in table_args], []):
+        for op in ifs_ops:
             try:
                 ifs.append(ev.compile(op.operands[0]))
             except _Unknown:
@@ -352,7 +361,7 @@ def kernel_work(body: bytes, operands: list | None = None) -> KernelWork | None:
         except (_Unknown, TypeError, ValueError, IndexError, OverflowError):
             return dense_work
         ranked = tuple(sorted(signatures.items(), key=lambda kv: (-kv[1], str(kv[0]))))
-        return KernelWork(total, dense, steps, active, len(found), bool(guarded), True, dynamic, tuple(bounds), ranked)
+        return KernelWork(total, dense, steps, active, len(found), bool(guarded), True, signatures=ranked, **shape)
 
 
 def _holds(seen: dict, cond, want: bool, ids) -> bool:
