@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import ARTIFACT_SETS, set_versions, skip_if_newer_than_this_xla
 from tpudiag.analyze.compile.kernel_body import STEP_PROBE, kernel_body, kernel_work, step_probe
-from tpudiag.api.estimate import _kernel_works, _table_source
+from tpudiag.api.estimate_kernels import _kernel_works, _table_source
 from tpudiag.api.pipeline import compile_run_artifacts
 
 pytest.importorskip("jaxlib.mlir")
@@ -106,7 +106,8 @@ def test_a_body_that_cannot_be_read_gives_no_figure():
 
 @pytest.mark.parametrize("leg", sorted(ARTIFACT_SETS))
 def test_the_estimate_times_each_splash_kernel_by_its_mxu_work(leg, tmp_path):
-    from tpudiag.api.estimate import _hbm_outside_vmem, _kernel_bodies
+    from tpudiag.api.estimate import _hbm_outside_vmem
+    from tpudiag.api.estimate_kernels import _kernel_bodies
 
     arts, report = compile_run_artifacts(_run(leg), with_llo=False, suggestions=False)
     hlo = arts[0].hlo
@@ -152,7 +153,7 @@ def test_maxtext_own_step_splash_kernels_timed_and_its_gmm_left_alone():
     """MaxText's own MoE step (fixture `estimate_maxtext_moe_megablox`: sequence 1024, splash blocks of
     512, segment ids): its four splash kernels take their body's work over the 3 of 4 blocks the
     causal mask keeps; its megablox gmm/tgmm calls carry a cost estimate and are left alone."""
-    from tpudiag.api.estimate import _kernel_bodies
+    from tpudiag.api.estimate_kernels import _kernel_bodies
 
     run = ARTIFACT_SETS["jax-0.12"] / "estimate_maxtext_moe_megablox"
     skip_if_newer_than_this_xla(run)
@@ -336,7 +337,7 @@ def test_a_probe_the_compiler_cannot_profile_keeps_the_op_and_says_why(tmp_path)
     estimate) and the finding gives the compiler's reason."""
     import importlib.metadata as md
 
-    from tpudiag.api.estimate import _probe_kernels
+    from tpudiag.api.estimate_kernels import _probe_kernels
     from tpudiag.capture.tpu_compile import Limits
     from tpudiag.targets import resolve_target
 
