@@ -149,6 +149,27 @@ def test_the_estimate_times_each_splash_kernel_by_its_mxu_work(leg, tmp_path):
             assert o.limit.endswith("over every grid step (its tables not evaluated)")
 
 
+def test_kernel_probes_stop_when_their_budget_is_spent(tmp_path, monkeypatch):
+    """No pair of probes starts once the budget is spent: the splash kernels keep their time, nothing
+    is compiled, and the finding says why."""
+    import tpudiag.api.estimate_kernels as ek
+    from tpudiag.capture.tpu_compile import Limits
+    from tpudiag.targets import resolve_target
+
+    monkeypatch.setattr(ek, "KERNEL_PROBE_BUDGET_S", 0.0)
+    run = tmp_path / "run"
+    shutil.copytree(_run("jax-0.10"), run)
+    arts, report = compile_run_artifacts(run, with_llo=False, suggestions=False)
+    hlo = arts[0].hlo
+    after, note = ek._probe_kernels(report, hlo, _kernel_works(report, hlo, run), run, resolve_target("v6e:2x2"),
+                                    Limits())
+    assert note == ("no Pallas kernel op timed by the TPU compiler's cycles for its grid steps "
+                    "(estimate/kernel_probes/); 3 kernel op(s) not probed: the probes' 0 s were spent; "
+                    "those keep their time")
+    assert after.modules[0].ops == report.modules[0].ops
+    assert list((run / "estimate" / "kernel_probes").glob("*.mlir")) == []
+
+
 def test_maxtext_own_step_splash_kernels_timed_and_its_gmm_left_alone():
     """MaxText's own MoE step (fixture `estimate_maxtext_moe_megablox`: sequence 1024, splash blocks of
     512, segment ids): its four splash kernels take their body's work over the 3 of 4 blocks the
@@ -256,8 +277,9 @@ def _b64(body: bytes) -> str:
     return base64.b64encode(body).decode()
 
 
-def _probe_body(text: str) -> bytes:
-    """The kernel body inside a step probe's StableHLO module (parsed by jax's own bindings)."""
+def _probe_config(text: str) -> dict:
+    """The backend config of the kernel call in a step probe's StableHLO module (parsed by jax's own
+    bindings)."""
     from jax._src.interpreters import mlir
     from jaxlib.mlir import ir
 
@@ -267,7 +289,12 @@ def _probe_body(text: str) -> bytes:
                    if op.operation.name == "stablehlo.custom_call"]
         config = json.loads(ir.StringAttr(call.operation.attributes["backend_config"]).value)
     assert "debug_locations" not in config["custom_call_config"]
-    return kernel_body(config)
+    return config
+
+
+def _probe_body(text: str) -> bytes:
+    """The kernel body inside a step probe's StableHLO module."""
+    return kernel_body(_probe_config(text))
 
 
 @pytest.mark.parametrize("leg", sorted(ARTIFACT_SETS))
@@ -326,6 +353,14 @@ def test_tokamax_splash_kinds_of_step_and_a_grid_sized_at_run_time():
         assert text.count("%a") - text.count("%a", text.index("stablehlo.custom_call")) == len(shapes) - 1
         probe = kernel_work(_probe_body(text))  # the run-time size dropped, one matmul path set to run
         assert (probe.dynamic, probe.bounds, probe.flops) == (0, (1, 3), 3 * 2 * one)
+    # the config's fields indexed by operand follow the dropped run-time size
+    marked = json.loads(json.dumps(instr.backend_config))
+    marked["custom_call_config"]["allow_input_fusion"] = [k % 2 == 0 for k in range(len(shapes))]
+    marked["custom_call_config"]["input_memory_space_colors"] = [{"operand_index": 0, "color": 1},
+                                                                 {"operand_index": 2, "color": 1}]
+    probed = _probe_config(step_probe(marked, shapes, instr.shape, 3, fwd, fwd.signatures[0][0]))["custom_call_config"]
+    assert probed["allow_input_fusion"] == [k % 2 == 0 for k in range(1, len(shapes))]
+    assert probed["input_memory_space_colors"] == [{"operand_index": 1, "color": 1}]
     instr, dkv, _ = works["splash_mha_dkv_no_residuals"]
     assert (dkv.bounds, dkv.active, dkv.flops) == ((4, 2, 4), 20, 20 * 5 * one)
     assert dkv.signatures == (((1, 0), 12), ((0, 1), 8))  # unmasked blocks below the diagonal, masked on it

@@ -188,7 +188,7 @@ def _probe_kernels(report, hlo, works: dict, run: Path, target, limits, progress
     the branches set to that kind's values). The difference is one such step's cycles; summed over the
     steps of each kind (over the TensorCores of a megacore device, where the kernel has parallel grid
     steps for each), it is the op's time where longer than its time so far. The budget is checked
-    before each kernel's probes."""
+    before each kind's pair of probes."""
     from dataclasses import replace
 
     from tpudiag.analyze.compile.kernel_body import STEP_PROBE, step_probe
@@ -219,11 +219,11 @@ def _probe_kernels(report, hlo, works: dict, run: Path, target, limits, progress
         if any(None in pair for pair in texts.values()):  # a last axis too short, or a body not rewritten
             status[name] = "short"
             continue
-        if texts and time.monotonic() - t0 > KERNEL_PROBE_BUDGET_S:
-            status[name] = "skipped"
-            continue
         pname = names.setdefault(key, f"kprobe{len(names):02d}")
         for sig, pair in texts.items():
+            if time.monotonic() - t0 > KERNEL_PROBE_BUDGET_S:
+                status[name] = "skipped"
+                break
             tag = f"{pname}-kind{sum(1 for k, _ in step_cycles if k == key)}"
             cycles = []
             for n, text in zip(STEP_PROBE, pair):

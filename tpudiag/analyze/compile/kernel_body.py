@@ -271,6 +271,18 @@ def _value(f, ids):
         return None
 
 
+def _entry(module):
+    """The kernel's entry function (the one with a grid) as (op, iteration bounds, number of
+    scalar-prefetched tables, dimension semantics per axis), or None where the body has no grid."""
+    for op in module.body.operations:
+        attrs = _attrs(op.operation)
+        if "iteration_bounds" in attrs:
+            prefetch = _ints(attrs["scalar_prefetch"])[0] if "scalar_prefetch" in attrs else 0
+            semantics = re.findall(r"dimension_semantics<(\w+)>", str(attrs.get("dimension_semantics", "")))
+            return op, _ints(attrs["iteration_bounds"]), prefetch, semantics
+    return None
+
+
 def kernel_work(body: bytes, operands: list | None = None) -> KernelWork | None:
     """The kernel's MXU work. `operands`: for each operand of the custom call in order, its values
     (flat, row-major) where the step holds it as a constant, else None: first one scalar for each grid
@@ -282,16 +294,10 @@ def kernel_work(body: bytes, operands: list | None = None) -> KernelWork | None:
     except Exception:  # noqa: BLE001 - a body these bindings cannot read: no figure
         return None
     with ctx:
-        main = None
-        for op in module.body.operations:
-            attrs = _attrs(op.operation)
-            if "iteration_bounds" in attrs:
-                main, bounds = op, _ints(attrs["iteration_bounds"])
-                prefetch = _ints(attrs["scalar_prefetch"])[0] if "scalar_prefetch" in attrs else 0
-                break
-        if main is None:
+        found = _entry(module)
+        if found is None:
             return None
-        semantics = re.findall(r"dimension_semantics<(\w+)>", str(attrs.get("dimension_semantics", "")))
+        main, bounds, prefetch, semantics = found
         dynamic = sum(1 for b in bounds if b < 0)  # axes sized at run time: the leading operands
         sizes = iter(operands[:dynamic])
         for d, b in enumerate(bounds):
@@ -448,12 +454,10 @@ def step_probe(backend_config: dict, operand_shapes: list[str], result_shape: st
 
         ctx, module = _module(body)
         with ctx, ir.Location.unknown():
-            main = next((op for op in module.body.operations if "iteration_bounds" in _attrs(op.operation)), None)
-            if main is None:
+            found = _entry(module)
+            if found is None:
                 return None
-            attrs = _attrs(main.operation)
-            bounds = _ints(attrs["iteration_bounds"])
-            prefetch = _ints(attrs["scalar_prefetch"])[0] if "scalar_prefetch" in attrs else 0
+            main, bounds, prefetch, _ = found
             if len(bounds) != len(work.bounds) or work.bounds[-1] <= STEP_PROBE[1]:
                 return None
             main.operation.attributes["iteration_bounds"] = ir.DenseI64ArrayAttr.get([1] * (len(bounds) - 1) + [steps])
@@ -471,8 +475,16 @@ def step_probe(backend_config: dict, operand_shapes: list[str], result_shape: st
     except Exception:  # noqa: BLE001 - bindings that cannot read or rewrite this body: no probe
         return None
     config = json.loads(json.dumps(backend_config))
-    config["custom_call_config"].pop("debug_locations", None)  # they name the original body's operations
-    config["custom_call_config"]["body"] = base64.b64encode(buf.getvalue()).decode()
+    ccc = config["custom_call_config"]
+    ccc.pop("debug_locations", None)  # they name the original body's operations
+    if work.dynamic:  # the fields indexed by operand follow the dropped leading operands
+        if isinstance(ccc.get("allow_input_fusion"), list):
+            ccc["allow_input_fusion"] = ccc["allow_input_fusion"][work.dynamic:]
+        if isinstance(ccc.get("input_memory_space_colors"), list):
+            ccc["input_memory_space_colors"] = [
+                {**c, "operand_index": c["operand_index"] - work.dynamic}
+                for c in ccc["input_memory_space_colors"] if c.get("operand_index", 0) >= work.dynamic]
+    ccc["body"] = base64.b64encode(buf.getvalue()).decode()
     escaped = json.dumps(config).replace("\\", "\\5C").replace('"', "\\22")
     types = [t for t, _ in results]
     n = len(results)
