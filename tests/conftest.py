@@ -126,8 +126,8 @@ def file_tree(path: Path) -> list[str]:
 @pytest.fixture
 def newest_leg():
     """Real runs and compiles of whole steps (estimate, plan) take minutes on a 2-core runner: they
-    run on the newest jax leg only (CI's oldest leg has the suggest compiles); checked on jax 0.10.2
-    by hand. TPUDIAG_ALL_LEGS=1 runs them on any leg."""
+    run on the newest jax leg only (CI's oldest leg prices the suggest matches, compiling their
+    kernels); checked on jax 0.10.2 by hand. TPUDIAG_ALL_LEGS=1 runs them on any leg."""
     import importlib.metadata as md
 
     major, minor = (int(x) for x in md.version("jax").split(".")[:2])

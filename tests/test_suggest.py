@@ -11,6 +11,7 @@ import re
 import pytest
 
 from tests.conftest import ARTIFACT_SETS, PROGRAMS
+from tpudiag.capture import rundir
 from tpudiag.analyze.suggest.detectors import BY_NAME, find_patterns
 from tpudiag.analyze.suggest.detectors.cross_entropy import CrossEntropyShapes
 from tpudiag.analyze.suggest.detectors.act_quant import W8A8Shapes
@@ -42,8 +43,8 @@ EXPECTED = {
     "mlp": set(),
     "layout_waste": set(),
 }
-# Entries of EXPECTED that are a program run with arguments.
-RUNS_AS = {"qwen_layers": ("qwen_block", ("--forward", "--layers", "4")), "moe_train": ("moe_layer", ("--train",))}
+# Their compile runs (fixtures/artifacts/regenerate.py's SUGGEST).
+SUGGEST_RUNS = ARTIFACT_SETS["jax-0.10"] / "suggest"
 
 
 def _jax_series() -> tuple[int, int]:
@@ -54,47 +55,33 @@ def _jax_series() -> tuple[int, int]:
 
 @pytest.fixture(scope="session")
 def compiled(tmp_path_factory):
-    """Each fixture program compiled for v5e (no static profile: the detectors read the HLO). The
-    scripts run on CPU and compiled module by module take four minutes on a 2-core runner, so this
-    set runs on the oldest supported jax only (CI's first leg); the newest was checked with it by hand
-    (jax 0.12.0.1, libtpu 0.0.50.1: the same matches)."""
+    """Each fixture program compiled for v5e (no static profile: the detectors read the HLO), as
+    fixtures/artifacts/regenerate.py stores it (`suggest/NAME`: jax 0.10.2 and its libtpu), copied so
+    that `suggest` may write its outputs into the run. Read on the oldest jax leg only: the tests that
+    price a match compile its kernel at the matched shapes, minutes of CI time (the newest leg was
+    checked with them by hand: jax 0.12.0.1, libtpu 0.0.50.1, the same matches)."""
     if _jax_series() > (0, 10):
-        pytest.skip("the compiled fixture programs run on the oldest jax leg only (CI time)")
-    import os
-
-    from tpudiag import api
-
-    # The random-number setup modules every script has are compiled once for all of them.
-    cache = tmp_path_factory.mktemp("suggest-cache")
-    saved = {k: os.environ.get(k) for k in ("TPUDIAG_CACHE_DIR", "TPUDIAG_NO_CACHE")}
-    os.environ["TPUDIAG_CACHE_DIR"] = str(cache)
-    os.environ.pop("TPUDIAG_NO_CACHE", None)
-
-    from concurrent.futures import ThreadPoolExecutor
+        pytest.skip("the compiled fixture programs are read on the oldest jax leg only (CI time)")
+    import shutil
 
     root = tmp_path_factory.mktemp("suggest")
+    runs = {}
+    for name in EXPECTED:
+        runs[name] = root / name
+        shutil.copytree(SUGGEST_RUNS / name, runs[name])
+    return runs
 
-    def one(name):  # each compile is a CPU run and worker processes: two at once keep both cores busy
-        script, args = RUNS_AS.get(name, (name, ()))
-        return name, api.compile_target("v5e", PROGRAMS / f"{script}.py", args, root / name, static_profile=False,
-                                        jobs=1).run_dir
 
-    try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            return dict(pool.map(one, EXPECTED))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def _hlo_files(run):
+    """The optimized HLO of each module of a compile run, in module order."""
+    return [mdir / rundir.MODULE_HLO for mdir in sorted((run / "modules").iterdir())
+            if (mdir / rundir.MODULE_HLO).is_file()]
 
 
 def _found(run) -> set[str]:
     out = set()
-    for mdir in sorted((run / "modules").iterdir()):
-        for path in find_optimized_modules(mdir / "hlo").values():
-            out |= {m.pattern for m in find_patterns(read_hlo_file(path))}
+    for path in _hlo_files(run):
+        out |= {m.pattern for m in find_patterns(read_hlo_file(path))}
     return out
 
 
@@ -262,7 +249,7 @@ def test_int4_weights_in_groups_map_to_the_int4_kernel_at_their_groups(compiled)
     # oracle: the optimized HLO's own top-level ops: the scales' broadcast to the weights' shape
     # (XLA writes it to HBM whole) is part of the pattern, with the matmul's fusion
     layer = next(d for d in (compiled["int4_layer"] / "modules").iterdir() if "layer" in d.name)
-    hlo = next(iter(find_optimized_modules(layer / "hlo").values())).read_text()
+    hlo = (layer / rundir.MODULE_HLO).read_text()
     broadcast = re.search(r"%(\S+) = bf16\[32,128,14336\][^ ]* broadcast\(", hlo).group(1)
     assert broadcast in m.ops
     setup = setup_for(m.detector, m.shapes)
@@ -272,9 +259,7 @@ def test_int4_weights_in_groups_map_to_the_int4_kernel_at_their_groups(compiled)
 
 
 def _matches(run):
-    return [m for mdir in sorted((run / "modules").iterdir())
-            for path in find_optimized_modules(mdir / "hlo").values()
-            for m in find_patterns(read_hlo_file(path))]
+    return [m for path in _hlo_files(run) for m in find_patterns(read_hlo_file(path))]
 
 
 def test_decode_attention_through_a_page_table_is_priced_with_paged_attention(compiled):
@@ -286,7 +271,7 @@ def test_decode_attention_through_a_page_table_is_priced_with_paged_attention(co
     assert (s.batch, s.batch_heads, s.kv_batch_heads, s.page_size, s.kv_len, s.head_dim) == (32, 1024, 256, 16, 2048, 128)
     # oracle: the optimized HLO's entry fusions that hold a gather (the page copies) are the pattern's ops
     layer = next(d for d in (compiled["serving_decode"] / "modules").iterdir() if "decode_layer" in d.name)
-    hlo = next(iter(find_optimized_modules(layer / "hlo").values())).read_text()
+    hlo = (layer / rundir.MODULE_HLO).read_text()
     with_gather = {c for c, body in re.findall(r"\n%(\S+) [^\n]*\{\n(.*?)\n\}", hlo, re.S) if " gather(" in body}
     callers = set(re.findall(r"%(\S+) = [^\n]* fusion\([^\n]*calls=%(\S+?)[,\s]", hlo))
     gather_ops = {op for op, callee in callers if callee in with_gather}
@@ -318,7 +303,7 @@ def test_a_serving_step_that_writes_its_pages_maps_to_ragged_paged_attention(com
     assert s.kv_written
     # oracle: the optimized HLO's entry ops that hold a scatter (the page writes) are the pattern's
     layer = next(d for d in (compiled["serving_step"] / "modules").iterdir() if "decode_step" in d.name)
-    hlo = next(iter(find_optimized_modules(layer / "hlo").values())).read_text()
+    hlo = (layer / rundir.MODULE_HLO).read_text()
     with_scatter = {c for c, body in re.findall(r"\n%(\S+) [^\n]*\{\n(.*?)\n\}", hlo, re.S) if " scatter(" in body}
     callers = set(re.findall(r"%(\S+) = [^\n]* fusion\([^\n]*calls=%(\S+?)[,\s]", hlo))
     scatter_ops = {op for op, callee in callers if callee in with_scatter}
@@ -360,7 +345,7 @@ def test_fp8_layers_map_to_fp8_matmul_in_their_own_mode(compiled):
     assert (act.shapes.activations, act.shapes.quant_dtype) == ((64, 4096), "f8e4m3fn")
     # oracle: the optimized HLO's fusion that converts to f8e4m3fn from f32 (the quantize) is the pattern's
     layer = next(d for d in (compiled["fp8_layer"] / "modules").iterdir() if d.name.endswith("jit_w8a8"))
-    hlo = next(iter(find_optimized_modules(layer / "hlo").values())).read_text()
+    hlo = (layer / rundir.MODULE_HLO).read_text()
     quant = {c for c, body in re.findall(r"\n%(\S+) [^\n]*\{\n(.*?)\n\}", hlo, re.S)
              if re.search(r"f8e4m3fn\[[0-9,]+\][^\n]* convert\(%clamp", body)}
     callers = {op for op, callee in re.findall(r"%(\S+) = [^\n]* fusion\([^\n]*calls=%(\S+?)[,\s]", hlo)
@@ -382,7 +367,7 @@ def test_latent_attention_not_absorbed_is_priced_with_mla_decode(compiled):
     # oracle: the optimized HLO's up-projections (convolutions or dots labelled by the program's
     # einsum "btl,lhd->bthd") are in the pattern's ops, through the fusions that hold them
     layer = next(d for d in (compiled["mla_naive_decode"] / "modules").iterdir() if "attend" in d.name)
-    hlo = next(iter(find_optimized_modules(layer / "hlo").values())).read_text()
+    hlo = (layer / rundir.MODULE_HLO).read_text()
     ups = re.findall(r"%(\S+) = [^\n]*(?:convolution|dot)\([^\n]*btl,lhd->bthd", hlo)
     assert len(ups) == 2
     fused = {c for c, body in re.findall(r"\n%(\S+) [^\n]*\{\n(.*?)\n\}", hlo, re.S)
