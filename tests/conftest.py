@@ -128,8 +128,22 @@ def newest_leg():
     """Real runs and compiles of whole steps (estimate, plan) take minutes on a 2-core runner: they
     run on the newest jax leg only (CI's oldest leg prices the suggest matches, compiling their
     kernels); checked on jax 0.10.2 by hand. TPUDIAG_ALL_LEGS=1 runs them on any leg."""
+    _only_on_leg(newest=True, why="whole-step compiles run on the newest jax leg only (CI time)")
+
+
+@pytest.fixture
+def oldest_leg():
+    """A few minute-long compiles run on the oldest jax leg instead, so that CI's two legs, run side
+    by side on 2 cores, take about as long as each other; checked on the newest by hand.
+    TPUDIAG_ALL_LEGS=1 runs them on any leg."""
+    _only_on_leg(newest=False, why="this compile runs on the oldest jax leg only (CI time)")
+
+
+def _only_on_leg(newest: bool, why: str) -> None:
+    """Skip, saying `why`, unless this is CI's newest jax leg (jax >= 0.11) or, with newest=False, its
+    oldest; TPUDIAG_ALL_LEGS=1 runs the test on any leg."""
     import importlib.metadata as md
 
     major, minor = (int(x) for x in md.version("jax").split(".")[:2])
-    if (major, minor) < (0, 11) and not os.environ.get("TPUDIAG_ALL_LEGS"):
-        pytest.skip("whole-step compiles run on the newest jax leg only (CI time); TPUDIAG_ALL_LEGS=1 runs them")
+    if ((major, minor) >= (0, 11)) != newest and not os.environ.get("TPUDIAG_ALL_LEGS"):
+        pytest.skip(f"{why}; TPUDIAG_ALL_LEGS=1 runs it")

@@ -75,7 +75,7 @@ def test_estimate_a_tiny_step_on_a_slice(tmp_path, newest_leg):
     assert again.returncode == 0 and json.loads(again.stdout) == doc
 
 
-def test_compute_bound_matmuls_are_timed_by_the_compilers_cycles_alone(tmp_path, newest_leg):
+def test_compute_bound_matmuls_are_timed_by_the_compilers_cycles_alone(tmp_path, oldest_leg):
     run = tmp_path / "probed"
     res = _run("-m", "tpudiag", "estimate", f"{LLAMA}:step", "--target", "v5e:2x2", "--json", "--out", str(run), "--",
                "--layers", "2", "--d-model", "512", "--heads", "4", "--kv-heads", "2", "--head-dim", "128", "--d-ff",

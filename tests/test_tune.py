@@ -96,10 +96,10 @@ def test_points_the_kernel_refuses_are_rows_and_none_compiling_exits_1(tmp_path)
     assert json.loads((tmp_path / "r" / "manifest.json").read_text())["status"] == "failed"
 
 
-def test_jax_flash_attention_is_searched_and_blocks_past_vmem_are_rows(tmp_path, newest_leg):
+def test_jax_flash_attention_is_searched_and_blocks_past_vmem_are_rows(tmp_path, oldest_leg):
     """JAX's own kernel (not ours) at one 2048-token head: its 2048-row query blocks overflow the
     16 MiB of scoped VMEM it keeps on v5e, which the compiler refuses; the rest are ranked by their
-    corrected cycles. (The oldest leg searches with a reference below.)"""
+    corrected cycles."""
     run = tmp_path / "jax"
     res = _tune(JAXS, "--target", "v5e", "--space", "block_q=256,2048 block_k_major=2048 block_k=256,2048",
                 "--inputs", "q=bf16[1,1,2048,128] k=bf16[1,1,2048,128] v=bf16[1,1,2048,128]", "--out", str(run),
