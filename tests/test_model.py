@@ -95,7 +95,8 @@ def test_kernel_bench_results_round_trip(chip):
 
 
 MANIFESTS = sorted({*ROOT.glob("fixtures/artifacts*/*/manifest.json"), *ROOT.glob("fixtures/old-runs/*/manifest.json"),
-                    *ROOT.glob("fixtures/artifacts*/*/shadow/manifest.json")})
+                    *ROOT.glob("fixtures/artifacts*/*/shadow/manifest.json"),
+                    *ROOT.glob("fixtures/artifacts*/suggest/*/manifest.json")})
 
 
 def test_every_fixture_manifest_reads_typed():

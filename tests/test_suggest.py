@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tests.conftest import ARTIFACT_SETS, PROGRAMS
+from tests.conftest import ARTIFACT_SETS, PROGRAMS, _only_on_leg
 from tpudiag.capture import rundir
 from tpudiag.analyze.suggest.detectors import BY_NAME, find_patterns
 from tpudiag.analyze.suggest.detectors.cross_entropy import CrossEntropyShapes
@@ -47,12 +47,6 @@ EXPECTED = {
 SUGGEST_RUNS = ARTIFACT_SETS["jax-0.10"] / "suggest"
 
 
-def _jax_series() -> tuple[int, int]:
-    import importlib.metadata as md
-
-    return tuple(int(x) for x in md.version("jax").split(".")[:2])
-
-
 @pytest.fixture(scope="session")
 def compiled(tmp_path_factory):
     """Each fixture program compiled for v5e (no static profile: the detectors read the HLO), as
@@ -60,8 +54,7 @@ def compiled(tmp_path_factory):
     that `suggest` may write its outputs into the run. Read on the oldest jax leg only: the tests that
     price a match compile its kernel at the matched shapes, minutes of CI time (the newest leg was
     checked with them by hand: jax 0.12.0.1, libtpu 0.0.50.1, the same matches)."""
-    if _jax_series() > (0, 10):
-        pytest.skip("the compiled fixture programs are read on the oldest jax leg only (CI time)")
+    _only_on_leg(newest=False, why="the compiled fixture programs are read on the oldest jax leg only (CI time)")
     import shutil
 
     root = tmp_path_factory.mktemp("suggest")
@@ -70,6 +63,20 @@ def compiled(tmp_path_factory):
         runs[name] = root / name
         shutil.copytree(SUGGEST_RUNS / name, runs[name])
     return runs
+
+
+def test_the_stored_compiles_are_of_the_programs_as_regenerate_runs_them():
+    """Each stored run is the compile of its program with the arguments regenerate.py gives it, and
+    every program EXPECTED names has one (a program edited since is recompiled by regenerate.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("regenerate", ARTIFACT_SETS["jax-0.10"] / "regenerate.py")
+    regenerate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(regenerate)
+    assert sorted(regenerate.SUGGEST) == sorted(f"suggest/{name}" for name in EXPECTED)
+    for name, (program, args) in regenerate.SUGGEST.items():
+        manifest = json.loads((ARTIFACT_SETS["jax-0.10"] / name / "manifest.json").read_text())
+        assert (manifest["kind"], manifest["status"], manifest["argv"]) == ("compile", "ok", [program, *args])
 
 
 def _hlo_files(run):
@@ -216,8 +223,7 @@ def test_a_dense_moe_training_step_counts_its_flops_once(compiled):
 def test_a_profile_run_gives_the_saving_per_step(tmp_path):
     """`tpudiag suggest SCRIPT` profiles with --target first; the profile says how often each module
     runs per step: the full-sort sampler three times (--repeat 3), the top-k one once."""
-    if _jax_series() > (0, 10):
-        pytest.skip("the compiled fixture programs run on the oldest jax leg only (CI time)")
+    _only_on_leg(newest=False, why="the compiled fixture programs run on the oldest jax leg only (CI time)")
     from tpudiag.api.suggest import suggest
 
     rep, run = suggest(PROGRAMS / "sampler.py", ["--steps", "2", "--repeat", "3"], out=tmp_path / "run",

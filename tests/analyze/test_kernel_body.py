@@ -361,6 +361,11 @@ def test_tokamax_splash_kinds_of_step_and_a_grid_sized_at_run_time():
     probed = _probe_config(step_probe(marked, shapes, instr.shape, 3, fwd, fwd.signatures[0][0]))["custom_call_config"]
     assert probed["allow_input_fusion"] == [k % 2 == 0 for k in range(1, len(shapes))]
     assert probed["input_memory_space_colors"] == [{"operand_index": 1, "color": 1}]
+    assert "operand_to_metadata" not in probed
+    # a list that counts the kernel's own operands only (as pallas_call's compiler params give it) is kept
+    marked["custom_call_config"]["allow_input_fusion"] = [True] + [False] * (len(shapes) - 2)
+    probed = _probe_config(step_probe(marked, shapes, instr.shape, 3, fwd, fwd.signatures[0][0]))["custom_call_config"]
+    assert probed["allow_input_fusion"] == [True] + [False] * (len(shapes) - 2)
     instr, dkv, _ = works["splash_mha_dkv_no_residuals"]
     assert (dkv.bounds, dkv.active, dkv.flops) == ((4, 2, 4), 20, 20 * 5 * one)
     assert dkv.signatures == (((1, 0), 12), ((0, 1), 8))  # unmasked blocks below the diagonal, masked on it

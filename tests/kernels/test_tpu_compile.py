@@ -20,13 +20,12 @@ compiles them too (TPUDIAG_ALL_LEGS=1 runs it there).
 
 from __future__ import annotations
 
-import importlib.metadata as md
-import os
 import re
 
 import jax
 import pytest
 
+from tests.conftest import _only_on_leg
 from tests.kernels.test_tiling import MIB, _need, _pallas_calls
 from tpudiag.api.pipeline import compile_inputs
 from tpudiag.capture.lower import lower_for_tpu
@@ -39,18 +38,13 @@ TARGETS = ("v5e", "v6e")
 _VMEM_TOTAL = re.compile(r"^Memory Space: vmem\b.*\nTotal bytes: (\d+)", re.M)
 
 
-def _newest_leg_only():
-    major, minor = (int(x) for x in md.version("jax").split(".")[:2])
-    if (major, minor) < (0, 11) and not os.environ.get("TPUDIAG_ALL_LEGS"):
-        pytest.skip("the bundled kernels compile for TPU on the newest jax leg only (CI time); "
-                    "TPUDIAG_ALL_LEGS=1 runs them")
 
 
 @pytest.fixture(scope="module")
 def lowered(tmp_path_factory):
     """(the lowered kernels as compile inputs, each kernel's traced Mosaic calls) at default blocks:
     lowering does not depend on the target, so it is done once."""
-    _newest_leg_only()
+    _only_on_leg(newest=True, why="the bundled kernels compile for TPU on the newest jax leg only (CI time)")
     require_libtpu()
     out = tmp_path_factory.mktemp("lowered")
     inputs, calls = [], {}
@@ -69,17 +63,22 @@ def lowered(tmp_path_factory):
     return inputs, calls
 
 
+# Variants at a prefill chunk's larger blocks: compiled for v6e only (`_compiled_for`).
+_LARGER_BLOCKS = ("@m2048", "@d4096")
+
+
 def _compiled_for(name: str, chip: str) -> bool:
-    """Every kernel at its production shape is compiled for both chips. A variant with larger blocks
-    ("@m2048", "@d4096") is compiled for v6e only: its blocks do not depend on the chip, and v5e and v6e
-    have the same 128 MiB of VMEM a core, so one compile checks the fit for both (each such compile
-    takes 20-50 s of CPU). A variant at one chip's blocks ("@v5e-m256") is compiled for that chip."""
-    if "@" not in name:
-        return True
-    variant = name.split("@", 1)[1]
+    """Every kernel at its production shape, and a variant that takes another kernel path (int4 at
+    one row), is compiled for both chips. A variant at larger blocks (_LARGER_BLOCKS) is compiled for
+    v6e only: its blocks do not depend on the chip, v5e and v6e have the same 128 MiB of VMEM a core,
+    and each such compile takes 20-50 s of CPU. A variant at one chip's blocks ("@v5e-m256") is
+    compiled for that chip."""
+    if name.endswith(_LARGER_BLOCKS):
+        return chip == "v6e"
+    variant = name.split("@", 1)[1] if "@" in name else ""
     if variant.startswith(tuple(f"{t}-" for t in TARGETS)):
         return variant.startswith(f"{chip}-")
-    return chip == "v6e"
+    return True
 
 
 @pytest.fixture(scope="module", params=TARGETS)

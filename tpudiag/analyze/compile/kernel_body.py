@@ -478,12 +478,14 @@ def step_probe(backend_config: dict, operand_shapes: list[str], result_shape: st
     ccc = config["custom_call_config"]
     ccc.pop("debug_locations", None)  # they name the original body's operations
     if work.dynamic:  # the fields indexed by operand follow the dropped leading operands
-        if isinstance(ccc.get("allow_input_fusion"), list):
-            ccc["allow_input_fusion"] = ccc["allow_input_fusion"][work.dynamic:]
+        fusion = ccc.get("allow_input_fusion")
+        if isinstance(fusion, list) and len(fusion) == len(operand_shapes):  # else it counts the kernel's own
+            ccc["allow_input_fusion"] = fusion[work.dynamic:]
         if isinstance(ccc.get("input_memory_space_colors"), list):
             ccc["input_memory_space_colors"] = [
                 {**c, "operand_index": c["operand_index"] - work.dynamic}
                 for c in ccc["input_memory_space_colors"] if c.get("operand_index", 0) >= work.dynamic]
+        ccc.pop("operand_to_metadata", None)  # metadata by operand: not needed to compile the probe
     ccc["body"] = base64.b64encode(buf.getvalue()).decode()
     escaped = json.dumps(config).replace("\\", "\\5C").replace('"', "\\22")
     types = [t for t, _ in results]
