@@ -67,7 +67,7 @@ def compiled(tmp_path_factory):
 
 def test_the_stored_compiles_are_of_the_programs_as_regenerate_runs_them():
     """Each stored run is the compile of its program with the arguments regenerate.py gives it, and
-    every program EXPECTED names has one (a program edited since is recompiled by regenerate.py)."""
+    every program EXPECTED names has one. An edited program is not detected here: rerun regenerate.py for it."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("regenerate", ARTIFACT_SETS["jax-0.10"] / "regenerate.py")

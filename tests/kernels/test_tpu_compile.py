@@ -38,8 +38,6 @@ TARGETS = ("v5e", "v6e")
 _VMEM_TOTAL = re.compile(r"^Memory Space: vmem\b.*\nTotal bytes: (\d+)", re.M)
 
 
-
-
 @pytest.fixture(scope="module")
 def lowered(tmp_path_factory):
     """(the lowered kernels as compile inputs, each kernel's traced Mosaic calls) at default blocks:
