@@ -1,6 +1,6 @@
 """What the MXU reaches at the quantized matmuls' shapes: XLA's own bf16 dot, beside the fp8 kernel.
 
-At M 256 and 512 on v5e the fp8 mode of `fp8_matmul` sits 5-7% above its compute floor. This prints,
+At M 256 and 512 on v5e the fp8 mode of `fp8_matmul` sits about 5% above its compute floor. This prints,
 from one static profile each, the cycles of XLA's plain bf16 x bf16 dot fusion at the same M, K and N
 (no quantization, no conversion: the MXU's best case there as the compiler schedules it), the fp8
 kernel in the blocks it takes at that M, and a plain Pallas matmul in the same blocks whose x comes

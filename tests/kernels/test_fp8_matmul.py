@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from tpudiag.kernels import fp8_matmul as f
+from tpudiag.kernels.quant_streamed import streams
+from tpudiag.kernels.w8a8_matmul import QUANT_CHUNKS
 
 
 def _args(m, k, n, dtype, seed=0):
@@ -95,7 +97,10 @@ def test_v5e_quantizes_x_once_below_a_prefill_chunk():
 
     v5e = CHIPS["v5e"]
     assert f.blocks_for(256, v5e) == f.V5E_FP8_BLOCKS and f.V5E_FP8_BLOCKS.x_chains == 1
-    assert "x_chains=1" in f.bench(chip=v5e, m=256).blocks
+    assert "x_chains=1, stream_chunks=4" in f.bench(chip=v5e, m=256).blocks
+    # at Llama 3 8B's and 70B's projections the kernel copies x and the weight tiles itself
+    for m, k, n in ((256, 4096, 14336), (1, 4096, 14336), (64, 8192, 3584), (512, 4096, 14336)):
+        assert streams(f.V5E_FP8_BLOCKS, m, k, n, QUANT_CHUNKS), (m, k, n)
     assert f.blocks_for(256, CHIPS["v6e"]) == f.blocks_for(256) == f.DEFAULT_BLOCKS
     assert f.blocks_for(2048, v5e).block_m == 512 and f.blocks_for(2048, v5e).x_chains == 0
     assert f.blocks_for(256, v5e, activations="bf16") == f.DEFAULT_BLOCKS

@@ -100,3 +100,52 @@ def test_one_m_block_quantizes_x_once_per_chain_of_n_blocks(chains, grid, cached
 def test_a_negative_chain_count_is_refused():
     with pytest.raises(ValueError, match="x_chains must be >= 0"):
         q.BlockSizes(x_chains=-1)
+
+
+def test_a_negative_stream_chunk_count_is_refused():
+    with pytest.raises(ValueError, match="stream_chunks must be >= 0"):
+        q.BlockSizes(stream_chunks=-1)
+
+
+def _pallas_eqn(fn, *args):
+    (eqn,) = [e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns[0].params["jaxpr"].eqns
+              if e.primitive.name == "pallas_call"]
+    return eqn
+
+
+def _dma_starts(eqn) -> int:
+    return str(eqn.params["jaxpr"]).count("dma_start")
+
+
+@pytest.mark.parametrize("m,bs", [
+    (64, q.BlockSizes(64, 128, x_chains=1, stream_chunks=4)),  # one M block, one chain
+    (128, q.BlockSizes(64, 128, stream_chunks=4)),  # two M blocks, a chain each
+])
+def test_x_and_the_weight_tiles_copied_by_the_kernel_give_the_pipelined_result_bit_for_bit(m, bs):
+    """With `stream_chunks` the kernel copies x (4 chunks of K), the first weight tile of each chain (4 chunks)
+    and the later tiles itself; x is quantized in QUANT_CHUNKS chunks as before, so the result is the
+    pipelined kernel's and XLA's, bit for bit, with every N block of each M block in place."""
+    x, w, s = _args(m, 2048, 512, jnp.float32)
+    piped = q.BlockSizes(bs.block_m, bs.block_n, x_chains=bs.x_chains)
+    assert q.streams(bs, m, 2048, 512, q.QUANT_CHUNKS) and not q.streams(piped, m, 2048, 512, q.QUANT_CHUNKS)
+    eqn = _pallas_eqn(lambda *a: q.w8a8_matmul(*a, block_sizes=bs), x, w, s)
+    assert eqn.params["grid_mapping"].grid == (m // 64, 4) and _dma_starts(eqn) > 0
+    assert _dma_starts(_pallas_eqn(lambda *a: q.w8a8_matmul(*a, block_sizes=piped), x, w, s)) == 0
+    got = q.w8a8_matmul(x, w, s, block_sizes=bs, interpret=True)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(q.w8a8_matmul(x, w, s, block_sizes=piped,
+                                                                           interpret=True)))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(q.xla_w8a8_matmul(x, w, s)))
+
+
+@pytest.mark.parametrize("m,k,n,chains,why", [
+    (100, 2048, 512, 0, "M 100 is not a whole number of 64-row blocks"),
+    (64, 2048, 500, 1, "N 500 is not a whole number of 128-column blocks"),
+    (64, 1536, 512, 1, "K 1536 is not 16 quantization chunks of whole lanes"),
+    (64, 2048, 512, 0, "one M block and no chain: x is quantized at every N block"),
+])
+def test_blocks_that_do_not_tile_the_operands_keep_the_pipelines_copies(m, k, n, chains, why):
+    bs = q.BlockSizes(64, 128, x_chains=chains, stream_chunks=4)
+    x, w, s = _args(m, k, n, jnp.bfloat16)
+    eqn = _pallas_eqn(lambda *a: q.w8a8_matmul(*a, block_sizes=bs), x, w, s)
+    assert _dma_starts(eqn) == 0, why
+    assert "stream_chunks=4" in str(bs) and "stream_chunks" not in str(q.BlockSizes())

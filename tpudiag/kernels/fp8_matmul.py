@@ -54,12 +54,14 @@ DEFAULT_BLOCKS = BlockSizes()
 # 244.1k cycles (248.2k with x quantized whole first), against 293.8k with the default blocks (x
 # quantized again at each of the 7 N blocks). 896 is kept over 512, which is 0.7k faster at M 256
 # (243.4k) but 3.3k slower at M 512 (483.0k against 479.7k, within 1.05x of the floor only at 896);
-# 1792 takes about 250k at M 256. 70B's at M 64: 57.7k against 77.3k. On v6e libtpu's static profile aborts on
+# 1792 takes about 250k at M 256. 70B's at M 64: 57.7k against 77.3k. x and the weight tiles copied by
+# the kernel in 4 chunks (`stream_chunks`, w8a8_matmul.BlockSizes) take M 256 to 240.7k (1024: 240.3k,
+# 1792: 241.0k, 512: 243.4k); M 512 479.6k. On v6e libtpu's static profile aborts on
 # the fp8 kernel in either form (LLO type checks), so its figures there are floors and cannot tell
 # the blocks apart: only v5e, where it was measured, takes these. Measured with every loop stepped
 # through: with fast-forwarded loops (suggest's static profile) the chained grid reads 243k at M 64,
 # not 112.0k.
-V5E_FP8_BLOCKS = BlockSizes(block_m=256, block_n=896, x_chains=1)
+V5E_FP8_BLOCKS = BlockSizes(block_m=256, block_n=896, x_chains=1, stream_chunks=4)
 
 
 def _check(x, w, w_scale, activations):
@@ -190,6 +192,10 @@ def cases() -> list[Case]:
                     "bfloat16"))
     out.append(Case("fp8: one M block, x quantized in chunks of K, outlier channels bf16",
                     _make(40, 2048, 512, jnp.bfloat16, outlier=True), chained, "bfloat16"))
+    # two M blocks, each a chain whose kernel copies x and the weight tiles itself (v5e's blocks' path)
+    streamed = dict(block_sizes=BlockSizes(block_m=64, block_n=128, stream_chunks=4), activations="fp8")
+    out.append(Case("fp8: x and the weight tiles copied by the kernel in chunks, outlier channels bf16",
+                    _make(128, 2048, 512, jnp.bfloat16, outlier=True), streamed, "bfloat16"))
     return out
 
 
@@ -257,7 +263,7 @@ SPEC = KernelSpec(
     signature="fp8_matmul(x, w, w_scale, *, activations='fp8', block_sizes=None, interpret=False)",
     tuned_for=("decode M64 K4096 N14336 (x bf16, w float8_e4m3fn, w_scale f32); in the fp8 mode a prefill "
                "chunk (M >= 2048) in M blocks of 512, and on v5e below it blocks_for(m, chip): x quantized "
-               "once, N blocks of 896"),
+               "once, N blocks of 896, x and the weight tiles copied by the kernel"),
     usage=("from tpudiag.kernels.fp8_matmul import fp8_matmul\n"
            "y = fp8_matmul(x, w_e4m3, w_scale)  # x [M,K] bf16, w [K,N] float8_e4m3fn, w_scale [N] f32 -> [M,N] bf16\n"
            "y = fp8_matmul(x, w_e4m3, w_scale, activations='bf16')  # weight-only: x stays bf16"),

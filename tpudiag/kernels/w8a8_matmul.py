@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from tpudiag.kernels.quant_streamed import streamed_call, streams
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, check_multiples, fit_block, vmem_limit
 
@@ -49,15 +50,21 @@ class BlockSizes:
     # the N blocks as c sequential chains, parallel to each other, and quantizes x once per chain
     # (needs the N blocks to split evenly; else as 0). One chain a core: 1 on v5e and v6e, 2 on v5p.
     x_chains: int = 0
+    # Where x is quantized once per chain of N blocks (one chain per M block): c >= 1 copies x and the
+    # weight tiles by hand, the chain's first tile and x in c chunks of K, so its first step starts on
+    # the first chunks (`quant_streamed`); 0 leaves the copies to the pipeline.
+    stream_chunks: int = 0
 
     def __post_init__(self):
         check_multiples(self, (("block_m", 32), ("block_n", 128)))
-        if self.x_chains < 0:
-            raise ValueError(f"x_chains must be >= 0, got {self.x_chains}")
+        for field in ("x_chains", "stream_chunks"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"{field} must be >= 0, got {getattr(self, field)}")
 
     def __str__(self) -> str:
         chains = f", x_chains={self.x_chains}" if self.x_chains else ""
-        return f"block_m={self.block_m}, block_n={self.block_n}{chains}"
+        stream = f", stream_chunks={self.stream_chunks}" if self.stream_chunks else ""
+        return f"block_m={self.block_m}, block_n={self.block_n}{chains}{stream}"
 
 
 # `tpudiag kernels tune w8a8_matmul --target v5e` (decode M64): N blocks of 2048 are 1.06x faster
@@ -153,7 +160,9 @@ def quantized_x_call(quantize, qmax: float, quant_dtype, acc_dtype, x, w, w_scal
     """x quantized per token in VMEM (`quantize`, to `quant_dtype`) @ an 8-bit w [K, N] * w_scale [N]:
     `whole_k_call` of a `quantizing_kernel`, cached across N wherever N's blocks run in sequence
     (`x_chains`): x spans several M blocks (M kept parallel for megacore chips), or one M block and
-    `bs.x_chains` chains of N blocks. Shared by w8a8 and fp8_matmul's fp8 mode."""
+    `bs.x_chains` chains of N blocks. With one chain per M block and `bs.stream_chunks` set, the kernel
+    copies x and the weight tiles itself where the blocks allow it (`quant_streamed`). Shared by w8a8 and
+    fp8_matmul's fp8 mode."""
     chains = x_chains(bs, x.shape[0], w.shape[1])
 
     def scratch(bm, bn, k):  # x's f32 copy and its quantization (kept, with its scales, where cached),
@@ -163,6 +172,9 @@ def quantized_x_call(quantize, qmax: float, quant_dtype, acc_dtype, x, w, w_scal
             2 * block_bytes((bm, bn), 4)
 
     k_chunks = QUANT_CHUNKS if chains and x.shape[0] < PREFILL_M else 1
+    if chains == 1 and streams(bs, *x.shape, w.shape[1], k_chunks):
+        return streamed_call(quantize, qmax, quant_dtype, acc_dtype, x, w, w_scale, bs, quant_chunks=k_chunks,
+                             name=name, interpret=interpret)
     kernel = quantizing_kernel(quantize, qmax, acc_dtype, cached=chains > 0, k_chunks=k_chunks)
     return whole_k_call(kernel, x, w, w_scale, bs,
                         scratch=scratch, name=name, interpret=interpret, chains=chains,
