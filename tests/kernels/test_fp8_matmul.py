@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from tests.kernels.test_tiling import _pallas_calls
 from tpudiag.kernels import fp8_matmul as f
 from tpudiag.kernels.quant_streamed import streams
 from tpudiag.kernels.w8a8_matmul import QUANT_CHUNKS
@@ -101,6 +102,22 @@ def test_v5e_quantizes_x_once_below_a_prefill_chunk():
     # at Llama 3 8B's and 70B's projections the kernel copies x and the weight tiles itself
     for m, k, n in ((256, 4096, 14336), (1, 4096, 14336), (64, 8192, 3584), (512, 4096, 14336)):
         assert streams(f.V5E_FP8_BLOCKS, m, k, n, QUANT_CHUNKS), (m, k, n)
+        setup = f.bench(chip=v5e, m=m, shape={"k": k, "n": n})
+        (eqn,) = _pallas_calls(jax.make_jaxpr(setup.kernel)(*setup.args).jaxpr)
+        assert "dma_start" in str(eqn.params["jaxpr"]), (m, k, n)
     assert f.blocks_for(256, CHIPS["v6e"]) == f.blocks_for(256) == f.DEFAULT_BLOCKS
     assert f.blocks_for(2048, v5e).block_m == 512 and f.blocks_for(2048, v5e).x_chains == 0
     assert f.blocks_for(256, v5e, activations="bf16") == f.DEFAULT_BLOCKS
+
+
+def test_the_fp8_mode_with_the_kernels_own_copies_is_the_pipelined_kernel_bit_for_bit():
+    """v5e's fp8 blocks' path (x bf16, one chain, x and the weight tiles copied by the kernel) at a small
+    shape, each copy landing only at its wait, on two cores: the pipelined chain's result, bit for bit."""
+    from tests.kernels.test_w8a8_matmul import ON_WAIT, _races_found
+
+    x, w, s = f._make(64, 2048, 512, jnp.bfloat16, outlier=True)(jax.random.key(3))
+    streamed = f.BlockSizes(64, 128, x_chains=1, stream_chunks=4)
+    got = f.fp8_matmul(x, w, s, block_sizes=streamed, interpret=ON_WAIT)
+    assert not _races_found()
+    want = f.fp8_matmul(x, w, s, block_sizes=f.BlockSizes(64, 128, x_chains=1), interpret=True)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels import w8a8_matmul as q
 
@@ -117,24 +118,38 @@ def _dma_starts(eqn) -> int:
     return str(eqn.params["jaxpr"]).count("dma_start")
 
 
-@pytest.mark.parametrize("m,bs", [
-    (64, q.BlockSizes(64, 128, x_chains=1, stream_chunks=4)),  # one M block, one chain
-    (128, q.BlockSizes(64, 128, stream_chunks=4)),  # two M blocks, a chain each
+# The TPU interpreter run as a chip would: each copy lands only when it is waited on (a wait misplaced, or
+# a buffer read before its copy, reads stale data), two cores, and its race detector on.
+ON_WAIT = pltpu.InterpretParams(dma_execution_mode="on_wait", detect_races=True, num_cores_or_threads=2)
+
+
+def _races_found() -> bool:
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call  # the detector's state: no public name
+
+    return bool(interpret_pallas_call.races and interpret_pallas_call.races.races_found)
+
+
+@pytest.mark.parametrize("m,bs,dtype", [
+    (64, q.BlockSizes(64, 128, x_chains=1, stream_chunks=4), jnp.float32),  # one M block, one chain
+    (128, q.BlockSizes(64, 128, stream_chunks=4), jnp.float32),  # two M blocks, a chain each
+    (128, q.BlockSizes(64, 128, stream_chunks=4), jnp.bfloat16),
 ])
-def test_x_and_the_weight_tiles_copied_by_the_kernel_give_the_pipelined_result_bit_for_bit(m, bs):
+def test_x_and_the_weight_tiles_copied_by_the_kernel_give_the_pipelined_result_bit_for_bit(m, bs, dtype):
     """With `stream_chunks` the kernel copies x (4 chunks of K), the first weight tile of each chain (4 chunks)
     and the later tiles itself; x is quantized in QUANT_CHUNKS chunks as before, so the result is the
-    pipelined kernel's and XLA's, bit for bit, with every N block of each M block in place."""
-    x, w, s = _args(m, 2048, 512, jnp.float32)
+    pipelined kernel's and XLA's, bit for bit, with every N block of each M block in place. Run with each
+    copy landing only at its wait, on two cores, and no race found."""
+    x, w, s = _args(m, 2048, 512, dtype)
     piped = q.BlockSizes(bs.block_m, bs.block_n, x_chains=bs.x_chains)
     assert q.streams(bs, m, 2048, 512, q.QUANT_CHUNKS) and not q.streams(piped, m, 2048, 512, q.QUANT_CHUNKS)
     eqn = _pallas_eqn(lambda *a: q.w8a8_matmul(*a, block_sizes=bs), x, w, s)
     assert eqn.params["grid_mapping"].grid == (m // 64, 4) and _dma_starts(eqn) > 0
     assert _dma_starts(_pallas_eqn(lambda *a: q.w8a8_matmul(*a, block_sizes=piped), x, w, s)) == 0
-    got = q.w8a8_matmul(x, w, s, block_sizes=bs, interpret=True)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(q.w8a8_matmul(x, w, s, block_sizes=piped,
-                                                                           interpret=True)))
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(q.xla_w8a8_matmul(x, w, s)))
+    got = np.asarray(q.w8a8_matmul(x, w, s, block_sizes=bs, interpret=ON_WAIT), np.float32)
+    assert not _races_found()
+    want = np.asarray(q.w8a8_matmul(x, w, s, block_sizes=piped, interpret=True), np.float32)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, np.asarray(q.xla_w8a8_matmul(x, w, s), np.float32))
 
 
 @pytest.mark.parametrize("m,k,n,chains,why", [
@@ -148,4 +163,9 @@ def test_blocks_that_do_not_tile_the_operands_keep_the_pipelines_copies(m, k, n,
     x, w, s = _args(m, k, n, jnp.bfloat16)
     eqn = _pallas_eqn(lambda *a: q.w8a8_matmul(*a, block_sizes=bs), x, w, s)
     assert _dma_starts(eqn) == 0, why
-    assert "stream_chunks=4" in str(bs) and "stream_chunks" not in str(q.BlockSizes())
+
+
+def test_the_blocks_name_their_stream_chunks_when_set():
+    assert str(q.BlockSizes(64, 128, x_chains=1, stream_chunks=4)) == \
+        "block_m=64, block_n=128, x_chains=1, stream_chunks=4"
+    assert "stream_chunks" not in str(q.BlockSizes())

@@ -49,14 +49,13 @@ MODES = ("fp8", "bf16")
 
 DEFAULT_BLOCKS = BlockSizes()
 # The fp8 mode on v5e below a prefill chunk: x quantized once (one chain of N blocks, its first block
-# quantizing in chunks of K as it multiplies: w8a8_matmul.QUANT_CHUNKS), N blocks of 896 (even blocks
-# of Llama 3 8B's N 14336 and of 70B's 3584 at tensor parallelism 8). 8B's up projection at M 256:
-# 244.1k cycles (248.2k with x quantized whole first), against 293.8k with the default blocks (x
-# quantized again at each of the 7 N blocks). 896 is kept over 512, which is 0.7k faster at M 256
-# (243.4k) but 3.3k slower at M 512 (483.0k against 479.7k, within 1.05x of the floor only at 896);
-# 1792 takes about 250k at M 256. 70B's at M 64: 57.7k against 77.3k. x and the weight tiles copied by
-# the kernel in 4 chunks (`stream_chunks`, w8a8_matmul.BlockSizes) take M 256 to 240.7k (1024: 240.3k,
-# 1792: 241.0k, 512: 243.4k); M 512 479.6k. On v6e libtpu's static profile aborts on
+# quantizing in chunks of K as it multiplies: w8a8_matmul.QUANT_CHUNKS), x and the weight tiles copied by
+# the kernel, the first tile and x in 4 chunks of K (`stream_chunks`), N blocks of 896 (even blocks of
+# Llama 3 8B's N 14336 and of 70B's 3584 at tensor parallelism 8). 8B's up projection at M 256: 240.7k
+# cycles; with the pipeline's copies 244.1k (248.2k with x quantized whole first), against 293.8k with
+# the default blocks (x quantized again at each of the 7 N blocks). Other N blocks at M 256 with the
+# kernel's copies: 512 243.4k, 1024 240.3k, 1792 241.0k; 896 is kept as 70B's N 3584 splits into it.
+# M 512: 479.6k. 70B's at M 64: 57.7k against 77.3k. On v6e libtpu's static profile aborts on
 # the fp8 kernel in either form (LLO type checks), so its figures there are floors and cannot tell
 # the blocks apart: only v5e, where it was measured, takes these. Measured with every loop stepped
 # through: with fast-forwarded loops (suggest's static profile) the chained grid reads 243k at M 64,

@@ -11,8 +11,11 @@ the other of two buffers. Nothing is copied across M blocks, so the M axis stays
 chips. On v5e, fp8 at M 256 K 4096 N 14336 in N blocks of 896: 244.1k cycles with the pipeline's copies,
 240.7k with 4 chunks (2: 241.8k, 8: 241.4k, 16: 245.9k, many small copies costing more than they overlap).
 
-The copies address whole blocks, so this runs only where M, N and K split evenly into the blocks and the
-chunks (`streams`); elsewhere `quantized_x_call` keeps the pipeline's copies.
+The copies address whole blocks, so this runs only with one chain of N blocks per M block, where the blocks
+tile M and N exactly and K is a multiple of both `stream_chunks` x 128 and the quantization's chunks x 128
+(`streams`: 2048 at 4 copies and 16 quantization chunks). Elsewhere `quantized_x_call` keeps the pipeline's
+copies without a word, as blocks are fitted to small dimensions without one: `stream_chunks` is a
+preference, like the block sizes.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from tpudiag.kernels.row_quant import row_scales, scale_out
 from tpudiag.kernels.tiling import block_bytes, fit_block, vmem_limit
 
 
@@ -34,30 +38,27 @@ def streams(bs, m: int, k: int, n: int, quant_chunks: int) -> bool:
     return bool(c) and m % bm == 0 and n % bn == 0 and all(k % (q * 128) == 0 for q in (c, quant_chunks))
 
 
-def _kernel(quantize, qmax: float, acc_dtype, bm: int, bn: int, k: int, grid: tuple[int, int], chunks: int,
-            quant_chunks: int):
+def _streamed_kernel(quantize, qmax: float, acc_dtype, bm: int, bn: int, k: int, grid: tuple[int, int],
+                     chunks: int, quant_chunks: int):
     kx, kq = k // chunks, k // quant_chunks
     gm, gn = grid
 
-    def kernel(x_hbm, w_hbm, s_ref, o_ref, x_buf, xq_ref, sx_ref, w_buf, x_sem, w_sem):
+    def streamed_kernel(x_hbm_ref, w_hbm_ref, s_ref, o_ref, x_ref, xq_ref, sx_ref, w_ref, x_sem, w_sem):
         i, j = pl.program_id(0), pl.program_id(1)
         slot = j % 2
         rows = pl.ds(i * bm if gm > 1 else 0, bm)  # one M block: a static offset (a block under 32 rows
         # at a traced offset is refused by Mosaic: not aligned to x's tiles)
 
         def x_part(c):
-            return pltpu.make_async_copy(x_hbm.at[rows, pl.ds(c * kx, kx)],
-                                         x_buf.at[:, pl.ds(c * kx, kx)], x_sem.at[c])
+            return pltpu.make_async_copy(x_hbm_ref.at[rows, pl.ds(c * kx, kx)],
+                                         x_ref.at[:, pl.ds(c * kx, kx)], x_sem.at[c])
 
         def w_part(c):  # rows of the chain's first tile, into buffer 0
-            return pltpu.make_async_copy(w_hbm.at[pl.ds(c * kx, kx), pl.ds(0, bn)],
-                                         w_buf.at[0, pl.ds(c * kx, kx), :], w_sem.at[0, c])
+            return pltpu.make_async_copy(w_hbm_ref.at[pl.ds(c * kx, kx), pl.ds(0, bn)],
+                                         w_ref.at[0, pl.ds(c * kx, kx), :], w_sem.at[0, c])
 
         def w_tile(jj, sl):
-            return pltpu.make_async_copy(w_hbm.at[:, pl.ds(jj * bn, bn)], w_buf.at[sl], w_sem.at[sl, 0])
-
-        def finish(acc, sx):
-            o_ref[...] = (acc.astype(jnp.float32) * sx * s_ref[...]).astype(o_ref.dtype)
+            return pltpu.make_async_copy(w_hbm_ref.at[:, pl.ds(jj * bn, bn)], w_ref.at[sl], w_sem.at[sl, 0])
 
         @pl.when(j == 0)
         def _():
@@ -72,20 +73,20 @@ def _kernel(quantize, qmax: float, acc_dtype, bm: int, bn: int, k: int, grid: tu
             amax = None
             for c in range(chunks):
                 x_part(c).wait()
-                part = jnp.max(jnp.abs(x_buf[:, c * kx:(c + 1) * kx].astype(jnp.float32)), axis=-1, keepdims=True)
+                part = jnp.max(jnp.abs(x_ref[:, c * kx:(c + 1) * kx].astype(jnp.float32)), axis=-1, keepdims=True)
                 amax = part if amax is None else jnp.maximum(amax, part)
-            sx = jnp.where(amax > 0, amax / qmax, 1.0)  # as w8a8_matmul.row_scales
+            sx = row_scales(amax, qmax)
             sx_ref[...] = sx
             acc, landed = None, 0
             for c in range(0, k, kq):
                 while landed * kx < c + kq:  # the weight rows this chunk reads
                     w_part(landed).wait()
                     landed += 1
-                xq, _ = quantize(x_buf[:, c:c + kq], sx)
+                xq, _ = quantize(x_ref[:, c:c + kq], sx)
                 xq_ref[:, c:c + kq] = xq
-                part = jnp.dot(xq, w_buf[0, c:c + kq, :], preferred_element_type=acc_dtype)
+                part = jnp.dot(xq, w_ref[0, c:c + kq, :], preferred_element_type=acc_dtype)
                 acc = part if acc is None else acc + part
-            finish(acc, sx)
+            scale_out(acc, sx, s_ref, o_ref)
 
         @pl.when(j > 0)
         def _():
@@ -94,9 +95,9 @@ def _kernel(quantize, qmax: float, acc_dtype, bm: int, bn: int, k: int, grid: tu
                 w_tile(j + 1, 1 - slot).start()
 
             w_tile(j, slot).wait()
-            finish(jnp.dot(xq_ref[...], w_buf[slot], preferred_element_type=acc_dtype), sx_ref[...])
+            scale_out(jnp.dot(xq_ref[...], w_ref[slot], preferred_element_type=acc_dtype), sx_ref[...], s_ref, o_ref)
 
-    return kernel
+    return streamed_kernel
 
 
 def streamed_call(quantize, qmax: float, quant_dtype, acc_dtype, x, w, w_scale, bs, *, quant_chunks: int,
@@ -113,10 +114,13 @@ def streamed_call(quantize, qmax: float, quant_dtype, acc_dtype, x, w, w_scale, 
     cost = pl.CostEstimate(flops=2 * m * n * k, transcendentals=0,
                            bytes_accessed=int(m * k * xb + gm * (k * n + 4 * n) + m * n * xb))
     blocks = block_bytes((1, bn), 4) + block_bytes((bm, bn), xb)  # the pipeline's: scales and output
+    # x's copy, an f32 copy of it (the kernel makes one a chunk at a time: this errs high), the quantized
+    # x (kept) and a chunk of it in flight, the rows' scales, the two weight buffers, the accumulator and
+    # its f32 copy
     scratch = (block_bytes((bm, k), xb) + block_bytes((bm, k), 4) + 2 * block_bytes((bm, k), 1)
                + block_bytes((bm, 1), 4) + 2 * block_bytes((k, bn), 1) + 2 * block_bytes((bm, bn), 4))
     return pl.pallas_call(
-        _kernel(quantize, qmax, acc_dtype, bm, bn, k, (gm, gn), chunks, quant_chunks),
+        _streamed_kernel(quantize, qmax, acc_dtype, bm, bn, k, (gm, gn), chunks, quant_chunks),
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         grid=(gm, gn),
         in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY),

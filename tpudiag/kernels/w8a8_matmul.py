@@ -29,6 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.quant_streamed import streamed_call, streams
+from tpudiag.kernels.row_quant import row_scales, scale_out
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, check_multiples, fit_block, vmem_limit
 
@@ -52,7 +53,9 @@ class BlockSizes:
     x_chains: int = 0
     # Where x is quantized once per chain of N blocks (one chain per M block): c >= 1 copies x and the
     # weight tiles by hand, the chain's first tile and x in c chunks of K, so its first step starts on
-    # the first chunks (`quant_streamed`); 0 leaves the copies to the pipeline.
+    # the first chunks (`quant_streamed`); 0 leaves the copies to the pipeline, as do blocks that do not
+    # tile M and N exactly and a K that is not a multiple of c x 128 and QUANT_CHUNKS x 128
+    # (`quant_streamed.streams`).
     stream_chunks: int = 0
 
     def __post_init__(self):
@@ -89,13 +92,6 @@ def _check_shapes(x, w, w_scale):
         raise ValueError(f"w_scale must be [N={w.shape[1]}], got {w_scale.shape}")
 
 
-def row_scales(x, qmax: float):
-    """Each row's symmetric scale in f32 [rows, 1]: max |x| / qmax, and 1 for a row of zeros (its
-    quantized values are 0 either way, so nothing divides by zero)."""
-    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
-    return jnp.where(amax > 0, amax / qmax, 1.0)
-
-
 def quantize_rows(x, scale=None):
     """Per-row symmetric int8 quantization in f32: (xq int8, scale f32 [rows, 1]). `scale` given
     (`row_scales(rows, 127)` of whole rows) quantizes a slice of columns of those rows."""
@@ -124,12 +120,9 @@ def quantizing_kernel(quantize, qmax: float, acc_dtype, *, cached: bool, k_chunk
     every element of x, otherwise done once per N block (at M8192 K4096 N14336, 7 times). With
     `k_chunks` > 1 that first block quantizes in that many chunks of K (each a multiple of 128, else
     whole), each multiplied as it is made."""
-    def finish(acc, sx, s_ref, o_ref):
-        o_ref[...] = (acc.astype(jnp.float32) * sx * s_ref[...]).astype(o_ref.dtype)
-
     def kernel(x_ref, w_ref, s_ref, o_ref):
         xq, sx = quantize(x_ref[...], row_scales(x_ref[...], qmax))
-        finish(jnp.dot(xq, w_ref[...], preferred_element_type=acc_dtype), sx, s_ref, o_ref)
+        scale_out(jnp.dot(xq, w_ref[...], preferred_element_type=acc_dtype), sx, s_ref, o_ref)
 
     def cached_kernel(x_ref, w_ref, s_ref, o_ref, xq_ref, sx_ref):
         first = pl.program_id(1) == 0
@@ -146,11 +139,11 @@ def quantizing_kernel(quantize, qmax: float, acc_dtype, *, cached: bool, k_chunk
                 xq_ref[:, c:c + step] = xq
                 part = jnp.dot(xq, w_ref[c:c + step, :], preferred_element_type=acc_dtype)
                 acc = part if acc is None else acc + part
-            finish(acc, sx, s_ref, o_ref)
+            scale_out(acc, sx, s_ref, o_ref)
 
         @pl.when(jnp.logical_not(first))
         def _():
-            finish(jnp.dot(xq_ref[...], w_ref[...], preferred_element_type=acc_dtype), sx_ref[...], s_ref, o_ref)
+            scale_out(jnp.dot(xq_ref[...], w_ref[...], preferred_element_type=acc_dtype), sx_ref[...], s_ref, o_ref)
 
     return cached_kernel if cached else kernel
 

@@ -1,0 +1,21 @@
+"""What the 8-bit matmuls' kernels share about per-token (per-row) quantization: each row's scale, and
+the scaled output a block writes. Used by `w8a8_matmul.quantizing_kernel` (and through it fp8_matmul's
+fp8 mode) and by `quant_streamed`, the same kernel with x and the weight tiles copied by hand."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+
+def row_scales(x, qmax: float):
+    """Each row's symmetric scale in f32 [rows, 1]: max |x| / qmax, and 1 for a row of zeros (its
+    quantized values are 0 either way, so nothing divides by zero). Of a [rows, 1] of row maxima,
+    the scales of the rows they are the maxima of."""
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+    return jnp.where(amax > 0, amax / qmax, 1.0)
+
+
+def scale_out(acc, sx, s_ref, o_ref):
+    """Write an output block: the integer or f32 sums `acc` [bm, bn] times the rows' scales `sx` [bm, 1]
+    and the weights' channel scales `s_ref` [1, bn], in the output's dtype."""
+    o_ref[...] = (acc.astype(jnp.float32) * sx * s_ref[...]).astype(o_ref.dtype)
