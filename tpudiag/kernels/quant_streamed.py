@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpudiag.kernels.row_quant import row_scales, scale_out
+from tpudiag.kernels.row_quant import row_max, scale_out, scales_of
 from tpudiag.kernels.tiling import block_bytes, fit_block, vmem_limit
 
 
@@ -73,9 +73,9 @@ def _streamed_kernel(quantize, qmax: float, acc_dtype, bm: int, bn: int, k: int,
             amax = None
             for c in range(chunks):
                 x_part(c).wait()
-                part = jnp.max(jnp.abs(x_ref[:, c * kx:(c + 1) * kx].astype(jnp.float32)), axis=-1, keepdims=True)
+                part = row_max(x_ref[:, c * kx:(c + 1) * kx])
                 amax = part if amax is None else jnp.maximum(amax, part)
-            sx = row_scales(amax, qmax)
+            sx = scales_of(amax, qmax)
             sx_ref[...] = sx
             acc, landed = None, 0
             for c in range(0, k, kq):

@@ -7,12 +7,20 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 
-def row_scales(x, qmax: float):
-    """Each row's symmetric scale in f32 [rows, 1]: max |x| / qmax, and 1 for a row of zeros (its
-    quantized values are 0 either way, so nothing divides by zero). Of a [rows, 1] of row maxima,
-    the scales of the rows they are the maxima of."""
-    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+def row_max(x):
+    """Each row's largest magnitude in f32 [rows, 1]."""
+    return jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+
+
+def scales_of(amax, qmax: float):
+    """The symmetric scales of rows whose largest magnitudes are `amax` [rows, 1]: amax / qmax, and 1
+    for a row of zeros (its quantized values are 0 either way, so nothing divides by zero)."""
     return jnp.where(amax > 0, amax / qmax, 1.0)
+
+
+def row_scales(x, qmax: float):
+    """Each row's symmetric scale in f32 [rows, 1] (`scales_of` its `row_max`)."""
+    return scales_of(row_max(x), qmax)
 
 
 def scale_out(acc, sx, s_ref, o_ref):
