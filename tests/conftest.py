@@ -9,6 +9,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _unpack_fixtures() -> None:
+    """Fixture runs are tracked as `.tar.xz` archives (fixtures/packs.py): unpack the missing or stale ones."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tpudiag_fixture_packs", ROOT / "fixtures" / "packs.py")
+    packs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(packs)
+    packs.unpack_all()
+
+
+_unpack_fixtures()
 # One artifact set per end of the supported jax range, made from the same programs by
 # fixtures/artifacts/regenerate.py (--jax 0.12 for the second); each has its VERSIONS.json.
 ARTIFACT_SETS = {"jax-0.10": ROOT / "fixtures" / "artifacts", "jax-0.12": ROOT / "fixtures" / "artifacts-jax-0.12"}
