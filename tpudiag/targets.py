@@ -22,7 +22,11 @@ does), and it measures nothing: every figure is a vendor peak, not an achieved r
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
+import tempfile
 from dataclasses import dataclass, field, replace
 
 from tpudiag.errors import InputError
@@ -325,7 +329,30 @@ def topology_desc(topology: str):
     if dims and chip and any(wraparound(chip, dims)):
         wrap = wraparound(chip, dims)
         options.update(chips_per_host_bounds=(2, 2, 1), wrap=tuple(wrap) + (False,) * (3 - len(wrap)))
-    return topologies.get_topology_desc(platform="tpu", topology_name=name, **options)
+    with _libtpu_start_quiet():
+        return topologies.get_topology_desc(platform="tpu", topology_name=name, **options)
+
+
+@contextlib.contextmanager
+def _libtpu_start_quiet():
+    """libtpu prints start-up warnings to file descriptor 2 when it loads on a machine that is no TPU
+    VM ("Failed to find host bounds", TPU_WORKER_HOSTNAMES); they mean nothing for a compile-only
+    client. Descriptor 2 goes to a scratch file meanwhile, and comes back whole if the call fails."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as scratch:
+        os.dup2(scratch.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            scratch.seek(0)
+            sys.stderr.buffer.write(scratch.read())
+            sys.stderr.flush()
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,9 @@ def _xprof_stats(trace, warnings: list[str]):
 
     if trace.backend not in ("tpu", "gpu"):
         return None
+    ids = {p.fingerprint: p.module_id for p in trace.device.programs} if trace.device is not None else None
     try:
-        return xprof_tools.hlo_stats(Path(trace.path))
+        return xprof_tools.hlo_stats(Path(trace.path), ids)
     except Exception as e:  # XProf's C++ converter on an unfamiliar trace must not end the report
         warnings.append(f"XProf's per-op statistics are missing: {type(e).__name__}: {e}")
         return None
@@ -165,7 +166,10 @@ def analyze_run(run: Path, xplane: Path | None = None, manifest=None, compiled=N
     if compiled is not None:  # `profile --target`: the TPU estimate beside the CPU timeline
         from tpudiag.analyze.profile.tpu_estimate import build_tpu_estimate
 
-        section = build_tpu_estimate(report.timeline, report.steps.count, compiled)
+        dev = report.device
+        median = dev.in_steps.median.busy_s if dev is not None and dev.in_steps is not None else None
+        section = build_tpu_estimate(report.timeline, report.steps.count, compiled, measured_step_s=median,
+                                     on_tpu=report.backend == "tpu")
         report = report.with_tpu_estimate(section, rundir.TPU_DIR)
     return report
 
@@ -179,7 +183,13 @@ def analyze_xplane(path: Path) -> "ProfileReport":
 
     path = Path(path)
     trace = read_xplane(path)
-    warnings = ["no HLO dump beside this trace: op categories and source lines are unknown"] if len(trace.ops) else []
+    if not len(trace.ops):
+        warnings = []
+    elif trace.device is not None:  # a TPU trace records each op's category and source line itself
+        warnings = ["no HLO dump beside this trace: categories and source lines are the trace's own; "
+                    "no fusion analysis, no executed work"]
+    else:
+        warnings = ["no HLO dump beside this trace: op categories and source lines are unknown"]
     xprof_stats = _xprof_stats(trace, warnings)
     return build_profile_report(trace, {}, frames.empty_frame(frames.COMPILES), 0, None,
                                 {"xplane": str(path)}, warnings, xprof_stats)

@@ -1,8 +1,10 @@
 """`tpudiag suggest`: a run's kernel suggestions, priced by compiling the bundled kernels at the
 matched shapes for the run's own TPU target.
 
-Reads a compile run, or a profile run made with `--target` (its `tpu/` compile run, and its
-measured op times by source line), or profiles a script with `--target` first. Kernels are
+Reads a compile run, a profile run made with `--target` (its `tpu/` compile run, and its
+measured op times by source line), a profile run made on a TPU (its own optimized HLO, with each
+op's time measured on the chip: no compile of the program is needed), or profiles a script with
+`--target` first. Kernels are
 lowered and compiled in a temporary directory through the same workers and compile cache as
 `kernels bench`, so a second `suggest` of the same shapes costs no compile; the run directory is
 read, never written. Returns a `SuggestReport` (results/suggest.py).
@@ -29,7 +31,15 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
     from tpudiag.api.pipeline import compile_run_artifacts
     from tpudiag.targets import resolve_target
 
-    handle = _compiled_run(runs.open_run(run), target_text)
+    handle = runs.open_run(run)
+    if handle.kind == runs.PROFILE and handle.tpu is None:
+        from tpudiag.api.profiling import analyze_run
+
+        prof = analyze_run(handle.path, manifest=handle.manifest)
+        if prof.backend == "tpu":
+            return _suggest_measured(handle, prof, target_text, static_profile=static_profile, jobs=jobs,
+                                     limits=limits, progress=progress, include_all=include_all)
+    handle = _compiled_run(handle, target_text)
     run = handle.path
     profiled = handle.kind == runs.PROFILE
     compile_dir = handle.tpu if profiled else run
@@ -69,6 +79,53 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
         per_step = _executions_per_step(prof.tpu_estimate)
     return build_report(str(run), report, cands, replaced, prices, bounds, findings, measured, notes=notes,
                         per_step=per_step)
+
+
+def _suggest_measured(handle, prof, target_text, *, static_profile, jobs, limits, progress, include_all):
+    """Suggestions for a profile run made on a TPU: its dump's optimized HLO is the TPU compiler's own,
+    and each XLA op's time is its measured self time; only the kernels are compiled (and estimated)."""
+    from tpudiag.analyze.compile.report import ModuleArtifacts, build_compile_report
+    from tpudiag.analyze.suggest.build import (DEFAULT_SUGGEST_CONFIG, build_report, candidates, findings_for,
+                                               roofline_bound)
+    from tpudiag.analyze.suggest.measured import executions_per_step, measured_report
+    from tpudiag.parse.hlo import find_optimized_modules, read_hlo_file
+    from tpudiag.targets import resolve_target
+
+    run = handle.path
+    chip = prof.device.chip if prof.device is not None else None
+    measured_on = resolve_target(chip) if chip else None
+    target = resolve_target(target_text) if target_text else measured_on
+    if target is None:
+        raise InputError(f"{run}: the trace does not name its TPU; say which: tpudiag suggest --target v5e {run}")
+    if measured_on is not None and target.chip.name != measured_on.chip.name:
+        raise InputError(f"{run}: measured on {measured_on.chip.name} ({chip}), not {target.chip.name}: its op times "
+                         f"are that chip's; drop --target, or profile on a {target.chip.name}")
+    tl = prof.timeline
+    names = dict(zip(tl["program_id"].astype(int), tl["module"]))
+    dumped = find_optimized_modules(run / rundir.HLO_DIR)
+    executed = sorted(set(names) & set(dumped))
+    if not executed:
+        raise InputError(f"{run}: no optimized HLO of the modules it ran in {run / rundir.HLO_DIR}; suggestions "
+                         "read the run's HLO dump")
+    arts = [ModuleArtifacts(name=names[pid], status="ok", error=None, static_profile="off", result={},
+                            hlo=read_hlo_file(dumped[pid]), static=None, llo=None, artifacts_dir=str(dumped[pid]))
+            for pid in executed]
+    report = build_compile_report(target, arts, {"input": handle.manifest.program or str(run)})
+    report = measured_report(report, tl, {str(dumped[pid]): pid for pid in executed})
+    modules = {a.artifacts_dir: a.hlo for a in arts}
+    cands, replaced = candidates(report, modules)
+    bounds = {i: roofline_bound(c, target.chip) for i, c in enumerate(cands)}
+    worth = [i for i, c in enumerate(cands) if include_all or c.share >= DEFAULT_SUGGEST_CONFIG.min_share]
+    prices = _price(cands, worth, target, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress)
+    findings = findings_for(report, modules, cands, target.chip.hbm_bytes_per_s)
+    measured = {}
+    for o in prof.ops:
+        if o.source:
+            measured[o.source] = measured.get(o.source, 0.0) + o.self_s
+    notes = [f"XLA's op times are measured on the chip ({chip}), per execution of their module; each kernel's "
+             f"time is the TPU compiler's estimate for {target.chip.name} at the matched shapes"]
+    return build_report(str(run), report, cands, replaced, prices, bounds, findings, measured, notes=notes,
+                        per_step=executions_per_step(tl, prof.steps.count, {p: names[p] for p in executed}))
 
 
 def _selected(arts, report, selection, where: Path):

@@ -33,7 +33,32 @@ XPROF_HLO_STATS = {
     "memory_gib_per_s": "float64",     # measured memory bandwidth
     "flops_per_byte": "float64",       # operational intensity
     "bound_by": "object",              # XProf's verdict: "HBM", "Compute", ...
+    "occurrences": "float64",          # executions in the trace
+    "self_us": "float64",              # total self time, all executions
+    "hbm_gib_per_s": "float64",        # measured HBM bandwidth
+    "source": "object",                # "file.py:80", XProf's source line (None if it has none)
 }
+# TPU device planes (parse/device_planes.py). One row per event on a device's "Async XLA Ops" line:
+# an asynchronous copy, collective or host transfer, from its start to its done.
+ASYNC_OPS = {"device": "object", "module": "object", "program_id": "int64", "op": "object",
+             "start_ns": "int64", "duration_ns": "int64"}
+# One row per execution of a program on a device's "XLA Modules" line.
+MODULE_RUNS = {"device": "object", "module": "object", "program_id": "int64", "run_id": "int64",
+               "start_ns": "int64", "duration_ns": "int64"}
+# What the trace's event metadata records of each HLO op of a device plane, once per (program_id, op).
+DEVICE_OP_META = {
+    "program_id": "int64", "op": "object",
+    "xprof_category": "object",   # XProf's category ("convolution fusion", "loop fusion", ...)
+    "flops": "int64",             # per execution
+    "bytes_accessed": "int64",    # all memories, per execution
+    "hbm_bytes": "int64",         # HBM read and written (memory_access_breakdown), per execution; -1 if not recorded
+    "vmem_read_bytes": "int64",   # on-chip VMEM read, per execution; -1 if not recorded
+    "vmem_write_bytes": "int64",  # on-chip VMEM written, per execution; -1 if not recorded
+    "source": "object",           # "file.py:12" as the profiler recorded it, or None
+}
+# One row per host launch of a program execution (a device's trace: its k-th launch of a module is
+# the device's k-th execution of it).
+LAUNCHES = {"module": "object", "start_ns": "int64"}
 # The per-op timeline after joining the HLO: OPS plus these columns.
 TIMELINE = {**OPS, "step": "int64", "self_ns": "int64", "category": "object", "opcode": "object",
             "bound": "object", "shape": "object", "source": "object"}

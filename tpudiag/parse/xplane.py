@@ -3,9 +3,11 @@
 Two walks share one pass over the planes:
 - CPU (`/host:CPU`): each executed HLO thunk is an event named after its HLO instruction, with
   `hlo_op`, `hlo_module` and `program_id` stats, on the XLA client threads.
-- Devices (`/device:TPU:N`, `/device:GPU:N`): op events sit on the line named "XLA Ops", modules
-  on "XLA Modules", steps on "Steps" (XProf's device-plane layout). When such planes exist the
-  backend is that device and the CPU thunk walk is skipped.
+- TPU devices (`/device:TPU:N`): read by `parse/device_planes.py` from the protobuf itself (op
+  names, programs and costs live in event metadata that jaxlib's reader does not show); the
+  result rides on `Trace.device`.
+- GPU devices (`/device:GPU:N`): op events sit on the line named "XLA Ops", steps on "Steps".
+When device planes exist the backend is that device and the CPU thunk walk is skipped.
 Host events that are not op instances or step annotations become the HOST frame (host activity),
 except compilation work (compiler threads and compile TraceMes), which becomes `Trace.compile`.
 Times are returned relative to the trace start (`profile_start_time`), in ns.
@@ -18,11 +20,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from tpudiag.errors import InputError, ParseError
 from tpudiag.parse import frames
+
+if TYPE_CHECKING:
+    from tpudiag.parse.device_planes import DevicePlanes
 
 _DEVICE_PLANE = re.compile(r"^/device:(TPU|GPU):(\d+)$")
 _MODULE_EVENT = re.compile(r"^(?P<name>.+?)\((?P<id>\d+)\)$")  # "jit_f(12)" on "XLA Modules"
@@ -32,6 +38,10 @@ _SKIP_PREFIXES = ("ThreadpoolListener::", "end: ")
 # names never contain these characters, TraceMe names of host work usually do, so those events
 # cannot be op instances or step annotations and skip the stats.
 _NOT_HLO_NAME = re.compile(r"::|[()$]")
+# The host's launch of one program execution ("CommonPjRtLoadedExecutable::Execute (jit_f)"): the
+# k-th launch of a program is the device's k-th execution of it (their run ids are not the same
+# numbers), which ties device work to the step that launched it.
+_LAUNCH = re.compile(r"LoadedExecutable::Execute \((?P<module>[^()]+)\)$")
 # Host activity that is compilation: XLA's compiler threads (`tf_PjRtCompilerThreadPool`,
 # `tf_xla-cpu-codegen`) and compile TraceMes on any thread (`backend_compile_and_load`,
 # `PjRtCpuClient::Compile`, `...Compiler::...`). Counted as compile even without jax.monitoring data.
@@ -54,6 +64,8 @@ class Trace:
     compile: pd.DataFrame  # HOST schema: host events that are compilation
     devices: tuple[str, ...]
     jax_version: str | None
+    device: "DevicePlanes | None" = None  # TPU traces: async ops, module runs, op costs, programs, chip peaks
+    launches: pd.DataFrame | None = None  # frames.LAUNCHES: the host's program launches
 
 
 def _load(path: Path):
@@ -64,8 +76,9 @@ def _load(path: Path):
         raise InputError(f"{path}: no such file")
     if path.stat().st_size == 0:
         raise ParseError(path, "empty file (0 bytes): not an XSpace trace")
+    data = path.read_bytes()
     try:
-        return ProfileData.from_file(str(path))
+        return ProfileData.from_serialized_xspace(data), data
     except RuntimeError as e:
         raise ParseError(path, f"corrupt or truncated XSpace protobuf ({e})") from None
 
@@ -81,8 +94,10 @@ def _columns(rows: dict[str, list], schema: dict[str, str]) -> pd.DataFrame:
 
 
 def read_xplane(path: Path) -> Trace:
+    from tpudiag.parse.device_planes import read_device_planes
+
     path = Path(path)
-    data = _load(path)
+    data, raw = _load(path)
     planes = list(data.planes)
     if not planes:
         raise ParseError(path, "XSpace has no planes: not a profiler trace")
@@ -98,37 +113,48 @@ def read_xplane(path: Path) -> Trace:
     device_steps = {c: [] for c in frames.STEPS}
     host = {c: [] for c in frames.HOST}
     compile_ = {c: [] for c in frames.HOST}
+    launches = {c: [] for c in frames.LAUNCHES}
     device_planes = [p for p in planes if _DEVICE_PLANE.match(p.name)]
     backend = _DEVICE_PLANE.match(device_planes[0].name).group(1).lower() if device_planes else "cpu"
-    max_end = 0
+    tpu = read_device_planes(path, raw) if backend == "tpu" else None
+    max_end = tpu.max_end_ns if tpu else 0
 
     for plane in planes:
         is_device = plane in device_planes
         is_host = plane.name == "/host:CPU"
         if not (is_device or is_host):
             continue
+        if is_device and tpu is not None:
+            continue  # read from the protobuf above
         for line in plane.lines:
             if is_device:
                 if line.name == "Steps" and plane is not device_planes[0]:
                     continue  # every device repeats the same steps: the first device's line is enough
                 max_end = max(max_end, _walk_device_line(plane.name, line, ops, device_steps))
             else:
-                max_end = max(max_end, _walk_host_line(line, ops, steps, host, compile_, want_ops=not device_planes))
+                max_end = max(max_end, _walk_host_line(line, ops, steps, host, compile_, launches,
+                                                           want_ops=not device_planes))
 
-    if not steps["name"]:  # the program's own StepTraceAnnotations win over the device's step markers
-        steps = device_steps
     window = stop - start if stop > start else max_end
     hostname = path.name[: -len(".xplane.pb")] if path.name.endswith(".xplane.pb") else path.stem
     devices = tuple(p.name for p in device_planes) or tuple(sorted(set(ops["device"]))) or ("/device:CPU:0",)
+    # The program's own StepTraceAnnotations win over the device's step markers.
+    step_frame = _columns(steps if steps["name"] else device_steps, frames.STEPS)
+    op_frame = _columns(ops, frames.OPS)
+    if tpu is not None:
+        op_frame = tpu.ops
+        if not steps["name"]:
+            step_frame = tpu.steps
     return Trace(
         path=str(path), hostname=hostname, backend=backend, start_time_ns=start, window_ns=int(window),
-        ops=_columns(ops, frames.OPS), steps=_columns(steps, frames.STEPS), host=_columns(host, frames.HOST),
+        ops=op_frame, steps=step_frame, host=_columns(host, frames.HOST),
         compile=_columns(compile_, frames.HOST),
-        devices=devices, jax_version=meta_stats.get("jax_version"),
+        devices=devices, jax_version=meta_stats.get("jax_version"), device=tpu,
+        launches=_columns(launches, frames.LAUNCHES),
     )
 
 
-def _walk_host_line(line, ops, steps, host, compile_, want_ops: bool) -> int:
+def _walk_host_line(line, ops, steps, host, compile_, launches, want_ops: bool) -> int:
     """Op instances (CPU thunks), step annotations, and the remaining host activity of one thread."""
     lname = line.name
     compiler_thread = any(m in lname for m in _COMPILE_LINE_MARKERS)
@@ -141,6 +167,10 @@ def _walk_host_line(line, ops, steps, host, compile_, want_ops: bool) -> int:
         if dur <= 0 or name.startswith(_SKIP_PREFIXES):
             continue
         stats = {} if _NOT_HLO_NAME.search(name) else dict(ev.stats)
+        launch = _LAUNCH.search(name) if "::Execute" in name else None
+        if launch:
+            launches["module"].append(launch.group("module"))
+            launches["start_ns"].append(start)
         if "hlo_op" in stats:
             if want_ops:
                 # One CPU client can drive several devices (--xla_force_host_platform_device_count).

@@ -7,12 +7,16 @@ which is why the CPU timeline is tpudiag's own walk (`parse/xplane.py`).
 
 XProf caches its op stats beside the trace (`ALL_HOSTS.op_stats_v2.pb`); to keep `report`
 free of side effects the converter reads a link to the trace from a temporary directory.
-It does not join these rows to the timeline (that is `analyze/profile/report.py`).
+XProf names a program by its fingerprint; `program_ids` ({fingerprint: module id}, from the trace's
+`/host:metadata`, `parse/device_planes.py`) turns that into the module id the timeline and the HLO
+dump use. It does not join these rows to the timeline (that is `analyze/profile/report.py`).
 """
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -30,11 +34,26 @@ _COLUMNS = {
     "measured_memory_bw": "memory_gib_per_s",
     "operational_intensity": "flops_per_byte",
     "bound_by": "bound_by",
+    "occurrences": "occurrences",
+    "total_self_time": "self_us",
+    "hbm_bw": "hbm_gib_per_s",
+    "source_info": "source",
 }
+# source_info is an HTML cell: "<div class='source-info-cell' title='STACK'>file.py:80</div>".
+_SOURCE_CELL = re.compile(r">([^<>]*)</div>\s*$")
 
 
-def hlo_stats(xplane: Path) -> pd.DataFrame:
-    """XProf's hlo_stats table for this trace (empty for CPU-only traces)."""
+def _source(cell) -> str | None:
+    if not isinstance(cell, str) or not cell:
+        return None
+    m = _SOURCE_CELL.search(cell)
+    text = html.unescape(m.group(1) if m else cell).strip()
+    return text or None
+
+
+def hlo_stats(xplane: Path, program_ids: dict[int, int] | None = None) -> pd.DataFrame:
+    """XProf's hlo_stats table for this trace (empty for CPU-only traces). With `program_ids`
+    ({fingerprint: module id}), `program_id` is the module id; a fingerprint not in it becomes -1."""
     from xprof.convert import raw_to_tool_data
 
     xplane = Path(xplane).resolve()
@@ -55,9 +74,14 @@ def hlo_stats(xplane: Path) -> pd.DataFrame:
     if missing:
         raise ParseError(xplane, f"XProf's hlo_stats lacks columns {missing}")
     df = df[list(_COLUMNS)].rename(columns=_COLUMNS)
+    if program_ids is not None:
+        # Fingerprints are unsigned 64-bit: read them as Python ints, never through int64 or float.
+        df["program_id"] = [program_ids.get(int(v), -1) if str(v).isdigit() else -1 for v in df["program_id"]]
     df["program_id"] = pd.to_numeric(df["program_id"], errors="coerce").fillna(-1).astype("int64")
-    for col in ("model_gflops_per_s", "memory_gib_per_s", "flops_per_byte"):
+    for col in ("model_gflops_per_s", "memory_gib_per_s", "flops_per_byte", "occurrences", "self_us",
+                "hbm_gib_per_s"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
-    for col in ("op", "xprof_category", "bound_by"):
+    df["source"] = [_source(v) for v in df["source"]]
+    for col in ("op", "xprof_category", "bound_by", "source"):
         df[col] = df[col].astype("object")
     return frames.check_frame(df, frames.XPROF_HLO_STATS, "xprof hlo_stats")

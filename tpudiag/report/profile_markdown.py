@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from tpudiag.report.markdown import _esc, code, code_block
 from tpudiag.report.registry import renders
-from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, fusion_summary_lines, printable, short_source
+from tpudiag.report.units import (BREAKDOWN_PARTS, device_lines, fmt_pct, fmt_s, fusion_summary_lines, printable,
+                                  short_source)
+
+
+def _ratio(r: float | None) -> str:
+    return "-" if r is None else f"{r:.2f}x"
 
 
 @renders("tpudiag.report", "md")
@@ -17,6 +22,9 @@ def render_profile_markdown(report, top: int = 15, top_compiles: int = 10) -> st
     status = _esc(report.status) + (f" ({_esc(report.reason)})" if report.reason else "")
     out += [f"**Status:** {status} · **Backend:** {_esc(report.backend)} · **Traced wall:** {fmt_s(report.wall_s)}"
             + (f" · **Steps:** {steps.count} (median {fmt_s(steps.median_s)})" if steps.count else ""), ""]
+    if report.device is not None:
+        out += ["### The device", ""] + [_esc(line) + "  " for line in device_lines(report.device)]
+        out += ["", "### The whole trace window", ""]
     out += ["| part | time | share |", "|---|---:|---:|"]
     for key, label in BREAKDOWN_PARTS:
         out.append(f"| {label} | {fmt_s(getattr(bd, key))} | {fmt_pct(share[label])} |")
@@ -44,14 +52,29 @@ def render_profile_markdown(report, top: int = 15, top_compiles: int = 10) -> st
         t = est.target
         chip, backend = _esc(t.chip), _esc(backend)
         out += ["", f"### Estimated on TPU {chip} ({_esc(t.topology)})", ""]
-        if est.step.tpu_estimated_s is not None:
+        if est.step.tpu_estimated_s is not None and est.step.measured_s is not None:
+            out += [f"Step: device op time {fmt_s(est.step.measured_s)} measured (median step), "
+                    f"{fmt_s(est.step.tpu_estimated_s)} estimated on {chip}.", ""]
+        elif est.step.tpu_estimated_s is not None:
             out += [f"Step: measured {fmt_s(steps.median_s)} on {backend}, estimated "
                     f"{fmt_s(est.step.tpu_estimated_s)} on {chip}.", ""]
-        out += [f"| module | runs | {backend} op time | TPU est. / run | TPU est. total | status |",
-                "|---|---:|---:|---:|---:|---|"]
-        for m in est.modules[:top]:
-            out.append(f"| {code(m.name)} | {m.executions} | {fmt_s(m.cpu_self_s)} | "
-                       f"{fmt_s(m.tpu_estimated_s)} | {fmt_s(m.tpu_estimated_total_s)} | {_esc(m.status)} |")
+        if est.ops is not None:  # measured on a TPU: each module and op beside its estimate
+            out += ["| module | runs | measured / run | estimated / run | est. / meas. | status |",
+                    "|---|---:|---:|---:|---:|---|"]
+            for m in est.modules[:top]:
+                out.append(f"| {code(m.name)} | {m.executions} | {fmt_s(m.measured_per_run_s)} | "
+                           f"{fmt_s(m.tpu_estimated_s)} | {_ratio(m.estimate_ratio)} | {_esc(m.status)} |")
+            out += ["", "| op | module | measured | estimated | est. / meas. | estimate from |",
+                    "|---|---|---:|---:|---:|---|"]
+            for o in est.ops[:top]:
+                out.append(f"| {code(o.name)} | {_esc(o.module)} | {fmt_s(o.measured_s)} | {fmt_s(o.estimated_s)} | "
+                           f"{_ratio(o.ratio)} | {_esc(o.cycles_source)} |")
+        else:
+            out += [f"| module | runs | {backend} op time | TPU est. / run | TPU est. total | status |",
+                    "|---|---:|---:|---:|---:|---|"]
+            for m in est.modules[:top]:
+                out.append(f"| {code(m.name)} | {m.executions} | {fmt_s(m.cpu_self_s)} | "
+                           f"{fmt_s(m.tpu_estimated_s)} | {fmt_s(m.tpu_estimated_total_s)} | {_esc(m.status)} |")
         out += ["", f"_{_esc(est.note)}_"]
         if est.suggestions is not None:
             from tpudiag.report.suggest_render import summary_lines

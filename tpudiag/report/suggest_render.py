@@ -48,8 +48,8 @@ def render_suggest_terminal(rep, console: Console, show_all: bool = False) -> No
         t.add_row("source", plain(", ".join(short_source(s) for s in r.source[:3]) or "-"))
         t.add_row("ops", plain(", ".join(r.ops[:8]) + (f" (+{len(r.ops) - 8})" if len(r.ops) > 8 else "")))
         t.add_row("shapes", plain(_shapes(r)))
-        share = f"{r.share:.1%} of {r.module}'s estimated time"
-        if r.measured_share is not None:
+        share = f"{r.share:.1%} of {r.module}'s {'measured' if r.xla_measured else 'estimated'} time"
+        if r.measured_share is not None and not r.xla_measured:
             share += f"; {r.measured_share:.1%} of the measured op time"
         t.add_row("share", plain(share))
         t.add_row("time", plain(f"XLA {fmt_s(r.xla_s)} -> {'kernel' if r.kernel_basis == 'compiled' else 'bound'} "

@@ -12,7 +12,8 @@ from rich.text import Text
 
 from tpudiag.report.fit import Col, header_panel, say, table
 from tpudiag.report.registry import renders
-from tpudiag.report.units import BREAKDOWN_PARTS, fmt_pct, fmt_s, fusion_summary_lines, printable, short_source
+from tpudiag.report.units import (BREAKDOWN_PARTS, device_lines, fmt_pct, fmt_s, fusion_summary_lines, printable,
+                                  short_source)
 
 _COLORS = {"compute": "green", "memory": "yellow", "communication": "magenta", "host": "cyan",
            "compile": "blue", "idle": "bright_black"}
@@ -57,7 +58,8 @@ def _breakdown(report) -> Group:
         legend.add_column(justify="left")
     legend.add_row(*cells[:3])
     legend.add_row(*cells[3:])
-    return Group(Text("Where the time went", style="bold"), _bar(share), legend)
+    title = "Where the time went" if report.device is None else "The whole trace window (host and device)"
+    return Group(Text(title, style="bold"), _bar(share), legend)
 
 
 # Names are cut with an ellipsis past `most` (the JSON has them whole); numbers and source lines
@@ -87,16 +89,32 @@ def _tpu_estimate(report, top: int, console: Console) -> None:
     est, backend = report.tpu_estimate, report.backend
     t = est.target
     chip, backend = printable(t.chip), printable(backend)
-    head = Text(f"Estimated on TPU {chip} ({printable(t.topology)})", style="bold")
-    if est.step.tpu_estimated_s is not None and report.steps.median_s:
+    measured = est.ops is not None  # the run itself was on a TPU
+    head = Text(f"{'Measured beside estimated' if measured else 'Estimated'} on TPU {chip} "
+                f"({printable(t.topology)})", style="bold")
+    if measured and est.step.tpu_estimated_s is not None and est.step.measured_s is not None:
+        head.append(f"   step: device op time {fmt_s(est.step.measured_s)} measured (median step), "
+                    f"{fmt_s(est.step.tpu_estimated_s)} estimated")
+    elif est.step.tpu_estimated_s is not None and report.steps.median_s:
         head.append(f"   step: measured {fmt_s(report.steps.median_s)} on {backend}, "
                     f"estimated {fmt_s(est.step.tpu_estimated_s)} on {chip}")
     say(console, head)
-    cols = [Col("module", "name", "left", most=40), Col("runs"), Col(f"{backend} op time"), Col("TPU est. / run"),
-            Col("TPU est. total"), Col("status", "text", "left")]
-    table(console, cols, [[m.name, str(m.executions), fmt_s(m.cpu_self_s), fmt_s(m.tpu_estimated_s),
-                           fmt_s(m.tpu_estimated_total_s), m.status if not m.error else f"failed: {m.error}"]
-                          for m in est.modules[:top]])
+    status = [m.status if not m.error else f"failed: {m.error}" for m in est.modules[:top]]
+    if measured:
+        cols = [Col("module", "name", "left", most=40), Col("runs"), Col("measured / run"), Col("estimated / run"),
+                Col("est. / meas."), Col("status", "text", "left")]
+        table(console, cols, [[m.name, str(m.executions), fmt_s(m.measured_per_run_s), fmt_s(m.tpu_estimated_s),
+                               _ratio(m.estimate_ratio), st] for m, st in zip(est.modules[:top], status)])
+        cols = [Col("op", "name", "left", most=40), Col("module", "name", "left", drop=1, most=18),
+                Col("measured"), Col("estimated"), Col("est. / meas."), Col("estimate from", "text", "left")]
+        table(console, cols, [[o.name, o.module, fmt_s(o.measured_s), fmt_s(o.estimated_s), _ratio(o.ratio),
+                               o.cycles_source] for o in est.ops[:top]],
+              title=f"Ops by measured time, per module execution ({min(top, len(est.ops))} of {len(est.ops)})")
+    else:
+        cols = [Col("module", "name", "left", most=40), Col("runs"), Col(f"{backend} op time"), Col("TPU est. / run"),
+                Col("TPU est. total"), Col("status", "text", "left")]
+        table(console, cols, [[m.name, str(m.executions), fmt_s(m.cpu_self_s), fmt_s(m.tpu_estimated_s),
+                               fmt_s(m.tpu_estimated_total_s), st] for m, st in zip(est.modules[:top], status)])
     cols = [Col("source", justify="left"), Col(f"{backend} op time"), Col("TPU est.")]
     table(console, cols, [[short_source(ln.source, keep=1), fmt_s(ln.cpu_self_s), fmt_s(ln.tpu_estimated_s)]
                           for ln in est.lines[:top]], title="By source line")
@@ -107,6 +125,10 @@ def _tpu_estimate(report, top: int, console: Console) -> None:
         say(console, Text("\nSuggestions", style="bold"))
         for line in summary_lines(est.suggestions, report.artifacts.get("run_dir")):
             say(console, f"  {line}")
+
+
+def _ratio(r: float | None) -> str:
+    return "-" if r is None else f"{r:.2f}x"
 
 
 def _artifacts(report) -> Text:
@@ -132,6 +154,11 @@ def _artifacts(report) -> Text:
 def render_terminal(report, console: Console, top: int = 15, top_compiles: int = 10) -> None:
     """A `ProfileReport` (tpudiag.report/1): the first `top` ops and `top_compiles` compiles."""
     _header(report, console)
+    if report.device is not None:  # a TPU: the device's own time first, per step
+        say(console, Text("The device", style="bold"))
+        for line in device_lines(report.device):
+            say(console, line)
+        console.print()
     console.print(_breakdown(report))
     console.print()
     if report.ops:

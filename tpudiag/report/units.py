@@ -99,3 +99,34 @@ def fusion_summary_lines(summary: dict, top: int = 3) -> list[str]:
         out.append(printable(f"  {fmt_bytes(b['bytes'])}  {b['producer']} -> {b['consumer']}  {b['shape']}  "
                              f"({b['reason']})"))
     return out
+
+
+def device_lines(device) -> list[str]:
+    """A TPU report's device section (`DeviceTime`) as plain lines: per step first, then the rest of the trace."""
+    chip = printable(device.chip or "TPU")
+    out = []
+    st = device.in_steps
+    if st is not None:
+        m = st.median
+        out.append(f"On the {chip}, the median of {st.steps} steps (step {m.step_num}, {fmt_s(m.step_s)}; "
+                   f"device busy {fmt_s(m.busy_s)}):")
+        # Always compute, memory and idle; the other classes where they hold at least 0.1% of the step.
+        out.append("  " + "  ".join(f"{k} {fmt_s(v)} ({fmt_pct(share)})" for k, v, share in m.parts()
+                                    if k in ("compute", "memory", "idle") or (share or 0) >= 0.001))
+        t = st.total
+        out.append(f"All {st.steps} steps: {fmt_s(t.step_s)}, device busy {fmt_s(t.busy_s)}, idle {fmt_s(t.idle_s)} "
+                   "(the device waiting on the host).")
+        out.append(f"Outside the steps (setup, compile, shutdown): {fmt_s(device.outside_steps_s)}, "
+                   f"device busy {fmt_s(device.outside_steps_busy_s)} of it.")
+    else:
+        out.append(f"On the {chip} (no steps traced): device busy {fmt_s(device.busy_s)}: compute "
+                   f"{fmt_s(device.compute_s)}, memory {fmt_s(device.memory_s)}, communication "
+                   f"{fmt_s(device.communication_s)}, host {fmt_s(device.host_s)}"
+                   + (f", unknown {fmt_s(device.unknown_s)}" if device.unknown_s else "") + ".")
+    if device.unknown_s:
+        out.append(f"Unknown: {fmt_s(device.unknown_s)} of ops the trace records no FLOPs or bytes for (custom calls "
+                   "without a cost estimate), so no bound can be measured; XProf says Unknown for them too.")
+    if device.async_s:
+        out.append(f"Async copies and collectives: {fmt_s(device.async_s)} in flight, "
+                   f"{fmt_s(device.async_overlapped_s)} of it while ops ran (counted once, not added to busy time).")
+    return out

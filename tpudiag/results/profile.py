@@ -63,6 +63,18 @@ class XprofOp(Model):
 
 
 @dataclass(frozen=True)
+class OpRate(Model):
+    """An op's measured rates on a TPU (its trace's FLOPs and bytes over its self time), and the bound
+    they give: the largest fraction of the chip's peak among compute, HBM, VMEM read and VMEM write."""
+
+    bound_by: str | None  # compute | hbm | vmem_read | vmem_write; None when it did no counted work
+    flops_per_s: float
+    hbm_bytes_per_s: float | None
+    compute_util: float  # of the chip's peak FLOP/s
+    memory_util: float  # the largest of HBM, VMEM read and VMEM write, each of its own peak
+
+
+@dataclass(frozen=True)
 class OpRow(Model):
     name: str
     module: str
@@ -82,6 +94,7 @@ class OpRow(Model):
     # instruction in the dump.
     flops: int | None = field(default=None, metadata={"omit_none": True})
     bytes_accessed: int | None = field(default=None, metadata={"omit_none": True})
+    measured: OpRate | None = field(default=None, metadata={"omit_none": True})  # TPU traces
 
 
 @dataclass(frozen=True)
@@ -130,6 +143,8 @@ class ProfileReport(Model):
     calibration_loop: str | None = field(default=None, metadata={"omit_none": True})
     # What was executed, machine-independent (analyze/profile/work.py): compare's default on CPU runs.
     work: Work | None = field(default=None, metadata={"omit_none": True})
+    # TPU traces: device busy time by class, inside and outside the steps (analyze/profile/device_time.py).
+    device: DeviceTime | None = field(default=None, metadata={"omit_none": True})
     timeline: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_FRAME)
     op_frame: pd.DataFrame | None = field(default=None, repr=False, compare=False, metadata=_FRAME)
 
@@ -156,6 +171,59 @@ class Breakdown(Model):
     def shares(self) -> dict[str, float | None]:
         """Each part as a fraction of the window (`compute` for `compute_s`); None for an empty window."""
         return {k[:-2]: (round(v / self.total_s, 6) if self.total_s else None) for k, v in self.parts().items()}
+
+
+@dataclass(frozen=True)
+class DeviceStep(Model):
+    """The device inside one step, or inside all of them: busy time by class, and idle (waiting on the host)."""
+
+    step_num: int | None  # None for the sum over all steps
+    step_s: float  # wall time
+    busy_s: float  # op self time inside it
+    compute_s: float
+    memory_s: float
+    communication_s: float
+    host_s: float  # host transfers
+    unknown_s: float  # ops the trace records no FLOPs or bytes for (custom calls without a cost estimate)
+    idle_s: float  # step_s - busy_s
+
+    def parts(self) -> list[tuple[str, float, float | None]]:
+        """(class, seconds, share of the step's time) for compute, memory, communication, host, unknown, idle."""
+        parts = [("compute", self.compute_s), ("memory", self.memory_s), ("communication", self.communication_s),
+                 ("host", self.host_s), ("unknown", self.unknown_s), ("idle", self.idle_s)]
+        return [(k, v, (v / self.step_s) if self.step_s else None) for k, v in parts]
+
+
+@dataclass(frozen=True)
+class DeviceStepTime(Model):
+    """The device inside the program's steps: the median step by duration (a first step that compiles
+    is not it) and the sum over all steps."""
+
+    steps: int
+    median: DeviceStep
+    total: DeviceStep
+
+
+@dataclass(frozen=True)
+class DeviceTime(Model):
+    """A TPU's time from its device planes: op self time by class over the whole trace, the same
+    inside the steps, the rest of the trace outside them, and the async ops beside the ops."""
+
+    chip: str | None  # as the trace names it ("TPU v5 Lite")
+    peak_flops_per_s: float | None  # the peaks the trace records, which measured bounds are judged by
+    hbm_bytes_per_s: float | None
+    busy_s: float  # op self time, the whole trace (XProf's device time)
+    compute_s: float
+    memory_s: float
+    communication_s: float
+    host_s: float
+    unknown_s: float  # ops the trace records no FLOPs or bytes for: bound unknown, as XProf has it
+    in_steps: DeviceStepTime | None  # None when the trace has no steps
+    outside_steps_s: float | None  # the trace window less the steps: setup, compile, shutdown
+    outside_steps_busy_s: float | None
+    async_s: float  # the union of Async XLA Ops spans (copies, collectives, host transfers)
+    async_overlapped_s: float  # of it, while an op ran
+    unknown_lines: tuple[str, ...]  # device lines with events that tpudiag does not read
 
 
 @dataclass(frozen=True)
@@ -203,12 +271,29 @@ class TpuModuleRow(Model):
     # Executions inside the traced steps per step (None without steps): what a saving per execution
     # is multiplied by to be a saving per step.
     executions_per_step: float | None = field(default=None, metadata={"omit_none": True})
+    # A run measured on a TPU: its op time per execution, and the estimate over it.
+    measured_per_run_s: float | None = field(default=None, metadata={"omit_none": True})
+    estimate_ratio: float | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)
 class TpuStep(Model):
     count: int
     tpu_estimated_s: float | None
+    # A run measured on a TPU: the device's op time in the median step, beside the estimate.
+    measured_s: float | None = field(default=None, metadata={"omit_none": True})
+
+
+@dataclass(frozen=True)
+class TpuOpRow(Model):
+    """One op of a run measured on a TPU: its measured time beside the static estimate, per module execution."""
+
+    module: str
+    name: str
+    measured_s: float  # self time per execution of its module (every run inside loops)
+    estimated_s: float  # the estimate of the same, every run inside loops
+    ratio: float | None  # estimated / measured; None where nothing was measured
+    cycles_source: str  # where the estimate came from (static_profile, none, ...)
 
 
 @dataclass(frozen=True)
@@ -230,3 +315,6 @@ class TpuEstimate(Model):
     note: str
     # The compile's unpriced suggestions (CompileReport.suggestions): what `tpudiag suggest RUN` prices.
     suggestions: SuggestReport | None = field(default=None, metadata={"omit_none": True})
+    # A run measured on a TPU: its ops beside their estimates, by measured time (the static model's
+    # misses are where the two part).
+    ops: tuple[TpuOpRow, ...] | None = field(default=None, metadata={"omit_none": True})

@@ -58,6 +58,8 @@ class Suggestion(Model):
     # From a profile run: the module's executions per traced step, and saved_s times them.
     executions_per_step: float | None = field(default=None, metadata={"omit_none": True})
     saved_per_step_s: float | None = field(default=None, metadata={"omit_none": True})
+    # True where xla_s and share are measured on a TPU (a profile run made on one), not estimated.
+    xla_measured: bool | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ import pandas as pd
 from tpudiag.analyze.profile.breakdown import split_window
 from tpudiag.analyze.profile.breakdown import ns_to_s as _s
 from tpudiag.analyze.profile.compiles import compile_intervals, compile_table
+from tpudiag.analyze.profile.device_time import apply_rates, device_time, op_rates
 from tpudiag.analyze.profile.work import executed_work, op_costs
 from tpudiag.analyze.hlo.fusions import build_fusion_report, fusion_summary
-from tpudiag.analyze.profile.timeline import aggregate_ops, build_timeline, step_table
+from tpudiag.analyze.profile.timeline import aggregate_ops, build_timeline, step_table, steps_by_launch
 from tpudiag.results.manifest import Manifest
 from tpudiag.parse.xplane import Trace
 from tpudiag.results.profile import SCHEMA, Traced, Totals, StepRow, Steps, XprofOp, OpRow, CompileRow, ProfileReport
@@ -50,6 +51,22 @@ def _fusion_summaries(timeline: pd.DataFrame, modules: dict, top: int) -> list[d
     return out
 
 
+def _with_trace_metadata(timeline: pd.DataFrame, op_meta: pd.DataFrame, hlo_index: dict) -> pd.DataFrame:
+    """A TPU trace records each op's XProf category and source line: they stand in for an op the HLO
+    dump does not have (no dump beside a bare trace), and for a source line its metadata lacks."""
+    if timeline.empty or op_meta.empty:
+        return timeline
+    meta = {(int(p), o): (c, s) for p, o, c, s in
+            zip(op_meta["program_id"], op_meta["op"], op_meta["xprof_category"], op_meta["source"])}
+    keys = list(zip(timeline["program_id"].astype(int), timeline["op"]))
+    joined = [o in hlo_index.get(p, {}) for p, o in keys]
+    category = [c if j or (p, o) not in meta or not meta[(p, o)][0] else meta[(p, o)][0]
+                for (p, o), c, j in zip(keys, timeline["category"], joined)]
+    source = [s if isinstance(s, str) else (meta.get(k, (None, None))[1]) for k, s in zip(keys, timeline["source"])]
+    return timeline.assign(category=pd.Series(category, index=timeline.index, dtype="object"),
+                           source=pd.Series(source, index=timeline.index, dtype="object"))
+
+
 def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, cache_hits: int,
                          manifest: Manifest | None, artifacts: dict[str, str], warnings: list[str] | None = None,
                          xprof_stats: pd.DataFrame | None = None, modules: dict | None = None,
@@ -64,6 +81,15 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         warnings.append(f"the program left {len(manifest.left_running)} background process(es) running (pid {pids}); "
                         "tpudiag stopped reading their output when the program ended")
     timeline = build_timeline(trace.ops, trace.steps, hlo_index)
+    rates = {}
+    if trace.device is not None:  # a TPU: the trace's own costs and source lines, each op's measured bound
+        timeline = steps_by_launch(timeline, trace.launches, trace.device.module_runs, trace.steps)
+        timeline = _with_trace_metadata(timeline, trace.device.op_meta, hlo_index)
+        rates = op_rates(aggregate_ops(timeline), trace.device.op_meta, trace.device.chip)
+        timeline = apply_rates(timeline, rates)
+        if trace.device.unknown_lines:
+            warnings.append("device lines tpudiag does not read (a newer libtpu or XProf?): "
+                            + ", ".join(trace.device.unknown_lines))
     ops = aggregate_ops(timeline)
 
     classes = {bound: _intervals(sel) for bound, sel in timeline.groupby("bound", sort=False)}
@@ -131,6 +157,7 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
                   source=r.source if isinstance(r.source, str) else None,
                   occurrences=int(r.occurrences), total_s=_s(r.total_ns), self_s=_s(r.self_ns),
                   avg_s=_s(r.avg_ns), share=float(r.share), xprof=xprof.get((int(r.program_id), r.op)),
+                  measured=rates.get((int(r.program_id), r.op)),
                   **_cost_fields(costs.get((int(r.program_id), r.op))))
             for r in ops.itertuples()
         ),
@@ -147,6 +174,7 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         calibration_s=m.calibration_s if m else None,
         calibration_loop=m.calibration_loop if m else None,
         work=executed_work(timeline, int(len(steps)), costs, allocated or {}),
+        device=device_time(timeline, trace.steps, trace.device, trace.window_ns, rates) if trace.device is not None else None,
         timeline=timeline,
         op_frame=ops,
     )

@@ -45,6 +45,28 @@ def _assign_steps(op_starts: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
     return np.where(ok, nums[np.clip(i, 0, None)], -1).astype(np.int64)
 
 
+def steps_by_launch(timeline: pd.DataFrame, launches: pd.DataFrame | None, module_runs: pd.DataFrame,
+                    steps: pd.DataFrame) -> pd.DataFrame:
+    """The timeline with each op in the step that launched its program execution. A device runs
+    behind its host, and its clock is not the host's (a TPU's ran 0.2-0.3 ms ahead here), so an op can
+    start outside the step that launched it. The k-th host launch of a module is the device's k-th
+    execution of it (`module_runs`, by start): paired where both counts agree. Other ops keep the step
+    their start falls in."""
+    if launches is None or launches.empty or steps.empty or timeline.empty or module_runs.empty:
+        return timeline
+    step_of: dict[int, int] = {}
+    for module, runs in module_runs.sort_values("start_ns").groupby("module", sort=False):
+        sent = launches[launches["module"] == module].sort_values("start_ns")
+        if len(sent) != len(runs):
+            continue
+        for run_id, step in zip(runs["run_id"], _assign_steps(sent["start_ns"].to_numpy(), steps)):
+            step_of[int(run_id)] = int(step)
+    if not step_of:
+        return timeline
+    step = [step_of.get(int(r), s) if r != -1 else s for r, s in zip(timeline["run_id"], timeline["step"])]
+    return timeline.assign(step=np.asarray(step, dtype=np.int64))
+
+
 def build_timeline(ops: pd.DataFrame, steps: pd.DataFrame, hlo: dict[int, dict[str, OpInfo]]) -> pd.DataFrame:
     frames.check_frame(ops, frames.OPS, "ops")
     df = ops.reset_index(drop=True).copy()

@@ -23,11 +23,14 @@ import pandas as pd
 
 from tpudiag.analyze.profile.breakdown import ns_to_s
 from tpudiag.results.compile import CompileReport, ModuleReport
-from tpudiag.results.profile import TpuModuleRow, TpuStep, TpuLine, TpuEstimate
+from tpudiag.results.profile import TpuModuleRow, TpuOpRow, TpuStep, TpuLine, TpuEstimate
 
 SECTION = "tpu_estimate"
 NOTE = ("TPU times are the TPU compiler's static estimates and roofline floors, not measurements; "
         "a loop body counts its trip count where the HLO shows it, once where it does not")
+MEASURED_NOTE = ("measured: the run's own op time on the TPU, per execution; estimated: the TPU compiler's static "
+                 "cycles and roofline floors for the same programs; ratio: estimated / measured")
+TOP_OPS = 50  # ops listed beside their estimates, by measured time
 
 
 def _executions(tl: pd.DataFrame, key: str) -> pd.Series:
@@ -59,7 +62,33 @@ def _pair_compiles(report: CompileReport, tl: pd.DataFrame) -> list[tuple[Module
     return out
 
 
-def build_tpu_estimate(timeline: pd.DataFrame, step_count: int, report: CompileReport) -> TpuEstimate:
+def _ratio(est: float | None, measured: float | None) -> float | None:
+    return round(est / measured, 4) if est is not None and measured else None
+
+
+def _measured_ops(tl: pd.DataFrame, pairs, runs_pid) -> tuple[TpuOpRow, ...]:
+    """Each estimated op of a paired module beside its measured self time, per execution of the module."""
+    self_ns = tl.groupby(["program_id", "op"])["self_ns"].sum()
+    rows = []
+    for m, pid in pairs:
+        n = int(runs_pid.get(pid, 0)) if pid is not None else 0
+        if not m.ok or not n:
+            continue
+        for o in m.ops:
+            measured = float(self_ns.get((pid, o.name), 0)) * 1e-9 / n
+            if measured <= 0:
+                continue
+            rows.append(TpuOpRow(module=m.name, name=o.name, measured_s=round(measured, 12),
+                                 estimated_s=round(o.total_s, 12), ratio=_ratio(o.total_s, measured),
+                                 cycles_source=o.cycles_source))
+    rows.sort(key=lambda r: (-r.measured_s, r.module, r.name))
+    return tuple(rows[:TOP_OPS])
+
+
+def build_tpu_estimate(timeline: pd.DataFrame, step_count: int, report: CompileReport,
+                       measured_step_s: float | None = None, on_tpu: bool = False) -> TpuEstimate:
+    """`on_tpu`: the timeline was measured on a TPU, so each module and op gets its measured time per
+    execution beside the estimate; `measured_step_s` is the device's op time in its median step."""
     tl = timeline
     in_steps = tl[tl["step"] >= 0] if len(tl) else tl
     runs_pid, runs_name = _executions(tl, "program_id"), _executions(tl, "module")
@@ -83,7 +112,9 @@ def build_tpu_estimate(timeline: pd.DataFrame, step_count: int, report: CompileR
             name=m.name, program_id=pid, executions=round(runs, 3) if pid is None else runs,
             cpu_self_s=ns_to_s(cpu_ns), tpu_estimated_s=per,
             tpu_estimated_total_s=None if per is None else round(per * runs, 12), status=m.status, error=m.error,
-            executions_per_step=round(in_step / step_count, 3) if step_count else None))
+            executions_per_step=round(in_step / step_count, 3) if step_count else None,
+            measured_per_run_s=round(cpu_ns * 1e-9 / runs, 12) if on_tpu and runs else None,
+            estimate_ratio=_ratio(per, cpu_ns * 1e-9 / runs) if on_tpu and runs else None))
         if per is not None and step_count:
             step_tpu_s += per * in_step / step_count
         if per is None or not runs:
@@ -99,5 +130,7 @@ def build_tpu_estimate(timeline: pd.DataFrame, step_count: int, report: CompileR
     line_rows = sorted((TpuLine(source=src, cpu_self_s=round(cpu, 9), tpu_estimated_s=round(tpu, 12))
                         for src, (cpu, tpu) in lines.items()), key=lambda r: (-r.tpu_estimated_s, r.source))
     return TpuEstimate(target=report.target, status=report.status, modules=tuple(modules),
-                       step=TpuStep(count=step_count, tpu_estimated_s=round(step_tpu_s, 12) if step_count else None),
-                       lines=tuple(line_rows), note=NOTE, suggestions=report.suggestions)
+                       step=TpuStep(count=step_count, tpu_estimated_s=round(step_tpu_s, 12) if step_count else None,
+                                    measured_s=measured_step_s if on_tpu else None),
+                       lines=tuple(line_rows), note=MEASURED_NOTE if on_tpu else NOTE, suggestions=report.suggestions,
+                       ops=_measured_ops(tl, pairs, runs_pid) if on_tpu else None)

@@ -22,6 +22,7 @@ from tpudiag.results.compile import CompileReport
 from tpudiag.analyze.hlo.vocabulary import MATMUL, is_gradient
 from tpudiag.analyze.suggest.detectors import find_patterns
 from tpudiag.analyze.suggest.detectors.base import PatternMatch
+from tpudiag.analyze.suggest.measured import CYCLES_SOURCE as MEASURED
 from tpudiag.results.suggest import SCHEMA, Finding, Replaced, Suggestion, SuggestReport
 
 
@@ -51,6 +52,7 @@ class Candidate:
     backward: bool = False  # some of its ops are the pattern's gradient (JAX's `transpose(jvp(...))` ops)
     runs: int = 1  # runs per execution of the module: the trip counts of the loops around it
     instance_shapes: tuple = ()  # each instance's shapes, where the merged matches hold several (layers)
+    measured: bool = False  # its XLA time was measured on a TPU (a TPU profile run), not estimated
 
     @property
     def instances(self) -> int:
@@ -142,7 +144,8 @@ def candidates(report: CompileReport, modules: dict) -> tuple[list[Candidate], l
             cands.append(Candidate(match=pms[0], module=m.name, ops=tuple(ops), source=tuple(source),
                                    xla_s=sum(times[o] for o in ops), module_s=m.totals.estimated_s,
                                    static_ok=m.static_profile == "ok", covered=len(pms), backward=backward,
-                                   runs=max(runs[o] for o in ops), instance_shapes=instances))
+                                   runs=max(runs[o] for o in ops), instance_shapes=instances,
+                                   measured=any(o.cycles_source == MEASURED for o in m.ops)))
     cands.sort(key=lambda c: (-c.xla_s, c.module, c.match.pattern))
     return cands, replaced
 
@@ -160,19 +163,23 @@ class Price:
 
 
 def _confidence(c: Candidate, p: Price, basis: str) -> tuple[str, str]:
-    xla = "static cycles" if c.static_ok else "roofline floors (the module's static profile did not run)"
+    if c.measured:
+        xla = "XLA's ops measured on the chip"
+    else:
+        xla = "XLA's ops from " + ("static cycles" if c.static_ok else
+                                   "roofline floors (the module's static profile did not run)")
     if basis == "compiled":
         kern = "static cycles" if p.static_ok else "roofline floors (its static profile did not run)"
-        level = "high" if c.static_ok and p.static_ok else "medium"
-        why = f"XLA's ops from {xla}; the kernel, compiled at these shapes for the same target, from {kern}"
+        level = "high" if (c.static_ok or c.measured) and p.static_ok else "medium"
+        why = f"{xla}; the kernel, compiled at these shapes for the same target, from {kern}"
     elif basis == "roofline_bound":
         level = "low"
-        why = (f"XLA's ops from {xla}; no kernel compiled ({p.why_not}), so the replacement is the pattern's "
+        why = (f"{xla}; no kernel compiled ({p.why_not}), so the replacement is the pattern's "
                "roofline bound: the least any kernel could take")
     else:
         level = "low"
-        why = f"XLA's ops from {xla}; {p.why_not}"
-    return level, why + "; no TPU measurement"
+        why = f"{xla}; {p.why_not}"
+    return level, why + ("; the kernel's time is not measured" if c.measured else "; no TPU measurement")
 
 
 def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], replaced: list[Replaced],
@@ -232,7 +239,7 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
             snippet=p.snippet, notes=tuple(notes_), shown=shown, measured_share=mshare, backward=c.backward,
             runs=c.runs, executions_per_step=(per_step or {}).get(c.module),
             saved_per_step_s=None if saved is None or (per_step or {}).get(c.module) is None
-            else round(saved * per_step[c.module], 12)))
+            else round(saved * per_step[c.module], 12), xla_measured=True if c.measured else None))
     rows.sort(key=lambda r: (not r.shown, -(r.saved_per_step_s if r.saved_per_step_s is not None else r.saved_s or 0.0),
                              -r.share, r.module, r.pattern))
     out_notes = list(notes)

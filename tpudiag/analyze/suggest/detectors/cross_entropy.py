@@ -70,7 +70,11 @@ class CrossEntropy(Detector):
                 notes.append("logits from a matmul in the same module (an LM head)")
             notes.append("labels picked by " + (pick.opcode if pick is not None else "no gather or one-hot found"))
             shapes = CrossEntropyShapes(rows=max(1, elems(ex_dims) // vocab), vocab=vocab, dtype=etype(ex))
-            out.append(flow.match(self, [lg, red, ex], [*more, *(p for p in (pick,) if p is not None)], shapes, notes))
+            # The log-probabilities themselves (`logits - logsumexp` over the vocabulary): a log-softmax
+            # written to memory whole, then picked from, is the pass over the logits the kernel saves.
+            logp = flow.reachable(lg, lambda u: u.opcode == "subtract" and vocab in dims(u), depth=4)
+            out.append(flow.match(self, [lg, red, ex], [*more, *logp, *(p for p in (pick,) if p is not None)],
+                                  shapes, notes))
         return dedupe(out)
 
     def bound(self, shapes: CrossEntropyShapes, chip, backward: bool = False) -> float | None:

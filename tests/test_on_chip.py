@@ -1,0 +1,54 @@
+"""On a real TPU: capture a run with `tpudiag profile` and check it as tests/test_tpu_runs.py checks
+the stored v5e fixtures (op names, joins, times, bounds and source lines against XProf's converter),
+and `suggest` on it without `--target`. Marked `tpu`: skipped where no TPU is attached (CI); run on
+the chip with `pytest -m tpu tests/test_on_chip.py` (docs/tpu.md)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_tpu_runs import check_bounds, check_names_and_joins, check_sources, check_times, xprof_stats
+
+pytestmark = [pytest.mark.tpu, pytest.mark.skipif(not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")),
+                                                  reason="needs a TPU attached to this machine (run on the chip)")]
+
+
+def _profile(tmp_path, program: str, *args: str, options=()):
+    env = dict(os.environ)
+    env.pop("JAX_PLATFORMS", None)  # conftest pins the test process to the CPU; the program gets the chip
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "tpudiag", "profile", "--json", *options, "--out", str(out),
+                           program, "--", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("program,args,options", [
+    ("fixtures/programs/decoder.py", ("--steps", "5"), ()),
+    ("fixtures/programs/lm_head.py", ("--steps", "4"), ("--steps", "3", "--skip", "1")),
+])
+def test_a_fresh_chip_run_reads_as_xprof_reads_it(tmp_path, program, args, options):
+    from tpudiag.api.profiling import analyze_run
+
+    run = _profile(tmp_path, program, *args, options=options)
+    report, x = analyze_run(run), xprof_stats(run)
+    check_names_and_joins(report)
+    check_times(report, x)
+    check_bounds(report, x)
+    check_sources(report, x)
+    assert report.device.in_steps is not None and report.device.in_steps.median.busy_s > 0
+
+
+def test_suggest_on_a_fresh_chip_run_names_cross_entropy(tmp_path):
+    from tpudiag.api.suggest import suggest_run
+
+    run = _profile(tmp_path, "fixtures/programs/lm_head.py", "--steps", "4", options=("--steps", "3", "--skip", "1"))
+    rep = suggest_run(run, static_profile=False)
+    shown = [s for s in rep.suggestions if s.shown]
+    assert shown and shown[0].kernel == "cross_entropy" and shown[0].xla_measured
