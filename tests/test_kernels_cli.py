@@ -116,3 +116,12 @@ def test_verify_exits_1_and_names_the_failure_when_a_kernel_is_wrong(monkeypatch
     assert "FAIL rmsnorm" in out and "kernel vs reference" in out
     assert err.strip().count("\n") == 0 and "1 of 1 case(s) failed (seed 1)" in err
     assert ET.parse(junit).getroot().get("failures") == "1"
+
+
+def test_verify_on_chip_without_a_tpu_is_one_line(capsys):
+    from tests.conftest import run_main
+
+    rc, out, err = run_main(["kernels", "verify", "--on-chip", "rmsnorm"], capsys)
+    assert (rc, out) == (2, "")
+    assert err == ("tpudiag: error: kernels verify --on-chip: no TPU is attached to this machine (jax's devices are "
+                   "not TPUs; another program holding the chip shows the same)\n")

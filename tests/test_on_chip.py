@@ -52,3 +52,17 @@ def test_suggest_on_a_fresh_chip_run_names_cross_entropy(tmp_path):
     rep = suggest_run(run, static_profile=False)
     shown = [s for s in rep.suggestions if s.shown]
     assert shown and shown[0].kernel == "cross_entropy" and shown[0].xla_measured
+
+
+def test_kernels_verify_runs_on_the_chip(tmp_path):
+    """`kernels verify` where a TPU is attached compiles each case for it (int8_matmul's f32 case
+    needs its dots at HIGHEST precision there: interpret mode cannot show that)."""
+    import json
+
+    env = dict(os.environ)
+    env.pop("JAX_PLATFORMS", None)
+    proc = subprocess.run([sys.executable, "-m", "tpudiag", "kernels", "verify", "--json", "int8_matmul"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    doc = json.loads(proc.stdout)
+    assert doc["mode"] == "chip" and doc["device"].startswith("TPU")
+    assert proc.returncode == 0 and doc["ok"], [c for c in doc["cases"] if not c["ok"]]

@@ -53,14 +53,25 @@ def kernel_card(name: str) -> dict:
     return {"schema": LIST_SCHEMA, **spec.describe()}
 
 
-def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path: Path | None = None):
-    """`tpudiag kernels verify`: every case of the named kernels (all for none) in interpret mode,
-    against the reference and float64; the JUnit XML too when `junit_path` is given."""
-    from tpudiag.kernels.verify import verify_specs
+def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path: Path | None = None,
+                   on_chip: bool | None = None):
+    """`tpudiag kernels verify`: every case of the named kernels (all for none) against the reference
+    and float64; the JUnit XML too when `junit_path` is given. `on_chip`: True compiles them for the
+    attached TPU (refused in one line without one), False runs interpret mode on the CPU, None does
+    the first where a TPU is attached."""
+    from tpudiag.errors import InputError
+    from tpudiag.kernels.verify import attached_tpu, verify_specs
 
     if junit_path is not None:
         check_output_file(junit_path)  # before the cases run, not after
-    result = verify_specs(specs_named(names), seed, progress)
+    specs = specs_named(names)
+    if on_chip is not False:
+        chip = attached_tpu()
+        if on_chip and chip is None:
+            raise InputError("kernels verify --on-chip: no TPU is attached to this machine (jax's devices are not "
+                             "TPUs; another program holding the chip shows the same)")
+        on_chip = chip is not None
+    result = verify_specs(specs, seed, progress, on_chip=on_chip)
     if junit_path is not None:
         from tpudiag.report.registry import render
 

@@ -59,7 +59,7 @@ def check_program(script: Path, steps: int | None, skip: int) -> None:
         raise InputError(f"--skip must be 0 or more (got {skip})")
 
 
-def _default_platforms() -> str | None:
+def default_platforms() -> str | None:
     """JAX_PLATFORMS for a host with no TPU chip, so libtpu does not probe for one.
 
     With jax[tpu] installed on a machine without a TPU, jax tries libtpu first, prints a page of
@@ -78,7 +78,7 @@ def child_env(run: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     dump = f'--xla_dump_to="{run / rundir.HLO_DIR}" --xla_dump_hlo_as_text'
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + dump).strip()
     env["JAX_DUMP_IR_TO"] = str(run / rundir.IR_DIR)
-    if "JAX_PLATFORMS" not in env and (platforms := _default_platforms()):
+    if "JAX_PLATFORMS" not in env and (platforms := default_platforms()):
         env["JAX_PLATFORMS"] = platforms
     env["PYTHONUNBUFFERED"] = "1"  # keep the program's stdout and stderr in order in the log
     # Several processes (tests, workers) may load libtpu: without this the second one fails on its lock file.

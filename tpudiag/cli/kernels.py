@@ -18,9 +18,13 @@ from tpudiag.errors import GateFailed
 
 
 def _cpu_jax():
-    # Verification runs Pallas in interpret mode on the CPU, and bench lowers here and compiles in
-    # workers: neither needs a TPU backend, and probing for one prints libtpu's start-up noise.
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # Bench lowers here and compiles in workers, and verify without a TPU runs Pallas in interpret
+    # mode on the CPU: neither needs a TPU backend, and probing for one prints libtpu's start-up
+    # noise. On a machine with a TPU attached (its device files), verify runs on the chip.
+    from tpudiag.capture.process import default_platforms
+
+    if default_platforms() is not None:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
@@ -69,11 +73,15 @@ def kernels_show(as_json, no_color, width, name):
 @click.option("--junit", "junit_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Also write the results as JUnit XML (.xml).")
 @force_option("--junit")
+@click.option("--on-chip/--interpret", "on_chip", default=None,
+              help="Compile each kernel for the attached TPU and run it there, or run Pallas interpret mode on "
+                   "the CPU (default: on the chip where a TPU is attached).")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels-verify/1).")
 @_text_options
 @click.argument("names", nargs=-1)
-def kernels_verify(seed, junit_path, force, as_json, no_color, width, names):
-    """Check kernels (interpret mode, CPU) against their reference and float64, values and gradients.
+def kernels_verify(seed, junit_path, force, on_chip, as_json, no_color, width, names):
+    """Check kernels against their reference and float64, values and gradients: on the attached TPU,
+    or in interpret mode on the CPU where none is attached.
 
     Exit 1 if any case fails."""
     from rich.console import Console
@@ -87,7 +95,9 @@ def kernels_verify(seed, junit_path, force, as_json, no_color, width, names):
         if err.is_terminal:
             err.print(f"{'ok  ' if r.ok else 'FAIL'} {r.kernel} [{r.label}] {r.seconds:.1f} s")
 
-    result = api.kernels_verify(names, seed, progress, junit_path=junit_path)
+    if on_chip is False:
+        os.environ["JAX_PLATFORMS"] = "cpu"  # --interpret: never touch the chip
+    result = api.kernels_verify(names, seed, progress, junit_path=junit_path, on_chip=on_chip)
     emit(result, output_format(as_json), no_color=no_color, width=width)
     if not result.ok:
         raise GateFailed(f"kernels verify: {len(result.failures)} of {len(result.cases)} case(s) failed "

@@ -28,7 +28,7 @@ from tpudiag.kernels.flash_attention_bwd import (
     LANES, MASK_VALUE, NN, NT, compiler_params, dispatch_tile, flash_attention_bwd, last_kv_block, lanes,
     pair_count, visible)
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import block_bytes, round_up
+from tpudiag.kernels.tiling import block_bytes, mxu_precision, round_up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +138,8 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
             for sub in chunk.subs:
                 k, v = k_ref[sub.c0:sub.c0 + sub.nc, :], v_ref[sub.c0:sub.c0 + sub.nc, :]
                 # bf16 x bf16 -> f32 on the MXU; scale in f32 (scaling bf16 q would round it by 2^-9).
-                s = lax.dot_general(q, k, NT, preferred_element_type=jnp.float32) * sm_scale  # [nr, nc]
+                s = lax.dot_general(q, k, NT, precision=mxu_precision(q, k),
+                                    preferred_element_type=jnp.float32) * sm_scale  # [nr, nc]
                 if sub.masked:  # -inf, not a finite stand-in: exp gives exact zeros and l, acc stay 0
                     q_pos = q_start + chunk.r0 + lax.broadcasted_iota(jnp.int32, s.shape, 0)
                     k_pos = k_start + sub.c0 + lax.broadcasted_iota(jnp.int32, s.shape, 1)
@@ -149,7 +150,8 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
                 m_next = jnp.broadcast_to(m_next, (chunk.nr, LANES))
                 p = jnp.exp(s - lanes(m_next, sub.nc))  # f32 exp on the EUP
                 # p in the input dtype for the MXU (bf16 at full rate); the sum over keys stays f32.
-                pv = lax.dot_general(p.astype(v.dtype), v, NN, preferred_element_type=jnp.float32)
+                pv = lax.dot_general(p.astype(v.dtype), v, NN, precision=mxu_precision(v),
+                                     preferred_element_type=jnp.float32)
                 row_sum = jnp.sum(p, axis=1, keepdims=True)
                 if m is None:
                     l, acc = jnp.broadcast_to(row_sum, (chunk.nr, LANES)), pv

@@ -23,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpudiag.kernels.tiling import block_bytes, vmem_limit
+from tpudiag.kernels.tiling import block_bytes, mxu_precision, vmem_limit
 
 # A large finite negative. The forward floors its running max at it, so s - m is never -inf - -inf
 # (NaN) in a row with no visible key so far; the backward writes it into masked scores, where
@@ -221,18 +221,21 @@ def _dkv_kernel(lens_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_re
             for sub in chunk.subs:
                 cols = slice(sub.c0, sub.c0 + sub.nc)
                 q, do = q_ref[cols, :], do_ref[cols, :]
-                st = lax.dot_general(k, q, NT, preferred_element_type=jnp.float32) * sm_scale  # [keys, queries]
+                st = lax.dot_general(k, q, NT, precision=mxu_precision(k, q),
+                                     preferred_element_type=jnp.float32) * sm_scale  # [keys, queries]
                 if sub.masked:
                     k_pos = k_start + chunk.r0 + lax.broadcasted_iota(jnp.int32, st.shape, 0)
                     q_pos = q_start + sub.c0 + lax.broadcasted_iota(jnp.int32, st.shape, 1)
                     st = jnp.where(visible(q_pos, k_pos, length, causal), st, MASK_VALUE)
                 # lse is +inf on fully masked rows, so their probabilities (and gradients) are exactly 0.
                 pt = jnp.exp(st - lse_ref[:, cols])  # f32 exp: a bf16 exp loses 3 digits near 1
-                dv = dv + lax.dot_general(pt.astype(do.dtype), do, NN, preferred_element_type=jnp.float32)
-                dpt = lax.dot_general(v, do, NT, preferred_element_type=jnp.float32)
+                dv = dv + lax.dot_general(pt.astype(do.dtype), do, NN, precision=mxu_precision(do),
+                                          preferred_element_type=jnp.float32)
+                dpt = lax.dot_general(v, do, NT, precision=mxu_precision(v, do), preferred_element_type=jnp.float32)
                 dst = pt * (dpt - delta_ref[:, cols])
                 # sm_scale is applied once to the [bk, D] sum at the end, not to every score.
-                dk = dk + lax.dot_general(dst.astype(q.dtype), q, NN, preferred_element_type=jnp.float32)
+                dk = dk + lax.dot_general(dst.astype(q.dtype), q, NN, precision=mxu_precision(q),
+                                          preferred_element_type=jnp.float32)
             dk_acc_ref[rows, :] += dk
             dv_acc_ref[rows, :] += dv
 
@@ -277,15 +280,17 @@ def _dq_kernel(lens_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref
             for sub in chunk.subs:
                 cols = slice(sub.c0, sub.c0 + sub.nc)
                 k, v = k_ref[cols, :], v_ref[cols, :]
-                s = lax.dot_general(q, k, NT, preferred_element_type=jnp.float32) * sm_scale  # [queries, keys]
+                s = lax.dot_general(q, k, NT, precision=mxu_precision(q, k),
+                                    preferred_element_type=jnp.float32) * sm_scale  # [queries, keys]
                 if sub.masked:
                     q_pos = q_start + chunk.r0 + lax.broadcasted_iota(jnp.int32, s.shape, 0)
                     k_pos = k_start + sub.c0 + lax.broadcasted_iota(jnp.int32, s.shape, 1)
                     s = jnp.where(visible(q_pos, k_pos, length, causal), s, MASK_VALUE)
                 p = jnp.exp(s - lanes(lse, sub.nc))
-                dp = lax.dot_general(do, v, NT, preferred_element_type=jnp.float32)
+                dp = lax.dot_general(do, v, NT, precision=mxu_precision(do, v), preferred_element_type=jnp.float32)
                 ds = p * (dp - lanes(delta, sub.nc))
-                dq = dq + lax.dot_general(ds.astype(k.dtype), k, NN, preferred_element_type=jnp.float32)
+                dq = dq + lax.dot_general(ds.astype(k.dtype), k, NN, precision=mxu_precision(k),
+                                          preferred_element_type=jnp.float32)
             dq_acc_ref[rows, :] += dq
 
     dispatch_tile(run, q_start=q_start, k_start=k_start, length=length, block_q=block_q, block_k=block_k,

@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
-from tpudiag.kernels.tiling import block_bytes, check_matmul_operands
+from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, mxu_precision
 from tpudiag.kernels.w8a8_matmul import (PREFILL_M, BlockSizes, default_blocks, quantized_x_call, row_scales,
                                          several_m_blocks, whole_k_call)
 
@@ -84,7 +84,7 @@ def _weight_only_kernel(x_ref, w_ref, s_ref, o_ref):
     """Grid (i over M, j over N), one M block: the weight tile upcast in VMEM, one matmul over the
     whole K in x's dtype, the channel scales on the f32 result."""
     x = x_ref[...]
-    acc = jnp.dot(x, w_ref[...].astype(x.dtype), preferred_element_type=jnp.float32)
+    acc = jnp.dot(x, w_ref[...].astype(x.dtype), precision=mxu_precision(x), preferred_element_type=jnp.float32)
     o_ref[...] = (acc * s_ref[...]).astype(o_ref.dtype)
 
 
@@ -96,7 +96,7 @@ def _weight_only_cached_kernel(x_ref, w_ref, s_ref, o_ref, w_up):
     def _():
         w_up[...] = w_ref[...].astype(w_up.dtype)
 
-    acc = jnp.dot(x_ref[...], w_up[...], preferred_element_type=jnp.float32)
+    acc = jnp.dot(x_ref[...], w_up[...], precision=mxu_precision(w_up), preferred_element_type=jnp.float32)
     o_ref[...] = (acc * s_ref[...]).astype(o_ref.dtype)
 
 

@@ -39,7 +39,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import (balanced_block, block_bytes, check_matmul_operands, check_multiples, fit_block,
-                                    vmem_limit)
+                                    mxu_precision, vmem_limit)
 
 # Production shape: Llama 3 8B's MLP up/gate projection (K 4096 -> N 14336), groups of 128 along K;
 # decode M 64 tokens, prefill chunks M 2048.
@@ -156,7 +156,7 @@ def int4_kernel(x_ref, w_ref, s_ref, o_ref, acc_ref, *, group: int):
     if sc.ndim == 2:  # [groups, bn]; the [groups, 1, bn] layout arrives as is
         sc = sc[:, None, :]
     w = (w * sc).reshape(bk, bn).astype(dt)
-    acc_ref[...] += jnp.dot(x_ref[...], w, preferred_element_type=jnp.float32)
+    acc_ref[...] += jnp.dot(x_ref[...], w, precision=mxu_precision(w), preferred_element_type=jnp.float32)
 
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
     def _done():

@@ -22,7 +22,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, check_multiples, fit_block, vmem_limit
+from tpudiag.kernels.tiling import (block_bytes, check_matmul_operands, check_multiples, fit_block, mxu_precision,
+                                    vmem_limit)
 
 # Production shape: a Llama-3-8B MLP up/gate projection (K 4096 -> N 14336). Decode batches are
 # M 16-128 tokens (HBM-bound: the int8 weights are the traffic); prefill is M 2048 (MXU-bound).
@@ -94,7 +95,7 @@ def int8_matmul_kernel(x_ref, w_ref, s_ref, o_ref, acc_ref, *, k_dim: int, block
         # sees exactly the stored weights in its native bf16 input format.
         w = w_ref[...].astype(x.dtype)
         # f32 accumulation: bf16 sums over K = 4096 would drift past 1e-2.
-        acc_ref[...] += jnp.dot(x, w, preferred_element_type=jnp.float32)
+        acc_ref[...] += jnp.dot(x, w, precision=mxu_precision(x), preferred_element_type=jnp.float32)
 
     if k_dim % block_k == 0:
         accumulate(x_ref[...])
@@ -132,7 +133,7 @@ def int8_matmul_dx_kernel(g_ref, w_ref, s_ref, dx_ref, acc_ref, *, n_dim: int, b
         w = (w.astype(jnp.float32) * s_ref[...]).astype(g.dtype)  # [bk, bn]
         # Contract the N dims of g [bm, bn] and w [bk, bn] (an A @ B.T matmul: the MXU takes the
         # transposed operand directly, no transpose is materialised).
-        acc_ref[...] += jax.lax.dot_general(g, w, (((1,), (1,)), ((), ())),
+        acc_ref[...] += jax.lax.dot_general(g, w, (((1,), (1,)), ((), ())), precision=mxu_precision(g),
                                             preferred_element_type=jnp.float32)
 
     if n_dim % block_n == 0:
@@ -153,7 +154,7 @@ def int8_matmul_dx_kernel(g_ref, w_ref, s_ref, dx_ref, acc_ref, *, n_dim: int, b
             wcol = j * block_n + jax.lax.broadcasted_iota(jnp.int32, w.shape, 1)
             wd = jnp.where(wcol < n_dim, w.astype(jnp.float32) * s_ref[...], 0.0).astype(g.dtype)
             acc_ref[...] += jax.lax.dot_general(_select_f32(col < n_dim, g), wd, (((1,), (1,)), ((), ())),
-                                                preferred_element_type=jnp.float32)
+                                                precision=mxu_precision(g), preferred_element_type=jnp.float32)
 
     @pl.when(j == n_j - 1)
     def _():

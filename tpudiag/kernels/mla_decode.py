@@ -42,7 +42,7 @@ from jax.experimental.pallas import tpu as pltpu
 from tpudiag.kernels.paged_attention import BlockSizes, _interpret_mode  # pages per block, as there
 from tpudiag.kernels.page_stream import check_table, page_table, stream_pages
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
-from tpudiag.kernels.tiling import block_bytes, vmem_limit
+from tpudiag.kernels.tiling import block_bytes, mxu_precision, vmem_limit
 
 # Production shape: DeepSeek V3's MLA (128 heads, kv_lora_rank 512, qk_rope_head_dim 64; softmax
 # scale 1/sqrt(192)), a decode batch of 32 at context 2048 in pages of 16 tokens, in a pool of 4x
@@ -102,7 +102,8 @@ def mla_decode_kernel(lengths_ref, table_ref, q_ref, kv_hbm_ref, o_ref, kv_buf, 
     def block(i, slot, length, n_blocks, carry):
         m_prev, l_prev, acc_prev = carry
         kv = kv_buf[slot].reshape(block_tokens, width)
-        s = jnp.einsum("hw,tw->ht", q, kv, preferred_element_type=jnp.float32) * sm_scale
+        s = jnp.einsum("hw,tw->ht", q, kv, precision=mxu_precision(q, kv),
+                       preferred_element_type=jnp.float32) * sm_scale
         pos = i * block_tokens + lax.broadcasted_iota(jnp.int32, (1, block_tokens), 1)
         s = jnp.where(pos < length, s, -jnp.inf)  # also discards whatever unfetched rows hold
         m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))  # finite: each block has a valid token
@@ -117,7 +118,7 @@ def mla_decode_kernel(lengths_ref, table_ref, q_ref, kv_hbm_ref, o_ref, kv_buf, 
             return jnp.where(cpos < length, c, jnp.zeros_like(c))
 
         c = lax.cond(i + 1 == n_blocks, masked_c, lambda: c)
-        pv = jnp.dot(p.astype(c.dtype), c, preferred_element_type=jnp.float32)
+        pv = jnp.dot(p.astype(c.dtype), c, precision=mxu_precision(c), preferred_element_type=jnp.float32)
         return m_new, l_new, alpha * acc_prev + pv
 
     init = (jnp.full((heads, 1), -jnp.inf, jnp.float32), jnp.zeros((heads, 1), jnp.float32),

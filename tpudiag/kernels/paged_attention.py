@@ -32,7 +32,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.page_stream import check_table, page_table, stream_pages
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import block_bytes, vmem_limit
+from tpudiag.kernels.tiling import block_bytes, mxu_precision, vmem_limit
 
 # Production shape the default blocks were chosen at (a Llama-3-8B-like decode step).
 PROD = dict(batch=32, q_heads=32, kv_heads=8, head_dim=128, page_size=16, context=2048)
@@ -112,7 +112,8 @@ def paged_attention_kernel(lengths_ref, table_ref, q_ref, k_hbm_ref, v_hbm_ref, 
         v = v_buf[slot].reshape(kv_heads, block_tokens, head_dim)
         # Scores in f32 from the MXU (bf16 in, f32 accumulate); scale the f32 scores, not q, so
         # no extra bf16 rounding enters before the softmax.
-        s = jnp.einsum("hgd,htd->hgt", q, k, preferred_element_type=jnp.float32) * sm_scale
+        s = jnp.einsum("hgd,htd->hgt", q, k, precision=mxu_precision(q, k),
+                       preferred_element_type=jnp.float32) * sm_scale
         pos = i * block_tokens + lax.broadcasted_iota(jnp.int32, (1, 1, block_tokens), 2)
         valid = pos < length
         s = jnp.where(valid, s, -jnp.inf)  # also discards NaN/garbage read from pages not fetched
@@ -129,7 +130,8 @@ def paged_attention_kernel(lengths_ref, table_ref, q_ref, k_hbm_ref, v_hbm_ref, 
             return jnp.where(vpos < length, v, jnp.zeros_like(v))
 
         v = lax.cond(i + 1 == n_blocks, masked_v, lambda: v)
-        pv = jnp.einsum("hgt,htd->hgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        pv = jnp.einsum("hgt,htd->hgd", p.astype(v.dtype), v, precision=mxu_precision(v),
+                        preferred_element_type=jnp.float32)
         return m_new, l_new, alpha * acc_prev + pv
 
     init = (jnp.full((kv_heads, groups, 1), -jnp.inf, jnp.float32),

@@ -43,7 +43,7 @@ from tpudiag.kernels.paged_attention import _interpret_mode
 from tpudiag.kernels.page_stream import stream_pages
 from tpudiag.kernels.rpa_schedule import ItemTable, step_work, work_items
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
-from tpudiag.kernels.tiling import block_bytes, vmem_limit
+from tpudiag.kernels.tiling import block_bytes, mxu_precision, vmem_limit
 
 # Production shape: Llama 3 8B heads (32 q, 8 KV, D 128), pages of 128 tokens (the page sizes JAX's
 # kernel is tuned for: 128 and 256), a 2048-position table; one serving step of 64 sequences: one prefill chunk of 512 tokens (positions 1536-2047)
@@ -201,7 +201,7 @@ def ragged_paged_attention_kernel(items_ref, table_ref, q_ref, k_hbm_ref, v_hbm_
             @pl.when(active(j))
             def _():
                 rows = pl.ds(j * rows_sub, rows_sub)
-                s = jnp.einsum("hrd,htd->hrt", q_ref[:, rows, :], k,
+                s = jnp.einsum("hrd,htd->hrt", q_ref[:, rows, :], k, precision=mxu_precision(k),
                                preferred_element_type=jnp.float32) * sm_scale
                 if soft_cap is not None:
                     s = soft_cap * jnp.tanh(s / soft_cap)
@@ -215,7 +215,8 @@ def ragged_paged_attention_kernel(items_ref, table_ref, q_ref, k_hbm_ref, v_hbm_
                 alpha = jnp.exp(m_prev - m_new)
                 p = jnp.where(valid, jnp.exp(s - m_new), 0.0)
                 l_new = alpha * l_ref[:, rows, :][..., :1] + p.sum(axis=-1, keepdims=True)
-                pv = jnp.einsum("hrt,htd->hrd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+                pv = jnp.einsum("hrt,htd->hrd", p.astype(v.dtype), v, precision=mxu_precision(v),
+                                preferred_element_type=jnp.float32)
                 acc_ref[:, rows, :] = alpha * acc_ref[:, rows, :] + pv
                 m_ref[:, rows, :] = jnp.broadcast_to(m_new, (kv_heads, rows_sub, _LANES))
                 l_ref[:, rows, :] = jnp.broadcast_to(l_new, (kv_heads, rows_sub, _LANES))

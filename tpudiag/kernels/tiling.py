@@ -1,6 +1,6 @@
 """Block arithmetic the kernel modules share: rounding, fitting a block to a dimension, the VMEM a
 block takes, and the one rule for the scoped VMEM a kernel asks Mosaic for. Pure integer
-functions; no jax. Reads the VMEM size per TensorCore from tpudiag/targets.py."""
+functions, no jax, except `mxu_precision` (the dot precision of a kernel's operands). Reads the VMEM size per TensorCore from tpudiag/targets.py."""
 
 from __future__ import annotations
 
@@ -138,3 +138,15 @@ def check_matmul_operands(x, w, w_dtype) -> None:
         raise ValueError(f"w must be {jnp.dtype(w_dtype).name}, got {w.dtype}")
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"x must be floating point, got {x.dtype}")
+
+
+def mxu_precision(*operands):
+    """The dot precision for a kernel's MXU operands: HIGHEST where one is float32, else the default.
+    The MXU multiplies bf16: a float32 dot at the default precision rounds both operands to bf16 (a
+    relative error of 2^-9 per product; on a v5e the f32 verify cases missed their 5e-6 tolerance
+    by up to 1300x, and large logits came out wrong outright), HIGHEST takes the multi-pass fp32
+    product. bf16 operands need nothing: their product is exact in the f32 accumulator."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    return lax.Precision.HIGHEST if any(o.dtype == jnp.float32 for o in operands) else None

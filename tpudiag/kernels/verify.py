@@ -1,6 +1,8 @@
 """`tpudiag kernels verify`: run each kernel in Pallas interpret mode on CPU against its pure-JAX
 reference and against that reference in float64, on fresh random inputs, and gradients against
-`jax.grad` of the reference.
+`jax.grad` of the reference. With `on_chip`, each kernel is compiled for the attached TPU and runs
+there instead (what interpret mode cannot show: the MXU's precision, Mosaic's lowering), the
+reference on the chip at 'highest' matmul precision and the float64 reference on the CPU.
 
 Reads the kernels' `SPEC`s; returns `VerifyResult` (JSON-safe via `to_dict`); prints nothing.
 A kernel that raises is a failed case with the error text, not a crash of the verifier.
@@ -73,20 +75,28 @@ def _grads(fn, args, argnums, cts):
     return jax.grad(loss, argnums=tuple(range(len(argnums))))(*(args[i] for i in argnums))
 
 
-def run_case(spec: KernelSpec, case: Case, key) -> CaseResult:
+def run_case(spec: KernelSpec, case: Case, key, on_chip: bool = False) -> CaseResult:
+    import contextlib
+
     import jax
     import jax.numpy as jnp
 
+    interpret = not on_chip
+    # On the chip the reference's own dots run at full f32 precision; float64 always on the CPU.
+    precise = jax.default_matmul_precision("highest") if on_chip else contextlib.nullcontext()
+    cpu = jax.default_device(jax.devices("cpu")[0]) if on_chip else contextlib.nullcontext()
     t0 = time.perf_counter()
     args, checks = (), []
     try:
         args = tuple(case.make_args(key))
         tol = tolerance_for(spec, case.dtype)
         kp, rp = case.all_kernel_params(), case.reference_params()
-        out = spec.kernel(*args, interpret=True, **kp)
-        ref = spec.reference(*args, **rp)
-        with jax.enable_x64():
-            ref64 = spec.reference(*_to_f64(args), **rp)
+        out = spec.kernel(*args, interpret=interpret, **kp)
+        with precise:
+            ref = spec.reference(*args, **rp)
+        with jax.enable_x64(), cpu:
+            args64 = _to_f64(jax.device_put(args, jax.devices("cpu")[0]) if on_chip else args)
+            ref64 = spec.reference(*args64, **rp)
             checks += _checks("", out, ref, ref64, tol, case.exact)
         if case.grad:
             gtol = tolerance_for(spec, case.dtype, grad=True)
@@ -94,11 +104,13 @@ def run_case(spec: KernelSpec, case: Case, key) -> CaseResult:
             cts = [jax.random.normal(jax.random.fold_in(ckey, n), o.shape, jnp.float32)
                    if jnp.issubdtype(o.dtype, jnp.floating) else None
                    for n, o in enumerate(jax.tree_util.tree_leaves(out))]
-            g_k = _grads(lambda *a: spec.kernel(*a, interpret=True, **kp), args, case.grad_argnums, cts)
-            g_r = _grads(lambda *a: spec.reference(*a, **rp), args, case.grad_argnums, cts)
-            with jax.enable_x64():
-                cts64 = [None if c is None else c.astype(jnp.float64) for c in cts]
-                g_64 = _grads(lambda *a: spec.reference(*a, **rp), _to_f64(args), case.grad_argnums, cts64)
+            g_k = _grads(lambda *a: spec.kernel(*a, interpret=interpret, **kp), args, case.grad_argnums, cts)
+            with precise:
+                g_r = _grads(lambda *a: spec.reference(*a, **rp), args, case.grad_argnums, cts)
+            with jax.enable_x64(), cpu:
+                cts64 = [None if c is None else c.astype(jnp.float64) for c in
+                         (jax.device_put(cts, jax.devices("cpu")[0]) if on_chip else cts)]
+                g_64 = _grads(lambda *a: spec.reference(*a, **rp), args64, case.grad_argnums, cts64)
             for n, argnum in enumerate(case.grad_argnums):
                 checks += _checks(f"grad[{argnum}]", g_k[n], g_r[n], g_64[n], gtol, False)
         error = None
@@ -111,22 +123,35 @@ def run_case(spec: KernelSpec, case: Case, key) -> CaseResult:
                       time.perf_counter() - t0)
 
 
-def verify_specs(specs: list[KernelSpec], seed: int | None = None,
-                 progress: Callable[[CaseResult], None] | None = None) -> VerifyResult:
-    """Verify every case of every spec. `seed` None draws a fresh one (recorded in the result)."""
+def attached_tpu() -> str | None:
+    """The attached TPU's kind ("TPU v5 lite"), or None: jax's default backend is not a TPU."""
     import jax
 
+    try:
+        devices = jax.devices()
+    except RuntimeError:
+        return None
+    return devices[0].device_kind if devices and devices[0].platform == "tpu" else None
+
+
+def verify_specs(specs: list[KernelSpec], seed: int | None = None,
+                 progress: Callable[[CaseResult], None] | None = None, on_chip: bool = False) -> VerifyResult:
+    """Verify every case of every spec. `seed` None draws a fresh one (recorded in the result).
+    `on_chip`: compiled for the attached TPU (the caller checks there is one: `attached_tpu`)."""
+    import jax
+
+    device = attached_tpu() if on_chip else None
     seed = secrets.randbelow(2**31) if seed is None else seed
     base = jax.random.key(seed)
     results = []
     for s_index, spec in enumerate(specs):
         for c_index, case in enumerate(spec.cases()):
-            r = run_case(spec, case, jax.random.fold_in(jax.random.fold_in(base, s_index), c_index))
+            r = run_case(spec, case, jax.random.fold_in(jax.random.fold_in(base, s_index), c_index), on_chip)
             results.append(r)
             if progress:
                 progress(r)
     tols = {s.name: {k: v.to_dict() for k, v in sorted(s.tolerances.items())} for s in specs}
-    return VerifyResult(seed, tuple(results), tols)
+    return VerifyResult(seed, tuple(results), tols, "chip" if on_chip else "interpret", device)
 
 
 def verify_spec(spec: KernelSpec, seed: int | None = None) -> VerifyResult:

@@ -91,8 +91,10 @@ def render_verify(result, console: Console) -> None:
         console.print(plain(f"FAIL {c.kernel} [{c.label}] ({c.shapes}): {c.why}", style="red", newlines=True))
     failed = len(result.failures)
     verdict = "all passed" if result.ok else f"{failed} failed"
+    where = (f"compiled for and run on {result.device}" if result.mode == "chip"
+             else "Pallas interpret mode on the CPU")
     console.print(Text(f"{result.passed}/{result.passed + failed} cases, {verdict} "
-                       f"(seed {result.seed}; rerun with --seed {result.seed})",
+                       f"(seed {result.seed}; rerun with --seed {result.seed}; {where})",
                        style="green" if result.ok else "bold red"))
 
 

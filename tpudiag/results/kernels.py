@@ -141,6 +141,10 @@ class VerifyResult:
     seed: int
     cases: tuple[CaseResult, ...]
     tolerances: dict  # kernel name -> {dtype: Tolerance.to_dict()}
+    # "interpret": Pallas interpret mode on the CPU; "chip": compiled for and run on the attached TPU
+    # (its name in `device`), the reference there at 'highest' matmul precision.
+    mode: str = "interpret"
+    device: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -167,6 +171,9 @@ class VerifyResult:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"schema": VERIFY_SCHEMA, "ok": self.ok, "seed": self.seed,
-                "passed": self.passed, "failed": len(self.failures),
-                "cases": [c.to_dict() for c in self.cases], "tolerances": self.tolerances}
+        doc = {"schema": VERIFY_SCHEMA, "ok": self.ok, "seed": self.seed,
+               "passed": self.passed, "failed": len(self.failures),
+               "cases": [c.to_dict() for c in self.cases], "tolerances": self.tolerances}
+        if self.mode != "interpret":  # interpret mode's documents are as they always were
+            doc.update(mode=self.mode, device=self.device)
+        return doc
