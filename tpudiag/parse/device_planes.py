@@ -146,16 +146,6 @@ def _span(base_ps: int, ev) -> tuple[int, int]:
     return start, (base_ps + ev.offset_ps + ev.duration_ps) // 1000 - start
 
 
-def _frame(rows: dict[str, list], schema: dict[str, str], what: str) -> pd.DataFrame:
-    if not rows or not next(iter(rows.values())):
-        return frames.empty_frame(schema)
-    df = pd.DataFrame(rows)
-    for col, dtype in schema.items():
-        if dtype == "int64":
-            df[col] = df[col].astype("int64")
-    return frames.check_frame(df[list(schema)], schema, what)
-
-
 def read_device_planes(path: Path, data: bytes) -> DevicePlanes | None:
     """The TPU device planes of one trace file's bytes, or None when it has no `/device:TPU:N` plane."""
     try:
@@ -284,8 +274,10 @@ def read_device_planes(path: Path, data: bytes) -> DevicePlanes | None:
         for col, v in zip(frames.DEVICE_OP_META, (pid, op, *row)):
             meta[col].append(v)
     return DevicePlanes(
-        ops=_frame(ops, frames.OPS, "device ops"), async_ops=_frame(asyncs, frames.ASYNC_OPS, "async ops"),
-        module_runs=_frame(runs, frames.MODULE_RUNS, "module runs"), steps=_frame(steps, frames.STEPS, "device steps"),
-        op_meta=_frame(meta, frames.DEVICE_OP_META, "device op metadata"),
+        ops=frames.from_rows(ops, frames.OPS, "device ops"),
+        async_ops=frames.from_rows(asyncs, frames.ASYNC_OPS, "async ops"),
+        module_runs=frames.from_rows(runs, frames.MODULE_RUNS, "module runs"),
+        steps=frames.from_rows(steps, frames.STEPS, "device steps"),
+        op_meta=frames.from_rows(meta, frames.DEVICE_OP_META, "device op metadata"),
         programs=tuple(sorted(programs.values(), key=lambda p: p.module_id)), chip=chip,
         devices=tuple(p.name for p in planes), unknown_lines=tuple(sorted(unknown)), max_end_ns=int(max_end))

@@ -64,6 +64,18 @@ TIMELINE = {**OPS, "step": "int64", "self_ns": "int64", "category": "object", "o
             "bound": "object", "shape": "object", "source": "object"}
 
 
+def from_rows(rows: dict[str, list], schema: dict[str, str], what: str) -> pd.DataFrame:
+    """A checked frame of `schema` from column lists (integer columns as int64); empty lists give the
+    empty frame."""
+    if not rows or not next(iter(rows.values())):
+        return empty_frame(schema)
+    df = pd.DataFrame(rows)
+    for col, dtype in schema.items():
+        if dtype == "int64":
+            df[col] = df[col].astype("int64")
+    return check_frame(df[list(schema)], schema, what)
+
+
 def empty_frame(schema: dict[str, str]) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in schema.items()})
 

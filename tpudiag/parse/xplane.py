@@ -83,16 +83,6 @@ def _load(path: Path):
         raise ParseError(path, f"corrupt or truncated XSpace protobuf ({e})") from None
 
 
-def _columns(rows: dict[str, list], schema: dict[str, str]) -> pd.DataFrame:
-    if not rows or not next(iter(rows.values())):
-        return frames.empty_frame(schema)
-    df = pd.DataFrame(rows)
-    for col, dtype in schema.items():
-        if dtype == "int64":
-            df[col] = df[col].astype("int64")
-    return frames.check_frame(df[list(schema)], schema, "xplane")
-
-
 def read_xplane(path: Path) -> Trace:
     from tpudiag.parse.device_planes import read_device_planes
 
@@ -139,18 +129,18 @@ def read_xplane(path: Path) -> Trace:
     hostname = path.name[: -len(".xplane.pb")] if path.name.endswith(".xplane.pb") else path.stem
     devices = tuple(p.name for p in device_planes) or tuple(sorted(set(ops["device"]))) or ("/device:CPU:0",)
     # The program's own StepTraceAnnotations win over the device's step markers.
-    step_frame = _columns(steps if steps["name"] else device_steps, frames.STEPS)
-    op_frame = _columns(ops, frames.OPS)
+    step_frame = frames.from_rows(steps if steps["name"] else device_steps, frames.STEPS, "xplane")
+    op_frame = frames.from_rows(ops, frames.OPS, "xplane")
     if tpu is not None:
         op_frame = tpu.ops
         if not steps["name"]:
             step_frame = tpu.steps
     return Trace(
         path=str(path), hostname=hostname, backend=backend, start_time_ns=start, window_ns=int(window),
-        ops=op_frame, steps=step_frame, host=_columns(host, frames.HOST),
-        compile=_columns(compile_, frames.HOST),
+        ops=op_frame, steps=step_frame, host=frames.from_rows(host, frames.HOST, "xplane"),
+        compile=frames.from_rows(compile_, frames.HOST, "xplane"),
         devices=devices, jax_version=meta_stats.get("jax_version"), device=tpu,
-        launches=_columns(launches, frames.LAUNCHES),
+        launches=frames.from_rows(launches, frames.LAUNCHES, "xplane"),
     )
 
 

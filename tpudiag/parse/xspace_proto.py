@@ -4,7 +4,8 @@ jaxlib's `ProfileData` reads events fast but hides what a TPU trace keeps in eve
 HLO instruction name (`display_name`), the program fingerprint, category, FLOPs and bytes of each
 op, and the HLO modules themselves (`/host:metadata`). This module declares the messages of
 `tsl/profiler/protobuf/xplane.proto` (field numbers as published there) so protobuf's own parser
-reads a whole trace, and the head of each stored HLO module; nothing here interprets it (that is `parse/device_planes.py`).
+reads a whole trace, and the head of each stored HLO module; nothing here interprets it (that is
+`parse/device_planes.py`).
 """
 
 from __future__ import annotations

@@ -174,7 +174,8 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         calibration_s=m.calibration_s if m else None,
         calibration_loop=m.calibration_loop if m else None,
         work=executed_work(timeline, int(len(steps)), costs, allocated or {}),
-        device=device_time(timeline, trace.steps, trace.device, trace.window_ns, rates) if trace.device is not None else None,
+        device=(device_time(timeline, trace.steps, trace.device, trace.window_ns, rates)
+                if trace.device is not None else None),
         timeline=timeline,
         op_frame=ops,
     )
