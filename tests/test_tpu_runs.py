@@ -274,7 +274,7 @@ def test_every_reading_command_takes_a_tpu_run(tmp_path, in_root, capsys):
     assert any(e.get("name") == "fusion.3" for e in events)
     page = tmp_path / "r.html"
     assert CliRunner().invoke(cli, ["report", "fixtures/tpu-v5e/decoder", "--html", str(page)]).exit_code == 0
-    assert "fusion.3" in page.read_text()
+    assert "fusion.3" in page.read_text() and "<h3>The device</h3>" in page.read_text()
     fus = CliRunner().invoke(cli, ["fusions", "fixtures/tpu-v5e/decoder", "--no-color", "--width", "200"]).output
     assert "time (measured)" in fus
     diff = json.loads(CliRunner().invoke(cli, ["hlo-diff", a, b, "--json"]).output)

@@ -22,8 +22,8 @@ import html
 import math
 
 from tpudiag.report.registry import renders
-from tpudiag.report.units import (BREAKDOWN_PARTS, clip, fmt_bytes, fmt_count, fmt_ghz, fmt_pct, fmt_runs, fmt_s, printable,
-                                  short_source)
+from tpudiag.report.units import (BREAKDOWN_PARTS, clip, device_lines, fmt_bytes, fmt_count, fmt_ghz, fmt_pct,
+                                  fmt_runs, fmt_s, printable, short_source)
 
 # One colour per breakdown part; the same hues as the terminal report.
 _PART_COLORS = {"compute": "#2e9e4f", "memory": "#e0a106", "communication": "#b0449a", "host": "#1f9bb5",
@@ -202,6 +202,9 @@ def _compile_header(report) -> list[str]:
 def _profile_breakdown(report, top_compiles: int) -> list[str]:
     bd, share = report.breakdown, report.breakdown_share
     out = ['<section id="breakdown"><h2>Where the time went</h2>']
+    if report.device is not None:  # a TPU: its own time first, per step (docs/tpu.md)
+        out.append("<h3>The device</h3>" + "".join(f"<p>{_h(line)}</p>" for line in device_lines(report.device))
+                   + "<h3>The whole trace window (host and device)</h3>")
     if share.get("idle") is None:
         return out + ['<p class="muted">The trace window is empty: nothing to break down.</p></section>']
     parts = [(label, share[label], _PART_COLORS[label], f"{label} {fmt_s(getattr(bd, key))} ({fmt_pct(share[label])})")

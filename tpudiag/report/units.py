@@ -123,7 +123,7 @@ def device_lines(device) -> list[str]:
                    f"{fmt_s(device.compute_s)}, memory {fmt_s(device.memory_s)}, communication "
                    f"{fmt_s(device.communication_s)}, host {fmt_s(device.host_s)}"
                    + (f", unknown {fmt_s(device.unknown_s)}" if device.unknown_s else "") + ".")
-    if device.unknown_s:
+    if device.unknown_s >= 0.001 * device.busy_s and device.unknown_s:  # not a few ns of copy-starts
         out.append(f"Unknown: {fmt_s(device.unknown_s)} of ops the trace records no FLOPs or bytes for (custom calls "
                    "without a cost estimate), so no bound can be measured; XProf says Unknown for them too.")
     if device.async_s:
