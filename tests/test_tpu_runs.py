@@ -279,3 +279,15 @@ def test_every_reading_command_takes_a_tpu_run(tmp_path, in_root, capsys):
     assert "time (measured)" in fus
     diff = json.loads(CliRunner().invoke(cli, ["hlo-diff", a, b, "--json"]).output)
     assert diff["schema"] == "tpudiag.hlo_diff/1" and diff["a"]["module"] == "jit_train_step"
+
+
+def test_the_trace_paths_a_report_prints_report_too(in_root, tmp_path):
+    """`RUN/trace` (the "open with xprof --logdir" path) and the xplane itself, given relative, read as the run."""
+    xplane = str(_xplane(Path("fixtures/tpu-v5e/decoder")))
+    for path in ("fixtures/tpu-v5e/decoder/trace", xplane, "./" + xplane):
+        res = CliRunner().invoke(cli, ["report", path, "--json"])
+        assert res.exit_code == 0, (path, res.output)
+        assert json.loads(res.output)["program"] == "fixtures/programs/decoder.py"
+        out = tmp_path / "t.json"
+        res = CliRunner().invoke(cli, ["export", "--perfetto", str(out), "--force", path])
+        assert res.exit_code == 0, (path, res.output)

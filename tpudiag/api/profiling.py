@@ -150,7 +150,9 @@ def analyze_run(run: Path, xplane: Path | None = None, manifest=None, compiled=N
         "report": rundir.REPORT,
         "program_log": rundir.PROGRAM_LOG,
         "trace_logdir": rundir.TRACE_DIR,
-        "xplane": str(xplanes[-1].relative_to(run)) if xplanes else None,
+        # resolved first: the run and its trace may be named one relative, one absolute (the trace
+        # path a report prints, given back as `report RUN/trace/...`)
+        "xplane": str(xplanes[-1].resolve().relative_to(run.resolve())) if xplanes else None,
         "hlo_dump": rundir.HLO_DIR,
         "ir_dump": rundir.IR_DIR,
     }
