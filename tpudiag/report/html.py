@@ -21,6 +21,7 @@ from __future__ import annotations
 import html
 import math
 
+from tpudiag.report.html_style import CSS
 from tpudiag.report.registry import renders
 from tpudiag.report.units import (BREAKDOWN_PARTS, clip, device_lines, fmt_bytes, fmt_count, fmt_ghz, fmt_pct,
                                   fmt_runs, fmt_s, printable, short_source)
@@ -47,26 +48,6 @@ _TIMELINE_LANES = 12    # lanes (trace lines) drawn; a CPU step has 2-4, a TPU s
 _ROOFLINE_LABELS = 5    # points named on the roofline: the ops with the most estimated time
 _TOP_MODULES = 3        # compile runs: modules with an op table and a fusion table (as in the terminal)
 _COMPILE_TOP_OPS = 10   # ops per module table of a compile run: `tpudiag compile --top`'s default
-
-_CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px auto; max-width: 1180px;
-       color: #1d1d1f; background: #fff; font-size: 14px; line-height: 1.4; padding: 0 16px; }
-h1 { font-size: 22px; margin: 0 0 6px; } h2 { font-size: 18px; margin: 28px 0 8px; border-bottom: 1px solid #ddd;
-       padding-bottom: 4px; } h3 { font-size: 15px; margin: 16px 0 6px; }
-code, .mono, td.num { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 13px; }
-.muted { color: #6b6b6b; } .ok { color: #1b7f3b; font-weight: 600; } .bad { color: #b3261e; font-weight: 600; }
-.meta { color: #333; margin: 2px 0; }
-ul.warn { background: #fff7e0; border: 1px solid #f0d48a; padding: 8px 8px 8px 28px; margin: 10px 0; }
-table { border-collapse: collapse; margin: 6px 0 10px; }
-th, td { padding: 3px 8px; border-bottom: 1px solid #eee; text-align: left; vertical-align: middle; }
-th { background: #f5f5f7; font-weight: 600; } td.num, th.num { text-align: right; white-space: nowrap; }
-td.name { max-width: 360px; overflow-wrap: anywhere; }
-svg { display: block; max-width: 100%; height: auto; margin: 6px 0; }
-svg text { font-family: system-ui, sans-serif; font-size: 12px; fill: #1d1d1f; }
-.legend span.item { white-space: nowrap; margin-right: 14px; }
-.legend span.sw { display: inline-block; width: 11px; height: 11px; margin: 0 5px -1px 0; border-radius: 2px; }
-.note { background: #f2f6fc; border-left: 4px solid #3b6fd6; padding: 8px 12px; margin: 8px 0; }
-"""
 
 
 def _h(x) -> str:
@@ -593,7 +574,7 @@ def render_html(result, timeline_rows: list[dict] | None = None, top_ops: int = 
                     + _timeline(result, timeline_rows) + _profile_roofline(result) + _fusions(result.fusions))
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
-           f"<title>{_h(title)}</title>", f"<style>{_CSS}</style></head><body>", '<header id="header">']
+           f"<title>{_h(title)}</title>", f"<style>{CSS}</style></head><body>", '<header id="header">']
     out += head + ["</header>"]
     out += sections + ([] if result.schema.startswith("tpudiag.distributed/") else _suggestions(result))
     out.append(f'<footer><p class="muted">{_h(result.schema)} &middot; rendered by tpudiag; the page has no script '
