@@ -66,3 +66,36 @@ def test_kernels_verify_runs_on_the_chip(tmp_path):
     doc = json.loads(proc.stdout)
     assert doc["mode"] == "chip" and doc["device"].startswith("TPU")
     assert proc.returncode == 0 and doc["ok"], [c for c in doc["cases"] if not c["ok"]]
+
+
+def _tpudiag_json(*args: str, timeout=600) -> dict:
+    import json
+
+    env = dict(os.environ)
+    env.pop("JAX_PLATFORMS", None)
+    proc = subprocess.run([sys.executable, "-m", "tpudiag", *args, "--json"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_kernels_bench_times_the_variants_on_the_chip(tmp_path):
+    """Device time per call from the trace for ours and XLA's, beside the floor."""
+    doc = _tpudiag_json("kernels", "bench", "--target", "v5e", "--no-static-profile", "--calls", "3",
+                        "--out", str(tmp_path / "b"), "rmsnorm")
+    assert doc["timing"] == "chip" and doc["device"].startswith("TPU")
+    (row,) = doc["kernels"]
+    for variant in ("kernel", "xla"):
+        t = row["chip"][variant]
+        assert t["status"] == "ok" and 0 < t["min_us"] <= t["median_us"] and t["buffers"] >= 2
+    assert row["floor_us"] > 0 and 0 < row["pct_of_floor"] and "static_over_chip" not in row
+    assert (tmp_path / "b" / "chip-traces" / "rmsnorm").is_dir()
+
+
+def test_kernels_tune_ranks_the_points_on_the_chip(tmp_path):
+    doc = _tpudiag_json("kernels", "tune", "--target", "v5e", "--no-static-profile", "--calls", "3",
+                        "--out", str(tmp_path / "t"), "rmsnorm")
+    assert doc["timing"] == "chip" and doc["device"].startswith("TPU")
+    timed = [p for p in doc["points"] if p.get("chip_min_us")]
+    assert timed and sorted(p["chip_rank"] for p in timed) == list(range(1, len(timed) + 1))
+    assert doc["chip_best"] in [p["choice"] for p in timed] and isinstance(doc["static_best_is_chip_best"], bool)

@@ -27,6 +27,8 @@ class KernelGoals:
     # bytes at HBM bandwidth or FLOPs at the bf16 peak) meets the XLA goal too: where XLA is
     # already near the floor, no kernel can be 0.7x of it.
     vs_floor: float = 1.05
+    # Timed on a chip: a kernel's fastest call takes at most floor / this (80% of its roofline floor).
+    chip_of_floor: float = 0.8
 
 
 KERNEL_GOALS = KernelGoals()

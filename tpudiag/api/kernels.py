@@ -13,6 +13,7 @@ The figures themselves are computed in analyze/compile/kernel_bench.py. The run 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -50,7 +51,11 @@ def kernel_card(name: str) -> dict:
     from tpudiag.report.kernels_render import LIST_SCHEMA
 
     (spec,) = specs_named((name,))
-    return {"schema": LIST_SCHEMA, **spec.describe()}
+    card = {"schema": LIST_SCHEMA, **spec.describe()}
+    measured = json.loads((Path(__file__).parents[1] / "kernels" / "measured_v5e.json").read_text())["kernels"]
+    if spec.name in measured:  # the on-chip figure at the bench shape (bench/chip_measured.py)
+        card["on_chip"] = measured[spec.name]
+    return card
 
 
 def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path: Path | None = None,
@@ -60,7 +65,7 @@ def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path:
     attached TPU (refused in one line without one), False runs interpret mode on the CPU, None does
     the first where a TPU is attached."""
     from tpudiag.errors import InputError
-    from tpudiag.kernels.verify import attached_tpu, verify_specs
+    from tpudiag.kernels.verify import attached_tpu, tpu_backend_error, verify_specs
 
     if junit_path is not None:
         check_output_file(junit_path)  # before the cases run, not after
@@ -70,6 +75,9 @@ def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path:
         if on_chip and chip is None:
             raise InputError("kernels verify --on-chip: no TPU is attached to this machine (jax's devices are not "
                              "TPUs; another program holding the chip shows the same)")
+        if chip is None and tpu_attached():  # the chip is there, jax cannot open it: say why, do not fall back
+            raise InputError(f"kernels verify: this machine has a TPU but jax cannot use it ({tpu_backend_error()}); "
+                             "another program may hold the chip; --interpret runs the cases on the CPU")
         on_chip = chip is not None
     result = verify_specs(specs, seed, progress, on_chip=on_chip)
     if junit_path is not None:
@@ -79,14 +87,25 @@ def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path:
     return result
 
 
+def tpu_attached() -> bool:
+    """The machine has a TPU's device files (whether or not another program holds it)."""
+    from tpudiag.capture.process import default_platforms
+
+    return default_platforms() is None
+
+
 def kernels_bench(names, target_text: str, out: Path | None = None, *, static_profile: bool = True,
                   jobs: int = 2, limits=None, fast_forward: bool = False,
-                  progress: Callable[[str], None] | None = None):
+                  progress: Callable[[str], None] | None = None, on_chip: bool | None = None, calls: int = 10):
     """Bench the named kernels (or KernelSpecs; all for none) for `target_text`; returns (the
     `KernelBench` result, the run directory). The static profile steps through every loop
     iteration unless `fast_forward` (as `kernels tune`: fast-forwarded loops inflate a gridded
-    kernel's cycles)."""
+    kernel's cycles). `on_chip` (None: where a TPU is attached) also times every variant on the
+    attached TPU, `calls` calls each (api/kernels_chip.py), before the static compile."""
     import dataclasses
+
+    from tpudiag.analyze.compile.kernel_bench import chip_time, with_chip
+    from tpudiag.errors import InputError
 
     from tpudiag.capture.tpu_compile import Limits
     from tpudiag.api.pipeline import compile_inputs
@@ -96,10 +115,22 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
 
     specs = specs_named(names)  # an unknown name fails before any work
     target = resolve_target(target_text)
+    if on_chip is None:
+        on_chip = tpu_attached()
+    elif on_chip and not tpu_attached():
+        raise InputError("kernels bench --on-chip: no TPU is attached to this machine (no /dev/accel* or /dev/vfio "
+                         "device files)")
     require_libtpu()
     run = check_run_dir(Path(out) if out else rundir.default_run_dir(Path("kernels-bench")))
     with RunDir(run, MANIFEST_KIND, rundir.COMPILE_SUBDIRS + (rundir.LOWERED_DIR,), program="tpudiag kernels bench",
-                kernels=[s.name for s in specs], target=target.to_dict(), static_profile=static_profile) as rd:
+                kernels=[s.name for s in specs], target=target.to_dict(), static_profile=static_profile,
+                timing="chip" if on_chip else "static") as rd:
+        device, chip_rows = None, {}
+        if on_chip:  # first: the worker must hold the chip alone
+            from tpudiag.api.kernels_chip import chip_times
+
+            device, chip_rows = chip_times([s.name for s in specs], target_text, calls,
+                                           2 * target.chip.vmem_bytes, run, progress)
         inputs, setups, errors = [], {}, {}  # errors: (kernel, variant) -> why it has no module
         for spec in specs:
             try:
@@ -143,9 +174,13 @@ def kernels_bench(names, target_text: str, out: Path | None = None, *, static_pr
             wanted = ["kernel"] if setup is None else [v for v, _ in _variants(setup)]  # no setup: one failed row
             figures = {v: variant_figures(v, modules.get(f"{spec.name}.{v}"), compiled.target,
                                           errors.get((spec.name, v))) for v in wanted}
-            rows.append(kernel_row(spec.name, setup.shape if setup else "", setup.blocks if setup else None,
-                                   setup.jax_name if setup else None, figures))
-        result = bench_document(report["target"], rows, static_profile).with_artifacts(
+            row = kernel_row(spec.name, setup.shape if setup else "", setup.blocks if setup else None,
+                             setup.jax_name if setup else None, figures)
+            if on_chip:
+                row = with_chip(row, {v: chip_time(r) for v, r in chip_rows.get(spec.name, {}).items()},
+                                target.chip.clock_hz, static_profile)
+            rows.append(row)
+        result = bench_document(report["target"], rows, static_profile, device).with_artifacts(
             {"run_dir": str(run), "report": rundir.REPORT, "compile_report": rundir.KERNELS_COMPILE_REPORT})
         rd.write_json(rundir.REPORT, result.to_dict())
         rd.finish(result.status == "ok", reason=f"{len(result.failed)} kernel(s) failed: {', '.join(result.failed)}")

@@ -139,7 +139,7 @@ def kernels_tune(entry: str, target_text: str, space_text: str | None, inputs_te
                  out: Path | None = None, *, jobs: int | None = None, ray_address: str | None = None,
                  static_profile: bool = True, limits=None, fast_forward: bool = False,
                  reference: str | None = None, seed: int | None = None,
-                 progress: Callable[[str], None] | None = None):
+                 progress: Callable[[str], None] | None = None, on_chip: bool | None = None, calls: int = 10):
     """Search `space_text` for `entry` at `inputs_text` on `target_text`; returns (the `KernelTune`
     result, the run directory). `entry` is FILE.py:FUNC (FUNC(**choice) returns the function to
     compile; --space and --inputs required) or a bundled kernel's name (its block candidates, or
@@ -155,7 +155,11 @@ def kernels_tune(entry: str, target_text: str, space_text: str | None, inputs_te
     `reference` (FILE.py:FUNC, as `validate` takes it): every point that compiled is then run on
     this CPU (Pallas interpret mode, when the built function takes `interpret`) at fresh inputs of
     --inputs' shapes, one seed for all, against the reference by validate's rule; a point that does
-    not match is a row ("mismatch") and is never ranked."""
+    not match is a row ("mismatch") and is never ranked.
+
+    `on_chip` (None: where a TPU is attached, for a bundled kernel): every point is also timed on
+    the attached TPU first (api/kernels_chip.py, `calls` calls each), and ranked by its fastest
+    call beside the static rank. FILE.py:FUNC has no rules for its inputs' values: static only."""
     from tpudiag.analyze.compile.tune import choice_text, tune_document, tune_point
     from tpudiag.capture.sweep import compile_modules, runner_for
     from tpudiag.capture.tpu_compile import Limits, ModuleCompile, ModuleInput
@@ -177,14 +181,30 @@ def kernels_tune(entry: str, target_text: str, space_text: str | None, inputs_te
         load_function(reference, "reference")  # a missing file or function: refused before the run
         seed = secrets.randbelow(2**31) if seed is None else seed
     target = resolve_target(target_text)
+    from tpudiag.api.kernels import tpu_attached
+
+    if on_chip and not _is_bundled(entry):
+        raise InputError(f"kernels tune --on-chip: {entry} is FILE.py:FUNC; only a bundled kernel is timed on the chip "
+                         "(its inputs' values follow the kernel's rules)")
+    if on_chip and not tpu_attached():
+        raise InputError("kernels tune --on-chip: no TPU is attached to this machine (no /dev/accel* or /dev/vfio "
+                         "device files)")
+    on_chip = _is_bundled(entry) and (tpu_attached() if on_chip is None else on_chip)
     require_libtpu()
     runner = runner_for(ray_address, jobs)
     run = check_run_dir(Path(out) if out else rundir.default_run_dir(Path("kernels-tune")))
     argv = [entry] + (["--space", space_text] if space_text is not None else []) + \
         (["--inputs", inputs_shown] if inputs_text is not None else [])
     with RunDir(run, MANIFEST_KIND, rundir.COMPILE_SUBDIRS + (rundir.LOWERED_DIR,), program=entry,
-                argv=argv, target=target.to_dict(), static_profile=static_profile) as rd:
+                argv=argv, target=target.to_dict(), static_profile=static_profile,
+                timing="chip" if on_chip else "static") as rd:
         from tpudiag.capture.lower import lower_for_tpu
+
+        if on_chip:  # first: the chip worker must hold the chip alone
+            from tpudiag.api.kernels_chip import chip_tune_times
+
+            device, chip_rows = chip_tune_times(entry, points, space_text is None, target_text, calls,
+                                        2 * target.chip.vmem_bytes, run, progress)
 
         inputs, index, errors = [], {}, {}
         for i, choice in enumerate(points):
@@ -229,6 +249,10 @@ def kernels_tune(entry: str, target_text: str, space_text: str | None, inputs_te
                                static_profile, own, f"{reference} (seed {seed})" if reference else None
                                ).with_artifacts(
             {"run_dir": str(run), "report": rundir.REPORT, "compile_report": rundir.KERNELS_COMPILE_REPORT})
+        if on_chip:
+            from tpudiag.analyze.compile.tune import with_chip_times
+
+            result = with_chip_times(result, device, chip_rows)
         rd.write_json(rundir.REPORT, result.to_dict())
         rd.finish(result.status == "ok", reason="no point compiled" if result.status != "ok" else None)
     return result, run

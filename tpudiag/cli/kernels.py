@@ -110,6 +110,11 @@ def kernels_verify(seed, junit_path, force, on_chip, as_json, no_color, width, n
               help="Run directory (default: tpudiag-runs/<timestamp>-kernels-bench).")
 @click.option("--no-static-profile", is_flag=True, help="Skip the static cycle profile (roofline floors only).")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Compiles at once.")
+@click.option("--on-chip/--static", "on_chip", default=None,
+              help="Also time every variant on the attached TPU by device time (default where a TPU is attached), "
+                   "or give the TPU compiler's static figures only.")
+@click.option("--calls", type=click.IntRange(3, 1000), default=10, show_default=True,
+              help="On the chip: timed calls per variant (min and median reported).")
 @_fast_forward_option
 @static_profile_options(120)
 @compile_timeout_option
@@ -118,11 +123,15 @@ def kernels_verify(seed, junit_path, force, on_chip, as_json, no_color, width, n
 @_text_options
 @cache_options
 @click.argument("names", nargs=-1)
-def kernels_bench(target_text, out, no_static_profile, jobs, fast_forward_loops, timeout_s, static_memory_gib,
-                  compile_timeout_s, as_json, as_md, no_color, width, names, cache_dir, no_cache):
+def kernels_bench(target_text, out, no_static_profile, jobs, on_chip, calls, fast_forward_loops, timeout_s,
+                  static_memory_gib, compile_timeout_s, as_json, as_md, no_color, width, names, cache_dir, no_cache):
     """Compile kernels, their plain-JAX versions and JAX's own kernels for TPU; compare estimated cycles.
 
-    Exit 1 if a variant failed to lower or compile (the others are still reported)."""
+    On a machine with a TPU, also time each variant on the chip: device time per call from the
+    trace, argument buffers rotated beyond VMEM, min and median of --calls; beside each the static
+    estimate, the roofline floor and "% of floor".
+
+    Exit 1 if a variant failed to lower, compile or run (the others are still reported)."""
     from rich.console import Console
 
     from tpudiag import api
@@ -135,11 +144,12 @@ def kernels_bench(target_text, out, no_static_profile, jobs, fast_forward_loops,
     err = Console(stderr=True, highlight=False, markup=False, emoji=False)
     result, run = api.kernels_bench(names, target_text, out, static_profile=not no_static_profile, jobs=jobs,
                                     limits=static_limits(timeout_s, static_memory_gib, compile_timeout_s),
-                                    fast_forward=fast_forward_loops,
+                                    fast_forward=fast_forward_loops, on_chip=on_chip, calls=calls,
                                     progress=(lambda line: err.print(line)) if err.is_terminal else None)
     emit(result, fmt, no_color=no_color, width=width)
     if result.failed:
-        raise GateFailed(f"kernels bench: {', '.join(result.failed)} failed to lower or compile (run directory {run})")
+        raise GateFailed(f"kernels bench: {', '.join(result.failed)} failed to lower, compile or run "
+                         f"(run directory {run})")
 
 
 @kernels.command(name="tune")
@@ -167,6 +177,11 @@ def kernels_bench(target_text, out, no_static_profile, jobs, fast_forward_loops,
                    "mode where the built function takes interpret=), at fresh inputs of --inputs' shapes, by "
                    "validate's rule; a point that does not match is never ranked.")
 @click.option("--seed", type=int, default=None, help="--reference: the inputs' seed (default: a fresh one, shown).")
+@click.option("--on-chip/--static", "on_chip", default=None,
+              help="A bundled kernel: also time every point on the attached TPU and rank them by device time (default "
+                   "where a TPU is attached), or rank by the static figures only.")
+@click.option("--calls", type=click.IntRange(3, 1000), default=10, show_default=True,
+              help="On the chip: timed calls per point.")
 @static_profile_options(120)
 @compile_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON (schema tpudiag.kernels-tune/1).")
@@ -175,9 +190,9 @@ def kernels_bench(target_text, out, no_static_profile, jobs, fast_forward_loops,
 @cache_options
 @click.argument("entry", metavar="FILE.py:FUNC|KERNEL")
 def kernels_tune(target_text, space_text, inputs_text, out, jobs, ray_address, no_static_profile, fast_forward_loops,
-                 reference, seed, timeout_s,
+                 reference, seed, on_chip, calls, timeout_s,
                  static_memory_gib, compile_timeout_s, as_json, as_md, no_color, width, cache_dir, no_cache, entry):
-    """Search a Pallas kernel's block sizes on the TPU compiler, without a TPU.
+    """Search a Pallas kernel's block sizes on the TPU compiler, and on the chip where a TPU is attached.
 
     FUNC(**choice) builds the kernel for one point of --space and returns the function to compile
     at --inputs; a bundled kernel's name (tpudiag kernels list) searches its block candidates, or
@@ -197,7 +212,7 @@ def kernels_tune(target_text, space_text, inputs_text, out, jobs, ray_address, n
                                    ray_address=ray_address, static_profile=not no_static_profile,
                                    limits=static_limits(timeout_s, static_memory_gib, compile_timeout_s),
                                    fast_forward=fast_forward_loops, reference=reference, seed=seed,
-                                   progress=(lambda line: err.print(line)) if err.is_terminal else None)
+                                   on_chip=on_chip, calls=calls, progress=(lambda line: err.print(line)) if err.is_terminal else None)
     emit(result, fmt, no_color=no_color, width=width)
     if result.status != "ok":
         raise GateFailed(f"kernels tune: no point of the space compiled{' and matched the reference' if reference else ''}"

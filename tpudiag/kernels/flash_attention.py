@@ -28,7 +28,7 @@ from tpudiag.kernels.flash_attention_bwd import (
     LANES, MASK_VALUE, NN, NT, compiler_params, dispatch_tile, flash_attention_bwd, last_kv_block, lanes,
     pair_count, visible)
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import block_bytes, mxu_precision, round_up
+from tpudiag.kernels.tiling import block_bytes, mxu_precision, precise_log, round_up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +179,7 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
             return
         # +inf log-sum-exp on empty rows: the backward's exp(s - lse) is then exactly 0 there. One
         # XLU transpose per query block stores it lane-dense [1, bq] for the backward.
-        lse = jnp.where(l == 0.0, jnp.inf, m_ref[...] + jnp.log(l_safe))
+        lse = jnp.where(l == 0.0, jnp.inf, m_ref[...] + precise_log(l_safe))
         lse_ref[...] = lse.T[:1, :]
 
 

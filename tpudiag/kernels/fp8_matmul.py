@@ -183,22 +183,29 @@ def cases() -> list[Case]:
             Case(f"{mode}: ragged M N bf16", _make(50, 256, 300, jnp.bfloat16), p, "bfloat16"),
             Case(f"{mode}: decode M=8, a zero row, bf16", _make(8, 512, 384, jnp.bfloat16, zero_row=True), p,
                  "bfloat16"),
-            Case(f"{mode}: outlier channels bf16", _make(64, 512, 256, jnp.bfloat16, outlier=True), p, "bfloat16"),
+            Case(f"{mode}: outlier channels bf16", _make(64, 512, 256, jnp.bfloat16, outlier=True), p, "bfloat16",
+                 tolerance=_OUTLIER_TIES if mode == "fp8" else None),
         ]
     # one M block, its x quantized once per chain of N blocks (two chains of two)
     chained = dict(block_sizes=BlockSizes(block_m=64, block_n=128, x_chains=2), activations="fp8")
     out.append(Case("fp8: one M block, x quantized once a chain, bf16", _make(40, 256, 512, jnp.bfloat16), chained,
                     "bfloat16"))
     out.append(Case("fp8: one M block, x quantized in chunks of K, outlier channels bf16",
-                    _make(40, 2048, 512, jnp.bfloat16, outlier=True), chained, "bfloat16"))
+                    _make(40, 2048, 512, jnp.bfloat16, outlier=True), chained, "bfloat16", tolerance=_OUTLIER_TIES))
     # two M blocks, each a chain whose kernel copies x and the weight tiles itself (v5e's blocks' path)
     streamed = dict(block_sizes=BlockSizes(block_m=64, block_n=128, stream_chunks=4), activations="fp8")
     out.append(Case("fp8: x and the weight tiles copied by the kernel in chunks, outlier channels bf16",
-                    _make(128, 2048, 512, jnp.bfloat16, outlier=True), streamed, "bfloat16"))
+                    _make(128, 2048, 512, jnp.bfloat16, outlier=True), streamed, "bfloat16", tolerance=_OUTLIER_TIES))
     return out
 
 
+_OUTLIER_TIES = "bfloat16.fp8-outliers"
 TOLERANCES = {
+    _OUTLIER_TIES: Tolerance(atol=0.1, rtol=2e-2, reason=(
+        "as bfloat16, plus rounding ties of the quantizer: x is quantized to e4m3 (1/16 relative steps) with a "
+        "per-token scale amax/448, and an f32 scale one ulp away from float64's (the chip's f32 division) "
+        "rounds an outlier (|x| ~ 100) the other way: an output moves by one step of that x times its weight. "
+        "Measured on a v5e: 0.062 at K=2048, the reference on the chip the same")),
     "float32": Tolerance(atol=1e-3, rtol=1e-3, reason=(
         "both sides quantize (fp8 mode) the same values the same way in f32, and the e4m3 weights are "
         "exact in any float type; what differs is the f32 accumulation and scaling against float64")),

@@ -47,7 +47,7 @@ class BlockSizes:
     lanes in a sequence's last, partly filled block.
     """
 
-    pages_per_block: int = 16
+    pages_per_block: int = 32
 
     def __post_init__(self):
         if not isinstance(self.pages_per_block, int) or self.pages_per_block < 1:
@@ -57,14 +57,12 @@ class BlockSizes:
         return f"pages_per_block={self.pages_per_block}"
 
 
-# bench/sweep_paged_attention.py: at the production shape every candidate (4-32 pages) sits at the
-# HBM floor on v5e and v6e (static estimates 24k-28k cycles against a 493k-cycle floor on v5e: the
-# static model does not charge the kernel's own DMAs), so the estimates cannot choose. 16 pages =
-# 256 tokens per block is the hardware choice: each block keeps 2 x 16 DMAs = 1 MiB of K+V in
-# flight, about HBM bandwidth x latency (0.82 TB/s x ~1 us), where 8 pages (512 KiB) may leave
-# the DMA engines idle between blocks; 2 MiB of VMEM for the two slots; a score tile of
-# [KVH, G, 256] is two full 128-lane vregs per row.
-DEFAULT_BLOCKS = BlockSizes(pages_per_block=16)
+# The static model cannot choose here: every candidate (4-32 pages) sits at the HBM floor in its
+# estimates (it does not charge the kernel's own DMAs). Timed on a v5e at the production shape
+# (`tpudiag kernels tune --target v5e paged_attention`, device time per call): 4 pages 747 us,
+# 8 pages 605, 16 pages 545, 32 pages 514. Each page is a 4 KiB DMA per head; more pages a block
+# keep more of them in flight. 32 pages: 2 slots x K and V x 8 KV heads x 512 tokens = 4 MiB of VMEM.
+DEFAULT_BLOCKS = BlockSizes(pages_per_block=32)
 
 
 def _check_shapes(q, k_pages, v_pages, lengths, page_table):
@@ -360,7 +358,7 @@ SPEC = KernelSpec(
     signature=("paged_attention(q, k_pages, v_pages, lengths, page_table, *, sm_scale=None, "
                "block_sizes=None, interpret=False)"),
     tuned_for=("B32 H32 KVH8 D128 page_size 16, context 2048 (128 pages per sequence), bf16; "
-               "pages_per_block=16"),
+               "pages_per_block=32 (timed on a v5e: kernels tune)"),
     usage=("from tpudiag.kernels.paged_attention import paged_attention\n"
            "out = paged_attention(q, k_pages, v_pages, lengths, page_table)  # q [B,H,D] -> [B,H,D]"),
     kernel=paged_attention,

@@ -140,6 +140,17 @@ def check_matmul_operands(x, w, w_dtype) -> None:
         raise ValueError(f"x must be floating point, got {x.dtype}")
 
 
+def precise_log(x):
+    """log(x) in f32 to about exp's accuracy: one Newton step, y + x * exp(-y) - 1, on the chip's log.
+    On a v5e (Mosaic and XLA alike) f32 log is up to 1e-4 off for x in [1, 300] and exp 5e-6
+    relative (measured against float64); a log-sum-exp saved for a backward pass carries the log's
+    error into every probability of its row."""
+    import jax.numpy as jnp
+
+    y = jnp.log(x)
+    return y + (x * jnp.exp(-y) - 1.0)
+
+
 def mxu_precision(*operands):
     """The dot precision for a kernel's MXU operands: HIGHEST where one is float32, else the default.
     The MXU multiplies bf16: a float32 dot at the default precision rounds both operands to bf16 (a

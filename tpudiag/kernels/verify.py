@@ -89,7 +89,7 @@ def run_case(spec: KernelSpec, case: Case, key, on_chip: bool = False) -> CaseRe
     args, checks = (), []
     try:
         args = tuple(case.make_args(key))
-        tol = tolerance_for(spec, case.dtype)
+        tol = tolerance_for(spec, case.tolerance_key)
         kp, rp = case.all_kernel_params(), case.reference_params()
         out = spec.kernel(*args, interpret=interpret, **kp)
         with precise:
@@ -99,7 +99,7 @@ def run_case(spec: KernelSpec, case: Case, key, on_chip: bool = False) -> CaseRe
             ref64 = spec.reference(*args64, **rp)
             checks += _checks("", out, ref, ref64, tol, case.exact)
         if case.grad:
-            gtol = tolerance_for(spec, case.dtype, grad=True)
+            gtol = tolerance_for(spec, case.tolerance_key, grad=True)
             ckey = jax.random.fold_in(key, 7919)
             cts = [jax.random.normal(jax.random.fold_in(ckey, n), o.shape, jnp.float32)
                    if jnp.issubdtype(o.dtype, jnp.floating) else None
@@ -132,6 +132,18 @@ def attached_tpu() -> str | None:
     except RuntimeError:
         return None
     return devices[0].device_kind if devices and devices[0].platform == "tpu" else None
+
+
+def tpu_backend_error() -> str:
+    """Why jax has no TPU backend on a machine that has a TPU's device files: jax's own words (another
+    program holding the chip says so there), one line."""
+    import jax
+
+    try:
+        jax.devices("tpu")
+    except RuntimeError as e:
+        return one_line(e, 300)
+    return "jax's default backend is not the TPU"
 
 
 def verify_specs(specs: list[KernelSpec], seed: int | None = None,

@@ -62,6 +62,15 @@ def render_show(k: dict, console: Console) -> None:
         console.print(Text(f"{label}: ", style="bold") + plain(k[key]))
     console.print(Text("backward: ", style="bold") + Text("custom_vjp with Pallas kernels" if k["differentiable"]
                                                           else "forward only"))
+    if chip := k.get("on_chip"):
+        m, ours = chip["measured"], chip["kernel"]
+        peers = ", ".join(f"{who} {chip[v]['min_us']:,.1f}" for v, who in (("xla", "XLA"), ("jax", "JAX's kernel"))
+                          if v in chip)
+        floor = (f", {100 * chip['floor_us'] / ours['min_us']:.0f}% of its {chip['floor_us']:,.1f} µs roofline floor"
+                 if chip.get("floor_us") else "")
+        console.print(Text("on the chip: ", style="bold") + plain(
+            f"{ours['min_us']:,.1f} µs a call at the bench shape{floor} (device time, fastest of {ours['calls']}; "
+            f"{peers}) on a {m['device']}, jax {m['jax']}, {m['date']}: `{m['command']}`"))
     console.print(Text("tolerances:", style="bold"))
     for dtype, t in k["tolerances"].items():
         console.print(plain(f"  {dtype}: atol {t['atol']:g}, rtol {t['rtol']:g} ({t['reason']})"))
@@ -135,6 +144,50 @@ def _bench_rows(bench):
         yield r, floors, bytes_only, errors
 
 
+def _us(t) -> str:
+    return "-" if t is None or t.min_us is None else f"{t.min_us:,.1f}"
+
+
+def _chip_cells(r) -> list[str]:
+    """ours (min / median), XLA, JAX's, vs XLA, vs JAX's, floor, % of floor, static / chip."""
+    c = r.chip or {}
+    ours = c.get("kernel")
+    mine = "-" if ours is None or ours.min_us is None else f"{ours.min_us:,.1f} / {ours.median_us:,.1f}"
+    pct = "-" if r.pct_of_floor is None else f"{r.pct_of_floor:.0f}%{'' if r.meets_floor_goal else ' MISS'}"
+    vs_jax = "-" if r.chip_ratio_vs_jax is None else (
+        f"{r.chip_ratio_vs_jax:.2f}x{' ok' if r.meets_jax_goal_on_chip else ' MISS'}")
+    return [mine, _us(c.get("xla")), _us(c.get("jax")), _ratio(r.chip_ratio_vs_xla), vs_jax, "-" if r.floor_us is None else f"{r.floor_us:,.1f}", pct,
+            "-" if r.static_over_chip is None else f"{r.static_over_chip:.2f}"]
+
+
+_CHIP_COLS = ("kernel", "ours µs min / median", "XLA µs", "JAX's µs", "vs XLA", "vs JAX's", "floor µs", "% of floor",
+              "static ÷ chip")
+
+
+def _chip_errors(r) -> str:
+    return "; ".join(f"{v}: {t.error}" for v, t in (r.chip or {}).items() if t.status != "ok")
+
+
+def _chip_intro(bench) -> str:
+    calls = next((t.calls for r in bench.kernels for t in (r.chip or {}).values()), 0)
+    return (f"on the chip ({bench.device}): device time per call from the trace, {calls} calls per variant with "
+            "argument buffers rotated beyond VMEM; the floor is the least roofline time (HBM bytes at HBM bandwidth "
+            "or FLOPs at the bf16 peak); % of floor = floor / our fastest call")
+
+
+def render_chip(bench, console: Console) -> None:
+    console.print(plain(_chip_intro(bench)))
+    table = Table(show_edge=False)
+    for col in _CHIP_COLS:
+        table.add_column(col, overflow="fold", justify="left" if col == "kernel" else "right")
+    for r in bench.kernels:
+        table.add_row(plain(r.name), *_chip_cells(r))
+    console.print(table)
+    for r in bench.kernels:
+        if errors := _chip_errors(r):
+            console.print(plain(f"{r.name} on the chip: {errors}", style="red", newlines=True))
+
+
 def _goal_floor(bench) -> str:
     g = next((r.goal_vs_floor for r in bench.kernels if r.goal_vs_floor), None)
     return "-" if g is None else f"{g:.2f}x"
@@ -144,6 +197,8 @@ def _goal_floor(bench) -> str:
 def render_bench(bench, console: Console) -> None:
     """A `KernelBench` (tpudiag.kernels-bench/1)."""
     t = bench.target
+    if bench.timing == "chip":
+        render_chip(bench, console)
     console.print(plain(f"kernels bench on {t['chip']} ({t['topology']}): corrected estimated cycles per call "
                        f"(largest of static estimate, HBM floor, compute floor; clock {fmt_ghz(t['clock_hz'])})"))
     table = Table(show_edge=False)
@@ -163,6 +218,8 @@ def render_bench(bench, console: Console) -> None:
             console.print(plain(f"{r.name}: {errors}", style="red", newlines=True))
     goals = (f"goals: <= {bench.kernels[0].goal_vs_xla:.2f}x XLA (or within {_goal_floor(bench)} of the floor), "
              "<= 1.00x JAX's kernel") if bench.kernels else ""
+    if bench.timing == "chip":
+        goals = "goals on the chip: at least 80% of the floor, no slower than JAX's kernel"
     missed = f"; missed by {', '.join(bench.goals_missed)}" if bench.goals_missed else ""
     console.print(plain(goals + missed))
     console.print(plain(f"run directory: {(bench.artifacts or {}).get('run_dir', '')}"))
@@ -179,6 +236,12 @@ def render_bench_markdown(bench) -> str:
              f"summed); a kernel within {_goal_floor(bench)} of it meets the XLA goal.", "",
              "| kernel | shape | blocks | ours | XLA | vs XLA | JAX kernel | vs JAX | floor |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    if bench.timing == "chip":
+        chip = [f"### On the chip: {_esc(bench.device or '')}", "", _esc(_chip_intro(bench)) + ".", "",
+                "| " + " | ".join(_CHIP_COLS) + " |", "|---|" + "---:|" * (len(_CHIP_COLS) - 1)]
+        chip += [f"| {_esc(r.name)} | " + " | ".join(_chip_cells(r)) + " |" for r in bench.kernels]
+        chip += [f"- {_esc(r.name)} on the chip: {_esc(e)}" for r in bench.kernels if (e := _chip_errors(r))]
+        lines = chip + [""] + lines
     for r, *_ in _bench_rows(bench):
         lines.append(f"| {_esc(r.name)} | {_esc(r.shape)} | {_esc(r.blocks or '-')} | "
                      f"{fmt_cycles(r.kernel_cycles)} | {fmt_cycles(r.xla_cycles)} | "

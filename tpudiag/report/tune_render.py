@@ -63,6 +63,30 @@ def _own(tune) -> str | None:
     return f"the kernel's own blocks ({text}): rank {p.rank}, {_behind(p, best)} the best"
 
 
+def _chip_cols(tune) -> tuple[str, ...]:
+    return ("chip rank", "chip µs min / median") if tune.timing == "chip" else ()
+
+
+def _chip_cells(tune, p) -> list[str]:
+    if tune.timing != "chip":
+        return []
+    if p.chip_min_us is None:
+        return ["-", "failed" if p.chip_error else "-"]
+    return [str(p.chip_rank), f"{p.chip_min_us:,.1f} / {p.chip_median_us:,.1f}"]
+
+
+def _chip_verdict(tune) -> str | None:
+    """On the chip: its winner, and whether the static winner is the same point."""
+    if tune.timing != "chip":
+        return None
+    if tune.chip_best is None:
+        return f"on the chip ({tune.device}): no point ran"
+    won = ", ".join(f"{k}={v}" for k, v in tune.chip_best.items())
+    agree = ("the static winner is the chip's winner" if tune.static_best_is_chip_best
+             else "the static winner is not the chip's winner" if tune.static_best_is_chip_best is False else "")
+    return f"on the chip ({tune.device}, device time per call): best {won}" + (f"; {agree}" if agree else "")
+
+
 @renders("tpudiag.kernels-tune", "terminal")
 def render_tune(tune, console: Console) -> None:
     t = tune.target
@@ -76,13 +100,15 @@ def render_tune(tune, console: Console) -> None:
     best = _best_cycles(tune)
     table = Table(show_edge=False)
     names = list(tune.space)
-    for col in ("rank", *names, "cycles", "vs best", "note"):
+    for col in ("rank", *names, "cycles", "vs best", *_chip_cols(tune), "note"):
         table.add_column(col, overflow="fold", justify="left" if col == "note" else "right")
     for p in tune.ranked:
         table.add_row(str(p.rank) if p.rank else "-", *(plain(str(p.choice.get(n))) for n in names),
-                      fmt_cycles(p.corrected_cycles), _behind(p, best), plain(_note(p)))
+                      fmt_cycles(p.corrected_cycles), _behind(p, best), *_chip_cells(tune, p), plain(_note(p)))
     console.print(table)
     console.print(plain(_winner(tune)))
+    if verdict := _chip_verdict(tune):
+        console.print(plain(verdict))
     if _own(tune):
         console.print(plain(_own(tune)))
     console.print(plain(f"run directory: {(tune.artifacts or {}).get('run_dir', '')}"))
@@ -98,12 +124,15 @@ def render_tune_markdown(tune) -> str:
              + (f", each checked against `{_esc(tune.reference)}`" if tune.reference else "") + ". Corrected estimated "
              "cycles per call: per op, the largest of the TPU compiler's static estimate, the HBM floor and the "
              "compute floor, summed. Estimates, not TPU measurements.", "",
-             "| rank | " + " | ".join(_esc(n) for n in names) + " | cycles | vs best | note |",
-             "|---:|" + "---:|" * len(names) + "---:|---:|---|"]
+             "| rank | " + " | ".join(_esc(n) for n in (*names, "cycles", "vs best", *_chip_cols(tune), "note")) + " |",
+             "|---:|" + "---:|" * (len(names) + 2 + len(_chip_cols(tune))) + "---|"]
     for p in tune.ranked:
         lines.append(f"| {p.rank or '-'} | " + " | ".join(_esc(str(p.choice.get(n))) for n in names)
-                     + f" | {fmt_cycles(p.corrected_cycles)} | {_behind(p, best)} | {_esc(_note(p))} |")
+                     + f" | {fmt_cycles(p.corrected_cycles)} | {_behind(p, best)} | "
+                     + "".join(f"{c} | " for c in _chip_cells(tune, p)) + f"{_esc(_note(p))} |")
     lines += ["", f"**{_esc(_winner(tune))}**"]
+    if verdict := _chip_verdict(tune):
+        lines += ["", f"**{_esc(verdict)}**"]
     if _own(tune):
         lines += ["", _esc(_own(tune))]
     return printable("\n".join(lines) + "\n", newlines=True)

@@ -48,7 +48,23 @@ def uncounted_variants(figures: dict[str, VariantFigures]) -> tuple[str, ...]:
     return tuple(name for name, f in ok.items() if not f.flops)
 
 
-_WITH_JAX = {"present_if": "jax_name"}  # keys a row has only where JAX has its own kernel
+@dataclass(frozen=True)
+class ChipTime(Model):
+    """One variant timed on the chip (kernels/chip_bench.py): device time per call, from the trace."""
+
+    variant: str
+    status: str  # "ok" | "failed"
+    error: str | None
+    calls: int
+    buffers: int | None  # argument sets rotated across the calls
+    min_us: float | None
+    median_us: float | None
+    wall_us: float | None  # wall clock per call with the calls queued: dispatch included
+    first_call_s: float | None  # the first call: compile and load
+
+
+_WITH_JAX = {"present_if": "jax_name"}
+_CHIP = {"omit_none": True}  # keys a row has only where JAX has its own kernel
 
 
 @dataclass(frozen=True)
@@ -73,9 +89,22 @@ class KernelRow(Model):
     kernel_vs_floor: float | None = field(default=None, metadata={"omit_none": True})
     xla_vs_floor: float | None = field(default=None, metadata={"omit_none": True})
     goal_vs_floor: float | None = field(default=None, metadata={"omit_none": True})
+    # Timed on the chip (kernels bench on a TPU): each variant's device time, and the verdicts from it.
+    chip: dict[str, ChipTime] | None = field(default=None, metadata=_CHIP)
+    chip_ratio_vs_xla: float | None = field(default=None, metadata=_CHIP)  # min over min
+    chip_ratio_vs_jax: float | None = field(default=None, metadata=_CHIP)
+    floor_us: float | None = field(default=None, metadata=_CHIP)  # floor_cycles at the chip's clock
+    pct_of_floor: float | None = field(default=None, metadata=_CHIP)  # 100 * floor / our fastest call
+    goal_pct_of_floor: float | None = field(default=None, metadata=_CHIP)
+    static_over_chip: float | None = field(default=None, metadata=_CHIP)  # our static time / our median call
+    meets_floor_goal: bool | None = field(default=None, metadata=_CHIP)
+    meets_jax_goal_on_chip: bool | None = field(default=None, metadata=_CHIP)
 
     @property
     def missed_goal(self) -> bool:
+        """On a chip, the chip's verdicts (80% of the floor, no slower than JAX's); else the static ones."""
+        if self.chip is not None:
+            return self.meets_floor_goal is False or self.meets_jax_goal_on_chip is False
         return self.meets_xla_goal is False or self.meets_jax_goal is False
 
 
@@ -92,6 +121,9 @@ class KernelBench(Model):
     goals_missed: tuple[str, ...]
     kernels: tuple[KernelRow, ...]
     artifacts: dict[str, str] | None = field(default=None, metadata={"omit_none": True})
+    # "static" (the TPU compiler's figures only) or "chip" (also timed on the attached TPU, `device`)
+    timing: str = "static"
+    device: str | None = field(default=None, metadata={"omit_none": True})
 
     def with_artifacts(self, artifacts: dict[str, str]) -> KernelBench:
         return replace(self, artifacts=artifacts)

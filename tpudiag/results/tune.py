@@ -36,6 +36,12 @@ class TunePoint(Model):
     # --reference: "pass" (validate's rule, interpret mode on this CPU), "fail" (status "mismatch",
     # `error` says which output), None when not checked
     verified: str | None = field(default=None, metadata={"omit_none": True})
+    # On the chip (a bundled kernel tuned where a TPU is attached): device time per call, min and
+    # median of the calls, and the point's rank by its fastest call; chip_error where it failed there.
+    chip_min_us: float | None = field(default=None, metadata={"omit_none": True})
+    chip_median_us: float | None = field(default=None, metadata={"omit_none": True})
+    chip_rank: int | None = field(default=None, metadata={"omit_none": True})
+    chip_error: str | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,12 @@ class KernelTune(Model):
     # a bundled kernel's own blocks, as a choice over the space's names (None for FILE.py:FUNC)
     default: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})
     artifacts: dict[str, str] | None = field(default=None, metadata={"omit_none": True})
+    # "static", or "chip": every point also timed on the attached TPU (`device`); then `chip_best` is
+    # the chip's winner and `static_best_is_chip_best` says whether the static ranking agreed.
+    timing: str = "static"
+    device: str | None = field(default=None, metadata={"omit_none": True})
+    chip_best: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})
+    static_best_is_chip_best: bool | None = field(default=None, metadata={"omit_none": True})
 
     def with_artifacts(self, artifacts: dict[str, str]) -> KernelTune:
         return replace(self, artifacts=artifacts)

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 from tpudiag.config import KERNEL_GOALS, KernelGoals
 from tpudiag.results.compile import CompileTarget, ModuleReport, OpEstimate
-from tpudiag.results.kernels import BENCH_SCHEMA, VARIANTS, KernelBench, KernelRow, VariantFigures, uncounted_variants
+from dataclasses import replace
+
+from tpudiag.results.kernels import (BENCH_SCHEMA, VARIANTS, ChipTime, KernelBench, KernelRow, VariantFigures,
+                                     uncounted_variants)
 
 # `OpEstimate.bound_by` -> what the bench calls the figure that set an op's time.
 _HOW = {"static_cycles": "static", "hbm": "hbm_floor", "compute": "compute_floor", "ici": "ici"}
@@ -96,9 +99,45 @@ def kernel_row(name: str, shape: str, blocks: str | None, jax_name: str | None, 
                      goal_vs_floor=goals.vs_floor if floor else None, **jax)
 
 
-def bench_document(target_doc: dict, rows: list[KernelRow], static_profile: bool) -> KernelBench:
+def chip_time(row: dict) -> ChipTime:
+    """A variant's row from kernels/chip_bench.py as the model."""
+    return ChipTime(row["variant"], "ok" if row.get("status") == "ok" else "failed", row.get("error"),
+                    int(row.get("calls", 0)), row.get("buffers"), row.get("min_us"), row.get("median_us"),
+                    row.get("wall_us"), row.get("first_call_s"))
+
+
+def with_chip(row: KernelRow, times: dict[str, ChipTime], clock_hz: float, static_profile: bool = True,
+              goals: KernelGoals = KERNEL_GOALS) -> KernelRow:
+    """`row` with its variants' on-chip times and the verdicts they give: the fastest call of each
+    variant against the others, the static floor at the chip's clock and "% of floor" (100 x floor
+    / our fastest call), and (with the static profile) the static estimate over our median call."""
+    ok = {v: t for v, t in times.items() if t.status == "ok" and t.min_us}
+    ours = ok.get("kernel")
+
+    def over(other: str) -> float | None:
+        return round(ours.min_us / ok[other].min_us, 4) if ours and other in ok else None
+
+    floor_us = row.floor_cycles / clock_hz * 1e6 if row.floor_cycles else None
+    pct = round(100 * floor_us / ours.min_us, 1) if floor_us and ours else None
+    static_us = row.kernel_cycles / clock_hz * 1e6 if row.kernel_cycles and static_profile else None
+    vs_jax = over("jax")
+    failed = any(t.status != "ok" for t in times.values())
+    return replace(row, chip=dict(times), chip_ratio_vs_xla=over("xla"), chip_ratio_vs_jax=vs_jax,
+                   floor_us=None if floor_us is None else round(floor_us, 2), pct_of_floor=pct,
+                   goal_pct_of_floor=100 * goals.chip_of_floor if pct is not None else None,
+                   static_over_chip=round(static_us / ours.median_us, 3) if static_us and ours else None,
+                   meets_floor_goal=None if pct is None else pct >= 100 * goals.chip_of_floor,
+                   meets_jax_goal_on_chip=None if vs_jax is None else vs_jax <= goals.vs_jax,
+                   status="failed" if failed else row.status)
+
+
+def bench_document(target_doc: dict, rows: list[KernelRow], static_profile: bool,
+                   device: str | None = None) -> KernelBench:
     failed = tuple(r.name for r in rows if r.status != "ok")
     return KernelBench(schema=BENCH_SCHEMA, target=target_doc, static_profile=static_profile,
-                       metric="corrected_cycles: per op max(static estimated cycles, HBM floor), summed",
+                       metric="corrected_cycles: per op max(static estimated cycles, HBM floor), summed"
+                       + ("; on the chip: device time per call from the trace (module span), min and median"
+                          if device else ""),
                        status="ok" if rows and not failed else ("partial" if len(failed) < len(rows) else "failed"),
-                       failed=failed, goals_missed=tuple(r.name for r in rows if r.missed_goal), kernels=tuple(rows))
+                       failed=failed, goals_missed=tuple(r.name for r in rows if r.missed_goal), kernels=tuple(rows),
+                       timing="chip" if device else "static", device=device)

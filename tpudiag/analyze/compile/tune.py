@@ -121,6 +121,30 @@ def verified_point(point: TunePoint, result) -> TunePoint:
                                error=f"{result.passed}/{len(result.cases)} cases passed; {why}"[:400])
 
 
+def with_chip_times(tune: KernelTune, device: str, rows: dict[int, dict]) -> KernelTune:
+    """`tune` with each point's on-chip time (kernels/chip_bench.py rows by point index), ranked by
+    its fastest call; the chip's winner, and whether the static winner is the same point."""
+    import dataclasses
+
+    points = list(tune.points)
+    for i, p in enumerate(points):
+        row = rows.get(i)
+        if row is None:
+            continue
+        ok = row.get("status") == "ok"
+        points[i] = dataclasses.replace(p, chip_min_us=row.get("min_us") if ok else None,
+                                        chip_median_us=row.get("median_us") if ok else None,
+                                        chip_error=None if ok else row.get("error", "not timed"))
+    timed = sorted((i for i, p in enumerate(points) if p.chip_min_us is not None), key=lambda i: (points[i].chip_min_us, i))
+    for r, i in enumerate(timed):
+        points[i] = dataclasses.replace(points[i], chip_rank=r + 1)
+    chip_best = dict(points[timed[0]].choice) if timed else None
+    return dataclasses.replace(tune, points=tuple(points), timing="chip", device=device, chip_best=chip_best,
+                               static_best_is_chip_best=None if chip_best is None or tune.best is None
+                               else chip_best == tune.best,
+                               metric=tune.metric + "; on the chip: device time per call, fastest of the calls")
+
+
 def tune_document(program: str, inputs: str, target_doc: dict, space: dict[str, list], points: list[TunePoint],
                   runner: str, static_profile: bool, default: dict | None = None,
                   reference: str | None = None) -> KernelTune:
