@@ -75,6 +75,24 @@ def test_estimate_a_tiny_step_on_a_slice(tmp_path, newest_leg):
     assert again.returncode == 0 and json.loads(again.stdout) == doc
 
 
+def test_one_chip_is_estimated_on_one_chip(tmp_path, newest_leg):
+    """v5e:1x1 compiles on the smallest slice the compiler takes, with the program's mesh on one of
+    its chips: no collectives, and the throughput is one device's."""
+    run = tmp_path / "one"
+    res = _run("-m", "tpudiag", "estimate", f"{LLAMA}:step", "--target", "v5e:1x1", "--json", "--out", str(run), "--",
+               *TINY)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    assert doc["status"] == "ok" and doc["mesh"] == {"fsdp": 1} and doc["target"]["single_chip"] is True
+    assert doc["breakdown"]["collective_s"] == doc["breakdown"]["hidden_collective_s"] == 0
+    assert doc["tokens"] == 2 * 128  # one device's batch
+    assert doc["tokens_per_s_per_device"] == pytest.approx(doc["tokens"] / doc["step_s"])
+    assert "one chip of v5e:2x2" in res.stderr
+    wrong = _run("-m", "tpudiag", "estimate", f"{LLAMA}:step", "--target", "v5e:1x1", "--mesh", "fsdp=4", "--",
+                 *TINY)
+    assert wrong.returncode == 2 and "one chip has 1" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
 def test_compute_bound_matmuls_are_timed_by_the_compilers_cycles_alone(tmp_path, oldest_leg):
     run = tmp_path / "probed"
     res = _run("-m", "tpudiag", "estimate", f"{LLAMA}:step", "--target", "v5e:2x2", "--json", "--out", str(run), "--",

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import PROGRAMS, ROOT
 from tpudiag.analyze.plan import candidate_argv, mesh_shapes
-from tpudiag.api.plan import declared_axes
+from tpudiag.api.plan import declared_axes, declared_remat, default_space
 from tpudiag.results.plan import Plan
 
 LLAMA = f"{PROGRAMS}/llama_train.py:step"
@@ -48,6 +48,25 @@ def test_the_bundled_step_declares_its_mesh_axes():
     assert declared_axes(PROGRAMS / "mlp.py") is None
 
 
+def test_a_plain_plan_searches_the_programs_own_axes_and_remat_choices():
+    """No --mesh-axes: FUNC's MESH_AXES; no --search: the keys of its REMAT dict, unless its
+    arguments fix one. On v5e:2x4 that is 4 meshes x 4 remat choices."""
+    path = PROGRAMS / "llama_train.py"
+    assert declared_remat(path) == ("full", "minimal", "offload", "none")
+    assert default_space(path, [], maxtext=False) == {"remat": ["full", "minimal", "offload", "none"]}
+    assert default_space(path, ["--remat", "full"], maxtext=False) == {}
+    assert default_space(PROGRAMS / "mlp.py", [], maxtext=False) == {}
+    assert default_space(path, [], maxtext=True)["remat_policy"][:2] == ["full", "minimal"]
+    assert len(mesh_shapes(8, list(declared_axes(path)))) * len(default_space(path, [], False)["remat"]) == 16
+
+
+def test_a_function_the_file_does_not_define_is_refused_at_once(tmp_path):
+    out = tmp_path / "r"
+    res = _plan(f"{PROGRAMS}/llama_train.py:nosuch", "--target", "v5e:2x2", "--out", str(out), timeout=120)
+    assert res.returncode == 2 and "no function 'nosuch'" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("args,says", [
     (["--mesh-axes", "fsdp,expert"], "takes no mesh axis 'expert' (it takes: fsdp, tensor)"),
     (["--mesh-axes", "fsdp,fsdp"], "an axis is given twice"),
@@ -67,7 +86,8 @@ def test_a_batch_that_fits_is_ranked_above_one_that_does_not(tmp_path, newest_le
     fits; 512 a device needs more HBM than a v5e has (the compiler's own refusal), so it is listed
     as not fitting and never ranked."""
     run = tmp_path / "plan"
-    res = _plan(LLAMA, "--target", "v5e:2x2", "--search", "batch-per-device=1,512", "--out", str(run), "--json",
+    res = _plan(LLAMA, "--target", "v5e:2x2", "--mesh-axes", "fsdp", "--search", "batch-per-device=1,512",
+                "--out", str(run), "--json",
                 "--", "--seq", "512", "--vocab", "32768")
     assert res.returncode == 0, res.stderr[-3000:]
     doc = json.loads(res.stdout)

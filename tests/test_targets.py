@@ -100,8 +100,12 @@ def test_resolve_accepted_spellings(text):
     assert target.chip is CHIPS[chip]
     if noted:  # a single chip was asked for: the note names the slice used instead, and why
         assert topology in target.note and "chips_per_host_bounds" in target.note
+        # ...and a program is modelled on one chip of it
+        assert target.single_chip and target.model_devices == target.chip.devices_per_chip
+        assert target.to_dict()["single_chip"] is True
     else:
-        assert target.note is None
+        assert target.note is None and not target.single_chip and target.model_devices == target.devices
+    assert target.megacore().single_chip == target.single_chip
     json.dumps(target.to_dict())
 
 

@@ -363,15 +363,26 @@ class Target:
     topology: str  # e.g. "v5e:2x4", or "v5p:8x8x8@megachip_tccontrol"; jax's topology via topology_desc()
     chips: int  # chips in `topology`
     note: str | None = None  # set when the request was changed (a single chip -> smallest slice)
+    # One chip asked for: `topology` is the smallest slice the compiler takes, and a program is
+    # modelled on one chip of it (a one-chip mesh: no collectives).
+    single_chip: bool = False
 
     @property
     def devices(self) -> int:
         """len(get_topology_desc(...).devices): chips, or TensorCores on v4 (see Chip.devices_per_chip)."""
         return self.chips * self.chip.devices_per_chip
 
+    @property
+    def model_devices(self) -> int:
+        """The devices a program's mesh spans: one chip's for a single-chip target, else the slice's."""
+        return self.chip.devices_per_chip if self.single_chip else self.devices
+
     def to_dict(self) -> dict:
-        return {"chip": self.chip.name, "topology": self.topology, "chips": self.chips,
-                "devices": self.devices, "note": self.note}
+        doc = {"chip": self.chip.name, "topology": self.topology, "chips": self.chips,
+               "devices": self.devices, "note": self.note}
+        if self.single_chip:
+            doc["single_chip"] = True
+        return doc
 
     @property
     def chip_config(self) -> str | None:
@@ -382,7 +393,7 @@ class Target:
         """The same slice compiled with libtpu's chip configuration `config` (a published run's
         `chip_config_name`, e.g. v5p's `megachip_tccontrol`); libtpu refuses a name it does not ship
         when the target is compiled for."""
-        return Target(self.chip, f"{self.topology.partition('@')[0]}@{config}", self.chips, self.note)
+        return Target(self.chip, f"{self.topology.partition('@')[0]}@{config}", self.chips, self.note, self.single_chip)
 
     def megacore(self) -> Target:
         """The same slice with each chip's two TensorCores as one device (`chip_config_name
@@ -392,7 +403,7 @@ class Target:
         if self.chip.devices_per_chip == 1:
             return self
         chip = replace(self.chip, devices_per_chip=1)
-        return Target(chip, f"{self.topology.partition('@')[0]}{MEGACORE_SUFFIX}", self.chips, self.note)
+        return Target(chip, f"{self.topology.partition('@')[0]}{MEGACORE_SUFFIX}", self.chips, self.note, self.single_chip)
 
 
 class TargetError(InputError):
@@ -462,8 +473,8 @@ def _single_chip_note(chip: Chip, topology: str) -> str:
     # libtpu 0.0.42 (jax 0.10.2) refuses a one-chip topology; 0.0.50 (jax 0.12) takes it. The same
     # slice is used with both, so one target compiles the same way on every supported jax.
     return (f"a single {chip.name} chip is not a topology every supported TPU compiler accepts "
-            f"(chips_per_host_bounds 2x2x1); using {topology} (4 chips): compile for one of its "
-            f"devices to model one chip")
+            f"(chips_per_host_bounds 2x2x1); using {topology} (4 chips), with a program's mesh on one of "
+            f"its chips (no collectives)")
 
 
 def resolve_target(text: str) -> Target:
@@ -513,7 +524,7 @@ def resolve_target(text: str) -> Target:
         n_chips = count // per_count
         if n_chips == 1:
             topology, n = _smallest(chip)
-            return Target(chip, topology, n, _single_chip_note(chip, topology))
+            return Target(chip, topology, n, _single_chip_note(chip, topology), single_chip=True)
         if n_chips < 4 or n_chips & (n_chips - 1) or n_chips > chip.pod_max_chips:
             raise _fail(raw, f"{n_chips} chips is not a {chip.name} slice size (1, or a power of two "
                              f"from 4 to {chip.pod_max_chips}); give a topology such as "
@@ -535,7 +546,7 @@ def resolve_target(text: str) -> Target:
         n_chips *= d
     if n_chips == 1:
         topology, n = _smallest(chip)
-        return Target(chip, topology, n, _single_chip_note(chip, topology))
+        return Target(chip, topology, n, _single_chip_note(chip, topology), single_chip=True)
     # libtpu 0.0.42 refuses shapes not divisible by chips_per_host_bounds 2x2x1 (v5e:1x2, v4:1x1x1).
     if dims[0] % 2 or dims[1] % 2:
         raise _fail(raw, f"the TPU compiler needs the first two dimensions even "

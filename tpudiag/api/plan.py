@@ -50,18 +50,62 @@ def parse_axes(text: str) -> list[str]:
 def declared_axes(path: Path) -> tuple[str, ...] | None:
     """The mesh axes a FUNC program declares (`MESH_AXES = ("fsdp", "tensor")` at module level),
     read without running it; None when it declares none."""
+    node = _module_assign(path, "MESH_AXES")
+    if node is None:
+        return None
+    try:
+        return tuple(str(v) for v in ast.literal_eval(node))
+    except ValueError:
+        return None
+
+
+def _module_assign(path: Path, name: str):
+    """The value node of `NAME = ...` at FUNC's module level, or None."""
     try:
         tree = ast.parse(path.read_text(), str(path))
     except (SyntaxError, UnicodeDecodeError, OSError) as e:
         raise InputError(f"{path}: cannot be read as Python ({one_line(e, 200)})") from None
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "MESH_AXES" for t in node.targets):
-            try:
-                value = ast.literal_eval(node.value)
-            except ValueError:
-                return None
-            return tuple(str(v) for v in value)
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return node.value
     return None
+
+
+def declared_remat(path: Path) -> tuple[str, ...]:
+    """The remat choices a FUNC program offers as `--remat NAME`: the string keys of its module-level
+    `REMAT = {"full": ..., "minimal": ...}` dict, read without running it."""
+    node = _module_assign(path, "REMAT")
+    if not isinstance(node, ast.Dict):
+        return ()
+    return tuple(k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
+
+
+def defines(path: Path, func: str) -> bool:
+    """FUNC is defined (or assigned) at the module level of `path`, read without running it."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == func:
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == func for t in node.targets):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == func for a in node.names):
+            return True
+    return False
+
+
+# MaxText's remat policies searched by a plain plan (its `remat_policy` names).
+MAXTEXT_REMAT = ("full", "minimal", "save_qkv_proj", "save_dot_except_mlpwi")
+
+
+def default_space(path: Path, argv: list[str], maxtext: bool) -> dict[str, list]:
+    """What a plain `plan` (no --search) searches: the program's remat choices, unless its arguments
+    already fix one."""
+    if maxtext:
+        return {} if any(a.startswith("remat_policy=") for a in argv) else {"remat_policy": list(MAXTEXT_REMAT)}
+    if any(a == "--remat" or a.startswith("--remat=") for a in argv):
+        return {}
+    remat = declared_remat(path)
+    return {"remat": list(remat)} if remat else {}
 
 
 def maxtext_axes() -> tuple[str, ...] | None:
@@ -108,10 +152,12 @@ def estimate_into(out_dir: Path, entry: str, target_text: str, argv: list[str], 
     return est.to_dict()
 
 
-def plan(entry: str, target_text: str, argv=(), out: Path | None = None, *, mesh_axes: str = "fsdp",
+def plan(entry: str, target_text: str, argv=(), out: Path | None = None, *, mesh_axes: str | None = None,
          search: str | None = None, jobs: int | None = None, ray_address: str | None = None,
          compile_timeout_s: float = 1800.0, progress: Callable[[str], None] | None = None):
-    """Plan `entry` on `target_text`; returns (the run directory, the `Plan`)."""
+    """Plan `entry` on `target_text`; returns (the run directory, the `Plan`). `mesh_axes` None: the
+    program's own MESH_AXES (fsdp,tensor for MaxText; fsdp where it declares none); `search` None:
+    its remat choices (`default_space`)."""
     from tpudiag.analyze.compile.tune import parse_space, space_points
     from tpudiag.analyze.plan import MAX_CANDIDATES, candidate_argv, candidate_row, mesh_shapes, mesh_text, plan_document
     from tpudiag.api.estimate import maxtext_model, parse_entry
@@ -119,13 +165,18 @@ def plan(entry: str, target_text: str, argv=(), out: Path | None = None, *, mesh
     from tpudiag.results.estimate import EstimateReport
     from tpudiag.targets import require_libtpu, resolve_target
 
-    space = parse_space(search, "--search") if search is not None else {}
-    axes = parse_axes(mesh_axes)
     path, _func = parse_entry(entry)
     maxtext = maxtext_model(entry) is not None
-    _check_axes(axes, maxtext_axes() if maxtext else declared_axes(path), entry)
+    if not maxtext and not defines(path, _func):
+        raise InputError(f"{path}: no function {_func!r} at its module level")
+    declared = maxtext_axes() if maxtext else declared_axes(path)
+    if mesh_axes is None:
+        mesh_axes = "fsdp,tensor" if maxtext else ",".join(declared or ("fsdp",))
+    axes = parse_axes(mesh_axes)
+    _check_axes(axes, declared, entry)
+    space = parse_space(search, "--search") if search is not None else default_space(path, list(argv), maxtext)
     target = resolve_target(target_text)
-    devices = (target.megacore() if maxtext and target.chip.name == "v4" else target).devices
+    devices = (target.megacore() if maxtext and target.chip.name == "v4" else target).model_devices
     meshes = mesh_shapes(devices, axes)
     choices = space_points(space) if space else [{}]
     points = [(m, c) for m in meshes for c in choices]

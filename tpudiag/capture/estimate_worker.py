@@ -1,6 +1,7 @@
 """Lowers a user's step function for a TPU slice without materializing anything, in its own process.
 
-`python -m tpudiag.capture.estimate_worker SPEC.json` reads {file, func, argv, topology, mesh
+`python -m tpudiag.capture.estimate_worker SPEC.json` reads {file, func, argv, topology, devices (how many of
+the topology's devices the mesh spans: one chip's for a single-chip target), mesh
 ([[axis, size], ...]), out_dir}; builds the slice's `Mesh` from the topology's devices (libtpu's
 compile-only client: no TPU needed), calls `FUNC(argv, mesh)`, which returns
 {"step": a jitted function, "args": its abstract arguments (ShapeDtypeStructs with shardings),
@@ -110,7 +111,7 @@ def lower(spec: dict) -> dict:
     where = f"{spec['file']}:{spec['func']}"
     fn = _func(spec["file"], spec["func"])
     topo = topology_desc(spec["topology"])
-    devices = list(topo.devices)
+    devices = list(topo.devices)[: spec.get("devices") or None]  # a single-chip target: one chip's
     names = tuple(a for a, _ in spec["mesh"]) or ("fsdp",)
     sizes = tuple(int(n) for _, n in spec["mesh"]) or (len(devices),)
     if int(np.prod(sizes)) != len(devices):

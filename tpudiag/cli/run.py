@@ -302,12 +302,15 @@ def estimate(target_text, mesh_text, out, static_profile, no_probes, compile_tim
 @cli.command(cls=PassThroughCommand, context_settings=_PASS_THROUGH)
 @click.option("--target", "target_text", required=True,
               help="TPU slice: v5e:2x4, v6e-256, v5p-128, ... (tpudiag targets).")
-@click.option("--mesh-axes", "mesh_axes", default="fsdp", show_default=True,
+@click.option("--mesh-axes", "mesh_axes", default=None,
               help="Mesh axes to split the slice over, e.g. fsdp,tensor: every split of the devices is a candidate. "
-                   "Checked against FUNC's MESH_AXES (or MaxText's ici_*_parallelism settings).")
+                   "Checked against FUNC's MESH_AXES (or MaxText's ici_*_parallelism settings). Default: FUNC's "
+                   "MESH_AXES (fsdp,tensor for maxtext:MODEL; fsdp where FUNC declares none).")
 @click.option("--search", "search", default=None, metavar="NAME=V1,V2,... ...",
               help="Other choices, each passed to the program as --NAME VALUE (maxtext: NAME=VALUE), e.g. "
-                   "\"remat=full,minimal batch-per-device=2..4\". Every combination, on every mesh, is a candidate.")
+                   "\"remat=full,minimal batch-per-device=2..4\". Every combination, on every mesh, is a candidate. "
+                   "Default: the program's remat choices (the keys of its REMAT dict; MaxText's remat_policy "
+                   "full, minimal, save_qkv_proj, save_dot_except_mlpwi), unless its arguments fix one.")
 @click.option("--jobs", type=click.IntRange(1, 64), default=None,
               help="Candidates estimated at once on this machine (default: one per two cores).")
 @click.option("--ray", "ray_address", default=None, metavar="auto|HOST:PORT",

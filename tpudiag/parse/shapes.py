@@ -119,6 +119,27 @@ class Shape:
                 ELEMENT_BITS[self.element_type])
         return (self.elements * bits + 7) // 8
 
+    @property
+    def tiled_bytes(self) -> int:
+        """Bytes as laid out in memory: the most minor dims padded to the layout's first tile
+        (`T(8,128)`: the second-minor dim to a multiple of 8, the minor one to 128), summed over tuple
+        leaves; `bytes` where the layout has no tile. A bf16[4,2048,16,64]{3,1,2,0:T(8,128)(2,1)}
+        takes twice its logical bytes: its minor dim of 64 fills half of each 128-wide tile row."""
+        if self.is_tuple:
+            return sum(s.tiled_bytes for s in self.tuple_shapes)
+        tiles = self.layout.tiles if self.layout else ()
+        if not self.is_array or not tiles or any(t <= 0 for t in tiles[0]):
+            return self.bytes
+        dims = [max(d, 0) for d in self.dims]
+        extra = 1
+        for t, d in zip(reversed(tiles[0]), self.layout.minor_to_major + (None,) * len(tiles[0])):
+            if d is None:  # a tile over more dims than the shape has: the missing ones are 1, padded to t
+                extra *= t
+            elif d < len(dims):
+                dims[d] = -(-dims[d] // t) * t
+        bits = self.layout.element_size_bits or ELEMENT_BITS[self.element_type]
+        return (math.prod(dims) * extra * bits + 7) // 8
+
     def __str__(self) -> str:
         if self.is_tuple:
             return "(" + ", ".join(map(str, self.tuple_shapes)) + ")"

@@ -156,6 +156,8 @@ class CompileTarget(Model):
     ici_bytes_per_s: float
     ici_ring_bytes_per_s: float
     note: str | None
+    # A single chip asked for: the program's mesh is one chip of `topology` (targets.Target.single_chip)
+    single_chip: bool | None = field(default=None, metadata={"omit_none": True})
 
     @property
     def ridge_flops_per_byte(self) -> float:

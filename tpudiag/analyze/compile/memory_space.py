@@ -40,3 +40,24 @@ def vmem_bytes(module, instr) -> int:
         dest = leaves[0] if leaves else None
         return operands + (dest.bytes if dest is not None and dest.is_array and dest.memory_space else 0)
     return operands + outside_hbm_bytes(instr)
+
+
+def hbm_padding(module, instr) -> float:
+    """How much more an op moves in HBM than its logical bytes say: the tiled bytes (`Shape.tiled_bytes`)
+    of its HBM operands and results over their logical bytes, 1.0 where nothing is padded or a shape
+    cannot be read. A TPU layout pads the two most minor dims to its tile (8 x 128): an array whose
+    minor dim is 32 or 64 (a rotary half, a 64-wide head) moves 4x or 2x its bytes."""
+    shapes = [module.operand(instr, k) for k in range(len(instr.operands))] + [instr]
+    logical = tiled = 0
+    for i in shapes:
+        if i is None:
+            continue
+        try:
+            leaves = i.parsed_shape.leaves()
+        except ValueError:
+            return 1.0
+        for leaf in leaves:
+            if leaf.is_array and not leaf.memory_space:
+                logical += leaf.bytes
+                tiled += leaf.tiled_bytes
+    return tiled / logical if logical and tiled > logical else 1.0
