@@ -121,8 +121,8 @@ class KernelBench(Model):
     goals_missed: tuple[str, ...]
     kernels: tuple[KernelRow, ...]
     artifacts: dict[str, str] | None = field(default=None, metadata={"omit_none": True})
-    # "static" (the TPU compiler's figures only) or "chip" (also timed on the attached TPU, `device`)
-    timing: str = "static"
+    # "chip": also timed on the attached TPU (`device`); None: the TPU compiler's figures only
+    timing: str | None = field(default=None, metadata={"omit_none": True})
     device: str | None = field(default=None, metadata={"omit_none": True})
 
     def with_artifacts(self, artifacts: dict[str, str]) -> KernelBench:

@@ -63,9 +63,9 @@ class KernelTune(Model):
     # a bundled kernel's own blocks, as a choice over the space's names (None for FILE.py:FUNC)
     default: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})
     artifacts: dict[str, str] | None = field(default=None, metadata={"omit_none": True})
-    # "static", or "chip": every point also timed on the attached TPU (`device`); then `chip_best` is
-    # the chip's winner and `static_best_is_chip_best` says whether the static ranking agreed.
-    timing: str = "static"
+    # "chip": every point also timed on the attached TPU (`device`); then `chip_best` is the chip's
+    # winner and `static_best_is_chip_best` says whether the static ranking agreed. None: static only.
+    timing: str | None = field(default=None, metadata={"omit_none": True})
     device: str | None = field(default=None, metadata={"omit_none": True})
     chip_best: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})
     static_best_is_chip_best: bool | None = field(default=None, metadata={"omit_none": True})

@@ -140,4 +140,4 @@ def bench_document(target_doc: dict, rows: list[KernelRow], static_profile: bool
                           if device else ""),
                        status="ok" if rows and not failed else ("partial" if len(failed) < len(rows) else "failed"),
                        failed=failed, goals_missed=tuple(r.name for r in rows if r.missed_goal), kernels=tuple(rows),
-                       timing="chip" if device else "static", device=device)
+                       timing="chip" if device else None, device=device)
