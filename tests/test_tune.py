@@ -252,3 +252,20 @@ def test_the_local_pool_and_a_ray_cluster_give_the_same_rows(tmp_path, ray_clust
     assert all(p["status"] == "ok" for p in docs["ray"]["points"])
     # each point's compiled module came back into the run directory
     assert all((tmp_path / "ray" / p["module"] / "module.json").is_file() for p in docs["ray"]["points"])
+
+
+def test_a_kernel_with_nested_block_sizes_is_searched_over_its_candidates():
+    # fused_moe's blocks are one grouped-matmul tiling per expert call: each candidate's choice is
+    # that tiling's text, and the choices are JSON (the tune document stores them).
+    import json
+
+    from tpudiag.api.tune import _bundled_points
+    from tpudiag.kernels.registry import get_spec
+
+    space, points, _, _, _, own = _bundled_points("fused_moe", None, None)
+    cands = get_spec("fused_moe").block_candidates
+    assert set(space) == {"gate_up", "down"}
+    assert len(points) == len(cands)
+    assert points[0] == {"gate_up": str(cands[0].gate_up), "down": str(cands[0].down)}
+    assert own == points[0]  # the first candidate is the kernel's default
+    json.dumps({"space": space, "points": points, "own": own})

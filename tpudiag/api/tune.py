@@ -18,6 +18,7 @@ per point), `compile-report.json` (every op's figures) and `report.json` (tpudia
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from pathlib import Path
 from typing import Callable
@@ -56,7 +57,6 @@ def _bundled_points(name: str, space_text: str | None, inputs_text: str | None, 
     the kernel's own choice). Without --space the points are the kernel's block candidates (the
     fields that differ between them are the choice); with one, every combination of the kernel's
     block-size fields, the others at their defaults. The shape is the kernel's production shape."""
-    import dataclasses
 
     from tpudiag.analyze.compile.tune import parse_space, space_points
     from tpudiag.kernels.registry import get_spec
@@ -70,7 +70,7 @@ def _bundled_points(name: str, space_text: str | None, inputs_text: str | None, 
         raise InputError(f"{name}: has no block sizes to tune")
     cls = type(spec.block_candidates[0])
     fields = [f.name for f in dataclasses.fields(cls)]
-    default = dataclasses.asdict(cls())
+    default = _fields(cls())
     if space_text is not None:
         space = parse_space(space_text)
         unknown = [n for n in space if n not in fields]
@@ -83,7 +83,7 @@ def _bundled_points(name: str, space_text: str | None, inputs_text: str | None, 
             return dataclasses.replace(cls(), **choice)
     else:
         cands = list(spec.block_candidates)
-        rows = [dataclasses.asdict(c) for c in cands]
+        rows = [_fields(c) for c in cands]
         varying = [f for f in fields if len({repr(r[f]) for r in rows}) > 1] or fields[:1]
         space = {f: list(dict.fromkeys(r[f] for r in rows)) for f in varying}
         points = [{f: r[f] for f in varying} for r in rows]
@@ -94,6 +94,13 @@ def _bundled_points(name: str, space_text: str | None, inputs_text: str | None, 
     args = list(setup.args_for("kernel"))
     shown = f"{setup.shape}: " + " ".join(f"{a.dtype}[{','.join(map(str, a.shape))}]" for a in args)
     return space, points, (lambda i, choice: spec.bench_setup(blocks(i, choice), chip).kernel), args, shown, own
+
+
+def _fields(blocks) -> dict:
+    """A block-size dataclass's fields as JSON values: a nested one (fused_moe's per-call tiles) is
+    its text."""
+    return {f.name: v if isinstance(v := getattr(blocks, f.name), (bool, int, float, str, type(None))) else str(v)
+            for f in dataclasses.fields(blocks)}
 
 
 def _func_points(entry: str, space_text: str | None, inputs_text: str | None):

@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 
 def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq: int, page_size: int,
                  pages_per_block: int, page_copies: Callable, block_compute: Callable, init,
-                 table_row: Callable | None = None):
+                 slot_copies: Callable, table_row: Callable | None = None):
     """Run `block_compute(i, slot, length, n_blocks, carry) -> carry` over the blocks of sequence
     `pl.program_id(0)`, each once its pages are in VMEM slot `slot`; returns the last carry (`init`
     for a sequence of length 0).
@@ -30,9 +30,11 @@ def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq
     lengths_ref [B], table_ref [B * pages_per_seq]: SMEM (scalar prefetch). state_ref: SMEM [2] =
     (slot holding the next block, 1 if the previous step already started this sequence's first
     block), persistent across grid steps. `page_copies(page, slot, j)` gives the async copies that
-    bring pool page `page` to position j of `slot`; all of a slot's copies share its semaphores.
-    Lengths are clamped to [0, pages_per_seq * page_size]; pages past a length are neither read nor
-    waited for (the page table may hold anything there). `table_row(s)` is the page-table row grid
+    bring pool page `page` to position j of `slot`; all of a slot's copies share its semaphores, and
+    `slot_copies(slot)` gives one copy per semaphore whose destination is the whole slot (waited
+    on once a block). Lengths are clamped to [0, pages_per_seq * page_size]; table entries past a
+    length are never read (the page table may hold anything there): the block's last positions
+    copy its last live page again. `table_row(s)` is the page-table row grid
     step s reads (default: row s), for grids whose steps are pieces of sequences.
     """
     b = pl.program_id(0)
@@ -42,16 +44,19 @@ def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq
     def seq_len(s):
         return jnp.clip(lengths_ref[s], 0, max_len)
 
-    def block_dmas(s, blk, slot, fn):
+    def start_block(s, blk, slot):
+        # Every position of the block is copied, branch-free: past the live pages, the last live
+        # page again (the compute masks those rows), so one wait covers the whole slot.
         live_pages = pl.cdiv(seq_len(s), page_size)
         row = s if table_row is None else table_row(s)
         for j in range(pages_per_block):
-            pos = blk * pages_per_block + j
+            pos = jnp.minimum(blk * pages_per_block + j, live_pages - 1)
+            for copy in page_copies(table_ref[row * pages_per_seq + pos], slot, j):
+                copy.start()
 
-            @pl.when(pos < live_pages)
-            def _():
-                for copy in page_copies(table_ref[row * pages_per_seq + pos], slot, j):
-                    fn(copy)
+    def wait_block(slot):
+        for copy in slot_copies(slot):  # a DMA semaphore counts bytes: one wait for the slot's pages
+            copy.wait()
 
     @pl.when(b == 0)
     def _():
@@ -65,7 +70,7 @@ def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq
 
     @pl.when(jnp.logical_and(n_blocks > 0, already_started == 0))
     def _():
-        block_dmas(b, 0, state_ref[0], lambda c: c.start())
+        start_block(b, 0, state_ref[0])
 
     def body(i, carry):
         slot = state_ref[0]
@@ -73,7 +78,7 @@ def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq
 
         @pl.when(i + 1 < n_blocks)
         def _():
-            block_dmas(b, i + 1, nxt, lambda c: c.start())
+            start_block(b, i + 1, nxt)
 
         # Last block of this sequence: start the next sequence's first block now, so its DMA runs
         # under this block's compute and the next grid step does not start cold.
@@ -83,10 +88,10 @@ def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq
 
             @pl.when(seq_len(nb) > 0)
             def _():
-                block_dmas(nb, 0, nxt, lambda c: c.start())
+                start_block(nb, 0, nxt)
                 state_ref[1] = 1
 
-        block_dmas(b, i, slot, lambda c: c.wait())
+        wait_block(slot)
         carry = block_compute(i, slot, length, n_blocks, carry)
         state_ref[0] = nxt
         return carry

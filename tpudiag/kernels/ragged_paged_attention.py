@@ -60,9 +60,12 @@ class BlockSizes:
     piece holds (an item computes the pieces its rows fall in; q_block is a multiple of it);
     pages_per_block: pages a KV compute block covers, as in paged_attention."""
 
+    # On a v5e chip at the bench shape (device time, `.chip`-style sweep through kernels/chip_bench):
+    # q_sub 16 -> 32 and 4 -> 8 pages a block took 1,590 -> 1,381 us; q blocks of 32 or 64 were
+    # slower (1,501 and 1,420 us), 16 pages a block run out of VMEM at page_size 128.
     q_block: int = 128
-    q_sub: int = 16
-    pages_per_block: int = 4
+    q_sub: int = 32
+    pages_per_block: int = 8
 
     def __post_init__(self):
         for name in ("q_block", "q_sub", "pages_per_block"):
@@ -190,6 +193,10 @@ def ragged_paged_attention_kernel(items_ref, table_ref, q_ref, k_hbm_ref, v_hbm_
         return (pltpu.make_async_copy(k_hbm_ref.at[:, page], k_buf.at[slot, :, j], sems.at[0, slot]),
                 pltpu.make_async_copy(v_hbm_ref.at[:, page], v_buf.at[slot, :, j], sems.at[1, slot]))
 
+    def slot_copies(slot):
+        return (pltpu.make_async_copy(k_hbm_ref.at[:, pl.ds(0, pages_per_block)], k_buf.at[slot], sems.at[0, slot]),
+                pltpu.make_async_copy(v_hbm_ref.at[:, pl.ds(0, pages_per_block)], v_buf.at[slot], sems.at[1, slot]))
+
     def block(i, slot, length, n_blocks, carry):
         k = k_buf[slot].reshape(kv_heads, block_tokens, head_dim)
         v = v_buf[slot].reshape(kv_heads, block_tokens, head_dim)
@@ -224,7 +231,7 @@ def ragged_paged_attention_kernel(items_ref, table_ref, q_ref, k_hbm_ref, v_hbm_
 
     stream_pages(lengths_ref=it.kv_end, table_ref=table_ref, state_ref=state_ref, batch=items,
                  pages_per_seq=pages_per_seq, page_size=page_size, pages_per_block=pages_per_block,
-                 page_copies=page_copies, block_compute=block, init=jnp.int32(0),
+                 page_copies=page_copies, slot_copies=slot_copies, block_compute=block, init=jnp.int32(0),
                  table_row=lambda s: it.seq[s])
 
     for j in range(n_sub):
@@ -535,7 +542,7 @@ SPEC = KernelSpec(
     signature=("ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs, *, "
                "sm_scale=None, sliding_window=None, soft_cap=None, block_sizes=None, interpret=False)"),
     tuned_for=("Llama 3 8B heads (H32 KVH8 D128), page_size 128, context 2048: a 512-token prefill chunk with "
-               "63 decode tokens; q_block=128, q_sub=16, pages_per_block=4"),
+               "63 decode tokens; q_block=128, q_sub=32, pages_per_block=8"),
     usage=("from tpudiag.kernels.ragged_paged_attention import ragged_paged_attention, write_kv_pages\n"
            "k_pages, v_pages = write_kv_pages(k_pages, v_pages, new_k, new_v, kv_lens, table, cu_q_lens, num_seqs)\n"
            "out = ragged_paged_attention(q, k_pages, v_pages, kv_lens, table, cu_q_lens, num_seqs)  # [T,H,D]"),
@@ -545,6 +552,6 @@ SPEC = KernelSpec(
     tolerances=TOLERANCES,
     bench=bench,
     block_candidates=tuple(BlockSizes(q, s, n) for q, s, n in
-                           ((128, 16, 4), (128, 16, 2), (128, 16, 8), (128, 8, 4), (64, 16, 4), (256, 16, 4), (128, 32, 4))),
+                           ((128, 32, 8), (128, 16, 4), (128, 16, 8), (64, 32, 8), (32, 32, 8), (256, 32, 8), (128, 32, 4))),
     differentiable=False,
 )
