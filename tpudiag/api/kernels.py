@@ -13,7 +13,6 @@ The figures themselves are computed in analyze/compile/kernel_bench.py. The run 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -52,7 +51,9 @@ def kernel_card(name: str) -> dict:
 
     (spec,) = specs_named((name,))
     card = {"schema": LIST_SCHEMA, **spec.describe()}
-    measured = json.loads((Path(__file__).parents[1] / "kernels" / "measured_v5e.json").read_text())["kernels"]
+    from tpudiag.kernels.measured import raw_table
+
+    measured = raw_table("v5e")
     if spec.name in measured:  # the on-chip figure at the bench shape (bench/chip_measured.py)
         card["on_chip"] = measured[spec.name]
     return card

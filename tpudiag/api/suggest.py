@@ -23,9 +23,11 @@ from tpudiag.errors import InputError
 
 
 def suggest_run(run, target_text: str | None = None, *, static_profile: bool = True, jobs: int = 2, limits=None,
-                progress=None, include_all: bool = False, selection=None):
+                progress=None, include_all: bool = False, selection=None, calibration: bool = True):
     """Suggestions for a compile run or a profile run made with --target; `selection` (a
-    `capture.select.Selection`) keeps some of its modules."""
+    `capture.select.Selection`) keeps some of its modules. `calibration`: price kernels (and XLA's
+    ops where the run did not measure them) from the chip's measured kernel table where the target
+    has one (kernels/measured.py); False keeps the static figures."""
     from tpudiag.analyze.suggest.build import (DEFAULT_SUGGEST_CONFIG, build_report, candidates, findings_for,
                                                roofline_bound)
     from tpudiag.api.pipeline import compile_run_artifacts
@@ -38,7 +40,8 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
         prof = analyze_run(handle.path, manifest=handle.manifest)
         if prof.backend == "tpu":
             return _suggest_measured(handle, prof, target_text, static_profile=static_profile, jobs=jobs,
-                                     limits=limits, progress=progress, include_all=include_all)
+                                     limits=limits, progress=progress, include_all=include_all,
+                                     calibration=calibration)
     handle = _compiled_run(handle, target_text)
     run = handle.path
     profiled = handle.kind == runs.PROFILE
@@ -78,10 +81,17 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
         notes.append(f"measured shares are of the CPU run's op time ({prof.backend}), by source line")
         per_step = _executions_per_step(prof.tpu_estimate)
     return build_report(str(run), report, cands, replaced, prices, bounds, findings, measured, notes=notes,
-                        per_step=per_step)
+                        per_step=per_step, chip_table=_chip_table(target, calibration))
 
 
-def _suggest_measured(handle, prof, target_text, *, static_profile, jobs, limits, progress, include_all):
+def _chip_table(target, calibration: bool) -> dict | None:
+    from tpudiag.kernels.measured import chip_figures
+
+    return chip_figures(target.chip.name) if calibration else None
+
+
+def _suggest_measured(handle, prof, target_text, *, static_profile, jobs, limits, progress, include_all,
+                      calibration=True):
     """Suggestions for a profile run made on a TPU: its dump's optimized HLO is the TPU compiler's own,
     and each XLA op's time is its measured self time; only the kernels are compiled (and estimated)."""
     from tpudiag.analyze.compile.report import ModuleArtifacts, build_compile_report
@@ -122,10 +132,14 @@ def _suggest_measured(handle, prof, target_text, *, static_profile, jobs, limits
     for o in prof.ops:
         if o.source:
             measured[o.source] = measured.get(o.source, 0.0) + o.self_s
+    table = _chip_table(target, calibration)
     notes = [f"XLA's op times are measured on the chip ({chip}), per execution of their module; each kernel's "
-             f"time is the TPU compiler's estimate for {target.chip.name} at the matched shapes"]
+             + (f"time is its measured time on a {target.chip.name} scaled to the matched shapes where the chip's "
+                "kernel table has it (kernel_basis measured_table), else " if table else "time is ")
+             + f"the TPU compiler's estimate for {target.chip.name} at the matched shapes"]
     return build_report(str(run), report, cands, replaced, prices, bounds, findings, measured, notes=notes,
-                        per_step=executions_per_step(tl, prof.steps.count, {p: names[p] for p in executed}))
+                        per_step=executions_per_step(tl, prof.steps.count, {p: names[p] for p in executed}),
+                        chip_table=table)
 
 
 def _selected(arts, report, selection, where: Path):
@@ -178,6 +192,7 @@ def _executions_per_step(section) -> dict | None:
 
 def _price(cands, indices, target, *, static_profile, jobs, limits, progress) -> dict:
     """{candidate index: Price}: each distinct kernel setup lowered and compiled once."""
+    from tpudiag.analyze.compile.kernel_bench import op_floor_cycles
     from tpudiag.analyze.suggest.build import Price
     from tpudiag.api.pipeline import compile_inputs
     from tpudiag.capture.lower import lower_for_tpu
@@ -228,8 +243,9 @@ def _price(cands, indices, target, *, static_profile, jobs, limits, progress) ->
                 prices[i] = Price(s.kernel, None, why_not=f"{s.kernel} failed to compile at {s.description}: {m.error}",
                                   snippet=s.snippet, description=s.description)
             else:
+                floor = sum(op_floor_cycles(op, rep.target) for op in m.ops) / rep.target.clock_hz
                 prices[i] = Price(s.kernel, m.totals.estimated_s, static_ok=m.static_profile == "ok",
-                                  snippet=s.snippet, description=s.description)
+                                  snippet=s.snippet, description=s.description, floor_s=floor or None)
     return prices
 
 
@@ -260,7 +276,7 @@ def _with_backward(s):
 
 def suggest(input_path, args=(), target_text: str | None = None, out=None, *, static_profile: bool = True,
             jobs: int = 2, limits=None, progress=None, include_all: bool = False, program_stdout=None,
-            selection=None):
+            selection=None, calibration: bool = True):
     """`tpudiag suggest INPUT`: a run directory as it is, or a script profiled with --target first.
     Returns (SuggestReport, the run directory read)."""
     from tpudiag.api.profiling import profile
@@ -280,4 +296,4 @@ def suggest(input_path, args=(), target_text: str | None = None, out=None, *, st
     else:
         run = path
     return suggest_run(run, target_text, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress,
-                       include_all=include_all, selection=selection), run
+                       include_all=include_all, selection=selection, calibration=calibration), run

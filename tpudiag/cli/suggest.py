@@ -23,6 +23,9 @@ from tpudiag.cli.run import _PASS_THROUGH, PassThroughCommand
               help="With a script: the run directory (default tpudiag-runs/<timestamp>-<script>).")
 @click.option("--no-static-profile", is_flag=True,
               help="Skip the static cycle profile for the script and for the kernels (roofline figures only).")
+@click.option("--no-calibration", is_flag=True,
+              help="Price every kernel from static figures only, not from the chip's measured kernel table "
+                   "(on v5e, the bundled kernels' measured times scaled to the matched shapes).")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Compiles at once.")
 @static_profile_options(120)
 @compile_timeout_option
@@ -31,7 +34,7 @@ from tpudiag.cli.run import _PASS_THROUGH, PassThroughCommand
 @output_options("tpudiag.suggest/1")
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def suggest(target_text, show_all, out, no_static_profile, jobs, timeout_s, static_memory_gib, compile_timeout_s,
+def suggest(target_text, show_all, out, no_static_profile, no_calibration, jobs, timeout_s, static_memory_gib, compile_timeout_s,
             functions, modules, as_json, as_md,
             no_color, width, input_path, args, cache_dir, no_cache):
     """Which ops of INPUT deserve a custom Pallas kernel, and what it would save.
@@ -67,7 +70,7 @@ def suggest(target_text, show_all, out, no_static_profile, jobs, timeout_s, stat
         report, _ = run_suggest(input_path, program_args(args), target_text, out, static_profile=not no_static_profile,
                                 jobs=jobs, limits=static_limits(timeout_s, static_memory_gib, compile_timeout_s),
                                 progress=progress_cb, selection=selection(functions, modules),
-                                include_all=show_all,
+                                include_all=show_all, calibration=not no_calibration,
                                 program_stdout=sys.stderr.buffer if fmt != "text" else None)
     finally:
         stop()

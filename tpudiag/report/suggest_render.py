@@ -26,6 +26,10 @@ def _speed(r) -> str:
     return f"{r.expected_speedup:.2f}x{bound}"
 
 
+def _kernel_word(r) -> str:
+    return {"compiled": "kernel", "measured_table": "kernel (chip-measured, scaled)"}.get(r.kernel_basis, "bound")
+
+
 def _shapes(r) -> str:
     return ", ".join(f"{k}={v}" for k, v in r.shapes.items())
 
@@ -52,7 +56,7 @@ def render_suggest_terminal(rep, console: Console, show_all: bool = False) -> No
         if r.measured_share is not None and not r.xla_measured:
             share += f"; {r.measured_share:.1%} of the measured op time"
         t.add_row("share", plain(share))
-        t.add_row("time", plain(f"XLA {fmt_s(r.xla_s)} -> {'kernel' if r.kernel_basis == 'compiled' else 'bound'} "
+        t.add_row("time", plain(f"XLA {fmt_s(r.xla_s)} -> {_kernel_word(r)} "
                                 f"{fmt_s(r.kernel_s)}: {_speed(r)}, saves {fmt_s(r.saved_s)} per run of the module"
                                 + (f"; {fmt_s(r.saved_per_step_s)} per step ({r.executions_per_step:g} runs per step)"
                                    if r.saved_per_step_s is not None else "")))

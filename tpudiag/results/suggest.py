@@ -44,7 +44,7 @@ class Suggestion(Model):
     share: float  # xla_s over the module's estimated TPU time
     xla_s: float  # the estimated TPU time of exactly those ops, every run in one execution of the module
     kernel_s: float | None  # the kernel compiled at these shapes on the same target (or the pattern's roofline bound), times runs
-    kernel_basis: str  # "compiled" | "roofline_bound" | "none"
+    kernel_basis: str  # "measured_table" | "compiled" | "roofline_bound" | "none"
     expected_speedup: float | None
     saved_s: float | None  # per execution of the module (every run of the pattern in it)
     confidence: str  # high | medium | low
@@ -60,6 +60,9 @@ class Suggestion(Model):
     saved_per_step_s: float | None = field(default=None, metadata={"omit_none": True})
     # True where xla_s and share are measured on a TPU (a profile run made on one), not estimated.
     xla_measured: bool | None = field(default=None, metadata={"omit_none": True})
+    # "measured_table": xla_s is the chip's measured XLA time at the kernel's bench shape, scaled
+    # here by the kernel's roofline floor (kernel_basis "measured_table" says the same of kernel_s).
+    xla_basis: str | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)

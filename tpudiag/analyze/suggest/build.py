@@ -160,9 +160,19 @@ class Price:
     why_not: str | None = None  # no kernel fits, or it failed to lower or compile
     snippet: str | None = None
     description: str | None = None
+    floor_s: float | None = None  # the compiled kernel's roofline floor at these shapes (one run, one instance)
 
 
-def _confidence(c: Candidate, p: Price, basis: str) -> tuple[str, str]:
+def _confidence(c: Candidate, p: Price, basis: str, fig=None, xla_basis: str = "static") -> tuple[str, str]:
+    if basis == "measured_table":
+        xla = ("XLA's ops measured on the chip" if c.measured else
+               f"XLA's ops at {fig.xla_over_floor:.3g}x the kernel's floor, as XLA's version took at the bench shape"
+               if xla_basis == "measured_table" else "XLA's ops from " + ("static cycles" if c.static_ok else
+                                                                          "roofline floors"))
+        return "medium", (f"{xla}; the kernel at {fig.efficiency:.0%} of its roofline floor here "
+                          f"({p.floor_s * 1e6:.4g} us a run), as it ran on a {fig.device} at its bench shape "
+                          f"({fig.kernel_us:,.1f} us" + (f"; XLA {fig.xla_us:,.1f} us" if fig.xla_us else "")
+                          + f"): `{fig.command}`")
     if c.measured:
         xla = "XLA's ops measured on the chip"
     else:
@@ -185,11 +195,13 @@ def _confidence(c: Candidate, p: Price, basis: str) -> tuple[str, str]:
 def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], replaced: list[Replaced],
                  prices: dict[int, Price], bounds: dict[int, float | None], findings: list[Finding],
                  measured: dict | None = None, config: SuggestConfig = DEFAULT_SUGGEST_CONFIG,
-                 notes=(), per_step: dict | None = None) -> SuggestReport:
+                 notes=(), per_step: dict | None = None, chip_table: dict | None = None) -> SuggestReport:
     """`prices` and `bounds` are keyed by the candidate's index in `cands`; `measured` ({source line:
     measured op self seconds} of a profile run; its CPU op names are not the TPU's) adds each
     suggestion's share of measured op time; `per_step` ({module name: its executions per traced
-    step}, from a profile run) turns each saving per execution into a saving per step."""
+    step}, from a profile run) turns each saving per execution into a saving per step; `chip_table`
+    ({kernel: kernels.measured.ChipFigure} of the target's chip) prices a forward kernel, and XLA's
+    ops where the run did not measure them, from the chip's measured times."""
     rows, replaced = [], list(replaced)
     measured_total = sum(measured.values()) if measured else 0.0
     for i, c in enumerate(cands):
@@ -207,16 +219,28 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
         # The kernel is priced for one run of one instance (at the first instance's shapes); a loop
         # body's pattern runs `runs` times, and each instance at the source line (a layer) once more.
         # The bound is already the sum over the instances' own shapes.
-        if p.kernel_s is not None:
+        xla_s, share = c.xla_s, c.share
+        xla_basis = "measured_run" if c.measured else "static"
+        fig = (chip_table or {}).get(p.kernel) if p.kernel and p.floor_s and not c.backward else None
+        if fig is not None:
+            # The chip's measured times at the kernel's bench shape, scaled to these shapes by the
+            # kernel's roofline floor: the kernel reaches the same share of its floor, and XLA (where
+            # this run did not measure it) takes the same multiple of it.
+            basis, kernel_s = "measured_table", p.floor_s / fig.efficiency * c.runs * c.instances
+            if not c.measured and fig.xla_over_floor:
+                xla_s = p.floor_s * fig.xla_over_floor * c.runs * c.instances
+                xla_basis = "measured_table"
+                share = xla_s / max(c.module_s - c.xla_s + xla_s, xla_s)
+        elif p.kernel_s is not None:
             basis, kernel_s = "compiled", p.kernel_s * c.runs * c.instances
         elif bound is not None:
             basis, kernel_s = "roofline_bound", bound * c.runs
         else:
             basis, kernel_s = "none", None
-        speedup = c.xla_s / kernel_s if kernel_s else None
-        saved = c.xla_s - kernel_s if kernel_s is not None else None
-        confidence, reason = _confidence(c, p, basis)
-        shown = c.share >= config.min_share and speedup is not None and speedup >= config.min_speedup
+        speedup = xla_s / kernel_s if kernel_s else None
+        saved = xla_s - kernel_s if kernel_s is not None else None
+        confidence, reason = _confidence(c, p, basis, fig, xla_basis)
+        shown = share >= config.min_share and speedup is not None and speedup >= config.min_speedup
         mshare = None
         if measured_total:
             mshare = round(sum(measured.get(src, 0.0) for src in c.source) / measured_total, 6)
@@ -232,14 +256,15 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
             notes_.append(f"runs {c.runs} times per execution of {c.module} (a loop body): the times count every run")
         rows.append(Suggestion(
             pattern=c.match.pattern, kernel=p.kernel, module=c.module, ops=c.ops, source=c.source,
-            shapes=c.match.shapes.to_dict(), share=round(c.share, 6), xla_s=round(c.xla_s, 12),
+            shapes=c.match.shapes.to_dict(), share=round(share, 6), xla_s=round(xla_s, 12),
             kernel_s=None if kernel_s is None else round(kernel_s, 12), kernel_basis=basis,
             expected_speedup=None if speedup is None else round(speedup, 3),
             saved_s=None if saved is None else round(saved, 12), confidence=confidence, reason=reason,
             snippet=p.snippet, notes=tuple(notes_), shown=shown, measured_share=mshare, backward=c.backward,
             runs=c.runs, executions_per_step=(per_step or {}).get(c.module),
             saved_per_step_s=None if saved is None or (per_step or {}).get(c.module) is None
-            else round(saved * per_step[c.module], 12), xla_measured=True if c.measured else None))
+            else round(saved * per_step[c.module], 12), xla_measured=True if c.measured else None,
+            xla_basis=xla_basis if xla_basis == "measured_table" else None))
     rows.sort(key=lambda r: (not r.shown, -(r.saved_per_step_s if r.saved_per_step_s is not None else r.saved_s or 0.0),
                              -r.share, r.module, r.pattern))
     out_notes = list(notes)
