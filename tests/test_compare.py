@@ -401,3 +401,23 @@ def test_a_saved_report_with_a_bad_field_is_refused_where_it_is_read(tmp_path, c
         load_for_compare(path)
     rc, out, err = run_main(["compare", str(ARTIFACTS / "mlp_steps8_a"), str(path)], capsys)
     assert rc == 3 and not out and err.count("\n") == 1 and "steps.rows[0].duration_s" in err
+
+
+def test_a_failed_run_fails_the_gate_with_its_own_exit_code(capsys):
+    # `raises` is a real run whose program raised after its first computation: compared (with
+    # --force: another program) it fails the gate, exit 5, whatever the figures say.
+    rc, out, err = run_main(["compare", "--force", str(ARTIFACTS / "mlp"), str(ARTIFACTS / "raises")], capsys)
+    assert rc == 5
+    assert "FAILED RUN: CUR" in out and "ValueError" in out
+    assert err.count("\n") == 1 and err.startswith("tpudiag: compare: CUR ") and "a failed run passes no gate" in err
+    rc, out, err = run_main(["compare", "--force", "--json", str(ARTIFACTS / "raises"), str(ARTIFACTS / "mlp")], capsys)
+    doc = json.loads(out)
+    assert rc == 5 and doc["run_failed"].startswith("BASE ") and Comparison.from_dict(doc).run_failed
+    rc, out, _ = run_main(["compare", "--json", str(ARTIFACTS / "mlp_steps8_a"), str(ARTIFACTS / "mlp_steps8_b")], capsys)
+    assert rc == 0 and "run_failed" not in json.loads(out)
+
+
+def test_the_same_run_twice_is_refused(capsys, tmp_path):
+    run = ARTIFACTS / "mlp_steps8_a"
+    rc, out, err = run_main(["compare", str(run), str(run) + "/"], capsys)
+    assert (rc, out) == (2, "") and "BASE and CUR are the same run" in err and err.count("\n") == 1

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -60,13 +61,16 @@ def test_run_directory_rules(tmp_path):
     (full / "manifest.json").write_text("{}")
     with pytest.raises(InputError, match="never overwrites a run"):
         check_run_dir(full)
-    with pytest.raises(InputError, match="never overwrites a run"):
+    with pytest.raises(InputError, match="afile: is a file, not a directory"):  # even an empty one
         check_run_dir(tmp_path / "afile")
+    (tmp_path / "empty_file").write_text("")
+    with pytest.raises(InputError, match="empty_file: is a file, not a directory"):
+        check_run_dir(tmp_path / "empty_file")
     # Missing parents are created with the run; an existing empty directory is used as it is.
     assert check_run_dir(tmp_path / "a" / "b" / "run") == tmp_path / "a" / "b" / "run"
     (tmp_path / "empty").mkdir()
     check_run_dir(tmp_path / "empty")
-    assert file_tree(tmp_path) == ["afile", "empty", "full", "full/manifest.json"], "the check created nothing"
+    assert file_tree(tmp_path) == ["afile", "empty", "empty_file", "full", "full/manifest.json"], "the check created nothing"
 
 
 def _read_only_dir(tmp_path):
@@ -198,3 +202,25 @@ def test_an_html_file_inside_the_new_run_directory_is_fine(tmp_path, capsys):
     rc, out, err = run_main(["profile", "--out", str(run), "--html", str(run / "p.html"), "--md", MLP], capsys)
     assert rc == 0, err
     assert out.startswith("## tpudiag profile") and (run / "p.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def _claim(args):
+    import datetime
+
+    from tpudiag.capture.rundir import default_run_dir
+
+    root, stamp = args
+    return str(default_run_dir(Path("small.py"), Path(root), datetime.datetime.fromisoformat(stamp)))
+
+
+def test_runs_started_in_the_same_second_each_claim_their_own_directory(tmp_path):
+    # Six processes name a run in the same second: each mkdir either claims a name or moves on.
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(6) as pool:
+        dirs = pool.map(_claim, [(str(tmp_path / "tpudiag-runs"), "2026-12-06T11:47:50")] * 6)
+    assert len(set(dirs)) == 6
+    assert sorted(Path(d).name for d in dirs) == ["20261206-114750-small"] + [f"20261206-114750-small-{n}"
+                                                                               for n in range(2, 7)]
+    assert all(Path(d).is_dir() and not any(Path(d).iterdir()) for d in dirs)
+    check_run_dir(dirs[0])  # a claimed, empty directory is a valid run directory

@@ -126,7 +126,9 @@ def _check_file(path: Path, overwrite: bool) -> None:
 def refuse_existing_run(path: Path) -> None:
     """The never-overwrite rule: an existing file or non-empty directory is not a new run. Checked
     before any work here, and again by `capture.rundir.create_run_dir` when the run is created."""
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{path}: is a file, not a directory; a run is a directory (choose another --out)")
+    if path.exists() and any(path.iterdir()):
         raise InputError(f"{path}: already exists and is not empty; tpudiag never overwrites a run "
                          "(choose another --out)")
 

@@ -68,15 +68,23 @@ ESTIMATE_MD = "estimate.md"
 
 
 def default_run_dir(script: Path, root: Path = Path("tpudiag-runs"), now: _dt.datetime | None = None) -> Path:
-    """`tpudiag-runs/<timestamp>-<script stem>`, with a numeric suffix if that name is taken."""
+    """`tpudiag-runs/<timestamp>-<script stem>`, with a numeric suffix if that name is taken. The
+    directory is claimed here, empty, by an atomic mkdir: runs started in the same second (a CI
+    matrix) each get their own. Where it cannot be created, the name is returned unclaimed and
+    `outputs.check_run_dir` says why."""
     now = now or _dt.datetime.now()
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", script.stem) or "program"
     base = root / f"{now:%Y%m%d-%H%M%S}-{stem}"
-    candidate, n = base, 1
-    while candidate.exists():
-        n += 1
-        candidate = base.with_name(f"{base.name}-{n}")
-    return candidate
+    n = 1
+    while True:
+        candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            n += 1
+        except OSError:
+            return candidate
 
 
 PROFILE_SUBDIRS = (TRACE_DIR, HLO_DIR, IR_DIR, CAPTURE_DIR)

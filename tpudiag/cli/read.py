@@ -14,6 +14,9 @@ from tpudiag.cli.common import (check_outputs, emit, force_option, output_format
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed
 
+# `compare`: BASE or CUR is a failed run (a crashed or stopped program), whatever its figures say.
+EXIT_RUN_FAILED = 5
+
 
 @cli.command()
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
@@ -127,7 +130,8 @@ def compare(metric, max_regression, force, top, as_json, as_md, no_color, width,
     TPU estimates. With --metric device_time and 3 or more steps in each run the median step times
     are compared, and an increase counts only beyond --max-regression and the runs' measured spread.
     Per-module and per-op changes are shown; only the headline figure decides the exit code: 1 on a
-    regression, 0 otherwise.
+    regression, 0 otherwise; 5 when either run failed (its program crashed or was stopped), whatever
+    the figures say. BASE and CUR must be two runs.
     """
     from tpudiag import api
     from tpudiag.analyze.compare.runs import parse_max_regression
@@ -136,6 +140,8 @@ def compare(metric, max_regression, force, top, as_json, as_md, no_color, width,
     fmt = output_format(as_json, as_md)
     result = api.compare_runs(base, cur, metric, parse_max_regression(max_regression), force)
     emit(result, fmt, no_color=no_color, width=width, top=top)
+    if result.run_failed:
+        raise GateFailed(f"compare: {result.run_failed}: a failed run passes no gate", exit_code=EXIT_RUN_FAILED)
     if result.regression:
         raise GateFailed(render_compare_verdict(result))
 

@@ -145,6 +145,8 @@ def render_compare_terminal(comparison, console: Console, top: int = 15) -> None
     if c.calibration:
         console.print(plain(_calibration_text(c.calibration), style="bright_black"))
     console.print(Text(VERDICT[h.verdict], style=_STYLE[h.verdict]))
+    if c.run_failed:
+        console.print(plain(f"FAILED RUN: {c.run_failed}: the gate fails whatever the figures say", style="bold red"))
     if h.verdict == "refused":
         console.print(plain(f"time verdict refused: {h.refused}", style="yellow"))
         fb = c.fallback
@@ -205,6 +207,8 @@ def render_compare_markdown(comparison, top: int = 15) -> str:
         label, funit = FIGURES.get(r.name, (r.name, "count"))
         out.append(f"| {_esc(label)} | {_fmt(r.base, funit)} | {_fmt(r.cur, funit)} | {_signed(r.delta, funit)} | "
                    f"{_pct(r.delta_pct)} | {'flagged' if r.flagged else '-'} |")
+    if c.run_failed:
+        out += ["", f"**Failed run:** {_esc(c.run_failed)}: the gate fails whatever the figures say."]
     if h.verdict == "refused":
         out += ["", f"**Time verdict refused:** {_esc(h.refused)}"
                 + ("" if fb else " No executed-work figures on both sides to decide instead.")]

@@ -136,6 +136,9 @@ class Comparison(Model):
     # device_time whose time verdict was refused, when both runs have executed-work figures: the `work`
     # headline, which then decides `regression` (the exit code).
     fallback: Headline | None = field(default=None, metadata={"omit_none": True})
+    # A side whose run failed (its program crashed or was stopped): the gate fails whatever the
+    # figures say (`tpudiag compare` exits 5), and this says which side and why.
+    run_failed: str | None = field(default=None, metadata={"omit_none": True})
 
     @property
     def flagged(self) -> tuple[ChangeRow, ...]:

@@ -464,13 +464,15 @@ def compare_reports(base: dict, cur: dict, metric: str | None, max_regression: f
                if (bv := _versions(base).get(name)) and (cv := _versions(cur).get(name)) and bv != cv]
     if changed:
         warnings.append(f"different tool versions ({'; '.join(changed)}): compiler changes are part of the difference")
-    for ident in (bid, cid):
+    failed = []
+    for ident, side in ((bid, "BASE"), (cid, "CUR")):
         if not ident["program"]:
             warnings.append(f"{ident['path']}: program unknown, so it was not checked")
         if ident["status"] not in ("ok", None):
             why = f" ({ident['reason']})" if ident["reason"] else ""
             warnings.append(f"{ident['path']}: run status {ident['status']}{why}; its figures cover only what was "
                             "captured")
+            failed.append(f"{side} {ident['path']} is a {ident['status']} run{why}")
 
     bs, cs = _EXTRACT[metric](base, bid), _EXTRACT[metric](cur, cid)
     warnings += [*bs.notes, *cs.notes]
@@ -542,4 +544,4 @@ def compare_reports(base: dict, cur: dict, metric: str | None, max_regression: f
         note=NOTE + (FALLBACK_NOTE if fallback else ""),
         warnings=tuple(warnings), metric_reason=metric_reason,
         figures=None if figures is None else tuple(ChangeRow(**r) for r in figures), calibration=calibration,
-        fallback=fallback)
+        fallback=fallback, run_failed="; ".join(failed) or None)
