@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -81,21 +82,49 @@ def test_never_over_an_existing_run(tmp_path):
     assert (tmp_path / "run" / "keep.txt").read_text() == "mine" and not (tmp_path / "run" / rundir.MANIFEST).exists()
 
 
-def test_a_real_compile_stopped_by_sigterm_leaves_a_failed_manifest(tmp_path):
-    """`tpudiag compile` of a JAX IR dump (four modules, one compile worker at a time): SIGTERM while
-    the TPU compiler works, and the run says `failed` with the signal instead of staying `running`."""
+def _workers_of(run) -> list[int]:
+    """Live processes whose command line names the run directory (its compile workers)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "tpudiag.capture.tpu_worker" in cmd and str(run) in cmd:
+                pids.append(int(d.name))
+    return pids
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_real_compile_stopped_by_a_signal_ends_its_workers_and_says_so(tmp_path, signum):
+    """`tpudiag compile` of a JAX IR dump (four modules, one compile worker at a time): SIGTERM or
+    Ctrl-C while a TPU compile worker runs. The worker is killed with tpudiag (none is left), the run
+    says `failed` with the signal instead of staying `running`, and no module is reported as a
+    compiler abort."""
     run = tmp_path / "run"
     env = dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "tpudiag", "compile", "--target", "v5e", "--jobs", "1", "--out",
                              str(run), str(ARTIFACTS / "decoder" / "ir")], env=env, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while not list(run.glob("modules/*/module.json")) and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.02)  # the first module has started compiling
-    assert _manifest(run)["status"] == "running"
-    proc.send_signal(signal.SIGTERM)
+    while not _workers_of(run) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)  # a compile worker is running
+    assert _workers_of(run) and _manifest(run)["status"] == "running"
+    started = sorted(d.name for d in (run / "modules").iterdir())
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     m = _manifest(run)
-    assert proc.returncode == 143 and m["status"] == "failed" and m["exit_code"] == 143, err.decode()
-    assert m["reason"] == "tpudiag failed: terminated by signal SIGTERM"
-    assert err.decode().strip().splitlines()[-1] == "tpudiag: error: terminated by signal SIGTERM"
+    code = 143 if signum == signal.SIGTERM else 130
+    assert proc.returncode == code and m["status"] == "failed" and m["exit_code"] == code, err.decode()
+    if signum == signal.SIGTERM:
+        assert m["reason"] == "tpudiag failed: terminated by signal SIGTERM"
+        assert err.decode().strip().splitlines()[-1] == "tpudiag: error: terminated by signal SIGTERM"
+    else:
+        assert m["reason"] == "interrupted (Ctrl-C)"
+        assert err.decode().strip().splitlines()[-1] == "tpudiag: interrupted"
+    assert "aborted" not in err.decode()
+    assert _workers_of(run) == []  # killed with tpudiag, not left running
+    # The module compiling when the signal came never finished, and no module started after it.
+    assert sorted(d.name for d in (run / "modules").iterdir()) == started
+    assert not (run / "modules" / started[-1] / rundir.MODULE_RESULT).exists()

@@ -88,6 +88,7 @@ def _lower_in_worker(path: Path, func: str, argv: list[str], target, mesh, out_d
     """Run the worker into `out_dir`. None when it lowered the step; the one-line error when FUNC or
     jax failed (the caller keeps the log in the run); an `InputError` when the file or FUNC is not
     what estimate needs (`estimate_worker.Refused`)."""
+    from tpudiag.capture import workers
     from tpudiag.capture.tpu_compile import quiet_libtpu
 
     spec = out_dir / "spec.json"
@@ -95,8 +96,8 @@ def _lower_in_worker(path: Path, func: str, argv: list[str], target, mesh, out_d
     env = quiet_libtpu(dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", JAX_PLATFORMS="cpu",
                             TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1")))
     with open(out_dir / "lower.log", "wb") as log:
-        code = subprocess.run([sys.executable, "-m", "tpudiag.capture.estimate_worker", str(spec)], env=env,
-                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+        code = workers.run([sys.executable, "-m", "tpudiag.capture.estimate_worker", str(spec)], env=env,
+                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     if code == 0:
         return None
     err = out_dir / "error.json"

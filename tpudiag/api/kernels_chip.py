@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from tpudiag.capture import workers
 from tpudiag.errors import InputError
 
 REQUEST, RESULTS, LOG, TRACES = "chip-bench-request.json", "chip-bench.jsonl", "chip-bench.log", "chip-traces"
@@ -39,11 +40,13 @@ def _run_worker(request: Path, results: Path, log: Path, kernels: list[str]) -> 
     env.pop("ALLOW_MULTIPLE_LIBTPU_LOAD", None)  # the worker is the chip's one user
     start = log.stat().st_size if log.exists() else 0
     with log.open("a") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tpudiag.kernels.chip_bench", str(request), str(results)],
-                                stdout=err, stderr=err, env=env)
+        proc = workers.popen([sys.executable, "-m", "tpudiag.kernels.chip_bench", str(request), str(results)],
+                             stdout=err, stderr=err, env=env)
         try:
             deadline = time.monotonic() + 60 + PER_KERNEL_S * len(kernels)
             while proc.poll() is None:
+                if workers.stopping():
+                    raise KeyboardInterrupt
                 if time.monotonic() > deadline:
                     proc.kill()
                     proc.wait()
@@ -57,6 +60,9 @@ def _run_worker(request: Path, results: Path, log: Path, kernels: list[str]) -> 
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+            workers.forget(proc)
+    if workers.stopping():
+        raise KeyboardInterrupt
     return proc.returncode, _last_words(log, start)
 
 

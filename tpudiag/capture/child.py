@@ -22,6 +22,7 @@ import time
 import traceback
 from pathlib import Path
 
+from tpudiag.parent_death import die_with_parent
 from tpudiag.errors import one_line
 
 
@@ -163,21 +164,6 @@ def _exit_code(exc: SystemExit) -> int:
         return code
     print(code, file=sys.stderr)  # sys.exit("message") prints the message and exits 1
     return 1
-
-
-def _die_with_parent(parent_pid: int | None) -> None:
-    """Ask Linux to SIGKILL this process when tpudiag dies (killed, terminal closed), so the program
-    is never left running alone; if tpudiag is already gone, stop now."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1  # <linux/prctl.h>
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    if parent_pid is not None and os.getppid() != parent_pid:
-        os._exit(128 + signal.SIGKILL)
 
 
 # The calibration loop: the machine's speed, timed before the program, between its traced steps and
@@ -331,7 +317,7 @@ def _stop_program(signum: int, _frame) -> None:
 
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
-    _die_with_parent(spec.get("parent_pid"))
+    die_with_parent(spec.get("parent_pid"))
     run = Path(spec["run_dir"])
     script = os.path.abspath(spec["script"])
     status = {"exit_code": 0, "reason": None, "exception": None}

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tpudiag.capture.lower import lower_for_tpu
 from tpudiag.errors import InputError, one_line
+from tpudiag.parent_death import die_with_parent
 
 
 class Refused(Exception):
@@ -134,6 +135,7 @@ def lower(spec: dict) -> dict:
 
 def main() -> int:
     """The worker's exit code: 0, 2 (the file or FUNC is not what estimate needs), 1 (FUNC or jax failed)."""
+    die_with_parent()
     spec = json.loads(Path(sys.argv[1]).read_text())
     out = Path(spec["out_dir"])
     try:

@@ -214,6 +214,9 @@ class RunDir:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self._previous_sigterm is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
+        from tpudiag.capture import workers
+
+        workers.reset()  # a stop inside the block has been handled: its workers are gone
         if exc is not None and not (self._finished and isinstance(exc, TpudiagError)):
             # An error the block already recorded with `finish` keeps that status and reason.
             if isinstance(exc, KeyboardInterrupt):
@@ -242,4 +245,7 @@ class RunDir:
 
 
 def _raise_terminated(signum, _frame):
+    from tpudiag.capture.workers import stop_all
+
+    stop_all()
     raise Terminated(f"terminated by signal {signal.Signals(signum).name}")

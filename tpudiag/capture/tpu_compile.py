@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from tpudiag.capture import rundir
+from tpudiag.capture import rundir, workers
 from tpudiag.capture.compile_cache import CompileCache
 
 # The LLO dump narrowed to the final bundles and their slot utilization: without the regex
@@ -290,12 +290,16 @@ def _run_worker(spec_paths: list[Path], log_path: Path, env: dict, cpu_limit_s: 
                 memory_bytes: int, worker: _Worker) -> tuple[str, str | None]:
     """Run a worker on `spec_paths` under the limits: ("ok", None) when it exited 0, else why not."""
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tpudiag.capture.tpu_worker", *map(str, spec_paths)], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = workers.popen([sys.executable, "-m", "tpudiag.capture.tpu_worker", *map(str, spec_paths)], env=env,
+                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         worker.pid = proc.pid
         start = time.monotonic()
         try:
             while proc.poll() is None:
+                if workers.stopping():  # tpudiag was told to stop: the worker is killed, not failed
+                    proc.kill()
+                    proc.wait()
+                    raise KeyboardInterrupt
                 wall = time.monotonic() - start
                 if _cpu_s(proc.pid) > cpu_limit_s:
                     proc.kill()
@@ -312,6 +316,9 @@ def _run_worker(spec_paths: list[Path], log_path: Path, env: dict, cpu_limit_s: 
                 time.sleep(0.05)
         finally:
             worker.pid = None
+            workers.forget(proc)
+    if workers.stopping():
+        raise KeyboardInterrupt
     if proc.returncode != 0:
         return "crashed", f"the TPU compiler aborted (exit {proc.returncode}): {_last_error_line(log_path)}"
     return "ok", None

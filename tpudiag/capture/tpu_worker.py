@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 
 from tpudiag.capture import rundir
+from tpudiag.parent_death import die_with_parent
 from tpudiag.errors import one_line
 
 
@@ -155,6 +156,7 @@ def compile_one(spec: dict) -> dict:
 def main() -> None:
     # Several specs: modules compiled one after another in this one process (the setup modules of a
     # script, which need no dumps), each result written as soon as it is known.
+    die_with_parent()
     for arg in sys.argv[1:]:
         spec = json.loads(Path(arg).read_text())
         out = Path(spec["out_dir"])

@@ -22,6 +22,9 @@ __all__ = ["cli", "main"]
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: maps tpudiag errors to one-line messages and exit codes."""
     obj: dict = {"debug": False}  # the group callback records --debug here (click's ctx.obj)
+    from tpudiag.capture.workers import install_handlers
+
+    install_handlers()  # one Ctrl-C or SIGTERM ends every worker process at once
     try:
         cli.main(args=argv, prog_name="tpudiag", standalone_mode=False, obj=obj)
     except click.exceptions.Abort:

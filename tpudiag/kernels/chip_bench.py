@@ -150,6 +150,9 @@ def time_functions(kernel: str, items: list, calls: int, rotate_bytes: int, emit
 
 
 def main(argv: list[str]) -> int:
+    from tpudiag.parent_death import die_with_parent
+
+    die_with_parent()
     request, out = json.loads(Path(argv[0]).read_text()), Path(argv[1])
     import jax
 
