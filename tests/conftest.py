@@ -74,6 +74,8 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # Every test compiles afresh unless it asks for a compile cache of its own (tests/capture/test_compile_cache.py):
 # a cached static profile would hide the timeouts and aborts other tests provoke.
 os.environ.setdefault("TPUDIAG_NO_CACHE", "1")
+# Terminal reports take COLUMNS as their width; goldens are made at the natural width of piped output.
+os.environ.pop("COLUMNS", None)
 
 
 def pytest_addoption(parser):

@@ -421,3 +421,5 @@ def test_the_same_run_twice_is_refused(capsys, tmp_path):
     run = ARTIFACTS / "mlp_steps8_a"
     rc, out, err = run_main(["compare", str(run), str(run) + "/"], capsys)
     assert (rc, out) == (2, "") and "BASE and CUR are the same run" in err and err.count("\n") == 1
+    rc, out, _ = run_main(["compare", "--force", "--json", str(run), str(run)], capsys)
+    assert rc == 0 and json.loads(out)["headline"]["verdict"] != "regression"

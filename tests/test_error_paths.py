@@ -186,3 +186,56 @@ def test_the_checks_run_in_the_installed_command(tmp_path):
                         "(the Chrome JSON trace)\n")
     assert src.read_text() == text
 
+
+
+def test_an_out_of_range_number_is_one_line(capsys):
+    rc, out, err = run_main(["kernels", "bench", "--target", "v5e", "--calls", "0", "rmsnorm"], capsys)
+    assert (rc, out) == (2, "") and err.count("\n") == 1
+    assert err.startswith("tpudiag: error: Invalid value for '--calls': 0 is not in the range")
+    assert err.rstrip().endswith("(see tpudiag kernels bench --help)")
+
+
+def test_a_reason_cut_at_a_semicolon_goes_on_to_the_next_line():
+    from tpudiag.errors import one_line
+
+    e = RuntimeError("Lowering of StableHLO failed;\n  INTERNAL: the dot's operands differ\n(more)")
+    assert one_line(e) == "RuntimeError: Lowering of StableHLO failed; INTERNAL: the dot's operands differ"
+    assert one_line(RuntimeError("done.\nnot this")) == "RuntimeError: done."
+
+
+def test_columns_sets_the_width_of_piped_output_and_the_xprof_hint_is_shell_quoted(tmp_path):
+    import shutil
+
+    run = tmp_path / "my run"
+    shutil.copytree(ARTIFACTS / "mlp", run)
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    wide = subprocess.run([sys.executable, "-m", "tpudiag", "report", str(run)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    narrow = subprocess.run([sys.executable, "-m", "tpudiag", "report", str(run)], capture_output=True, text=True,
+                            env=dict(env, COLUMNS="100"), timeout=120)
+    assert wide.returncode == narrow.returncode == 0
+    assert max(map(len, wide.stdout.splitlines())) > 100 >= max(map(len, narrow.stdout.splitlines()))
+    assert f"xprof --logdir '{run}/trace'" in wide.stdout
+
+
+def test_a_program_that_reads_a_terminal_is_told_to_pipe_its_input(tmp_path):
+    # tpudiag's standard input is a terminal (a pseudo-terminal here): the program gets none, and
+    # when it fails on end of input the reason says how to give it some.
+    master, slave = os.openpty()
+    try:
+        p = subprocess.run([sys.executable, "-m", "tpudiag", "profile", "--out", str(tmp_path / "run"),
+                            str(PROGRAMS / "reads_stdin.py")], stdin=slave, capture_output=True, text=True,
+                           timeout=300)
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert p.returncode == 1
+    assert "EOFError" in p.stderr and "pipe or redirect its input (tpudiag profile prog.py < FILE)" in p.stderr
+
+
+def test_a_program_that_traces_nothing_says_so_in_its_box(tmp_path):
+    (tmp_path / "empty.py").write_text("")
+    p = subprocess.run([sys.executable, "-m", "tpudiag", "profile", "--out", str(tmp_path / "run"),
+                        str(tmp_path / "empty.py")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "status ok (the program ran; nothing was traced)" in " ".join(p.stdout.split())
+    assert p.stderr.strip().splitlines()[-1].startswith("tpudiag: error: nothing was traced")

@@ -122,9 +122,9 @@ def test_bracketed_paths_in_fusions_compare_and_hlo_diff(bracketed):
     fusions = _ok(_tpudiag("fusions", "--no-color", "--width", "200", "--module", "step__bold", run, cwd=base))
     assert "tpudiag fusions: jit_step__bold" in fusions and f"{run}/hlo/" in fusions
     assert f"train[bold].py:{_line_of('return jnp.tanh')}" in fusions
-    compared = _ok(_tpudiag("compare", "--no-color", "--width", "200", run, run, cwd=base))
+    compared = _ok(_tpudiag("compare", "--force", "--no-color", "--width", "200", run, run, cwd=base))
     assert f"base  {run}  exp[v2]/train[bold].py  (cpu" in compared
-    compared_md = _ok(_tpudiag("compare", "--md", run, run, cwd=base))
+    compared_md = _ok(_tpudiag("compare", "--force", "--md", run, run, cwd=base))
     assert f"**Base:** `{run}  exp[v2]/train[bold].py  (cpu" in compared_md
     diff = _ok(_tpudiag("hlo-diff", "--module", "step__bold", run, run, cwd=base))
     assert f"A jit_step__bold ({run}/hlo/" in diff and "no change" in diff

@@ -59,8 +59,8 @@ _RUN_COMMANDS = {
     "fusions.json": ["fusions", "--json", "{RUN}"],
     "tpu-fusions.json": ["fusions", "--json", "{RUN}/tpu"],
     "hlo-diff.json": ["hlo-diff", "--json", "--module", "jit_train_step", "{RUN}", "{RUN}/tpu"],
-    "compare.json": ["compare", "--json", "{RUN}", "{RUN}"],
-    "compare.md": ["compare", "--md", "{RUN}", "{RUN}"],
+    "compare.json": ["compare", "--force", "--json", "{RUN}", "{RUN}"],
+    "compare.md": ["compare", "--force", "--md", "{RUN}", "{RUN}"],
 }
 
 

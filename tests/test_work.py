@@ -118,7 +118,7 @@ def test_cli_work_metric_is_offered_and_refused_for_compile_runs(capsys):
     for args, code in (([str(runs / "mlp_steps8_a"), str(runs / "mlp_steps8_b")], 0),
                        ([str(runs / "compile_v5e_collective"), str(runs / "compile_v5e_collective")], 2)):
         with pytest.raises(SystemExit) as e:
-            main(["compare", "--metric", "work", "--json", *args])
+            main(["compare", "--force", "--metric", "work", "--json", *args])
         out, err = capsys.readouterr()
         assert e.value.code == code, err
         if code == 0:

@@ -11,10 +11,17 @@ from __future__ import annotations
 def one_line(e: BaseException, limit: int = 400, typed: bool = True) -> str:
     """`Type: first line of the message` (just the first line with `typed=False`; the type's name
     for an empty message), cut to `limit` characters: how a caught failure is shown in a report row
-    or a manifest's reason."""
+    or a manifest's reason. A first line that stops short (ends in ':' or ';': "... StableHLO
+    failed;") goes on with the next lines, so the reason itself is not cut off."""
     message = str(e).strip()
     text = f"{type(e).__name__}: {message}".strip() if typed or not message else message
-    return (text.splitlines() or [type(e).__name__])[0][:limit]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()] or [type(e).__name__]
+    out = lines[0]
+    for ln in lines[1:]:
+        if not out.endswith((":", ";")) or len(out) >= limit:
+            break
+        out = f"{out} {ln}"
+    return out[:limit]
 
 
 class TpudiagError(Exception):

@@ -54,7 +54,8 @@ def compare_runs(base: Path, cur: Path, metric: str | None = None, max_regressio
     from tpudiag.analyze.compare.runs import compare_reports
 
     a, b = runs.open_run(base).path.resolve(), runs.open_run(cur).path.resolve()
-    if a == b:
-        raise InputError(f"{cur}: BASE and CUR are the same run ({a}); give the run to compare against as BASE")
+    if a == b and not force:
+        raise InputError(f"{cur}: BASE and CUR are the same run ({a}); give the run to compare against as BASE "
+                         "(--force compares a run with itself)")
     return compare_reports(load_for_compare(base), load_for_compare(cur), metric, max_regression, force,
                            base_path=str(base), cur_path=str(cur))

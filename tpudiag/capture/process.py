@@ -209,6 +209,9 @@ class ProgramProcess:
         self._out = stdout or sys.stdout.buffer
         self._err = stderr or sys.stderr.buffer
         self._share_stdin, self._prefix = share_stdin, prefix
+        self._stdin = _stdin(share_stdin)
+        # The program reads nothing from a terminal tpudiag has: say so if it fails on end of input.
+        self._stdin_withheld = self._stdin is subprocess.DEVNULL and share_stdin
         self.popen: subprocess.Popen | None = None
         self.t0 = 0.0
         self.code: int | None = None  # the return code, once seen
@@ -231,7 +234,7 @@ class ProgramProcess:
             self.t0 = time.perf_counter()
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "tpudiag.capture.child", str(spec_path)],
-                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=_stdin(self._share_stdin),
+                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=self._stdin,
                 # Its own process group: a terminal Ctrl-C reaches only us, and we forward it once,
                 # so the child is not interrupted a second time while it writes the trace.
                 process_group=0,
@@ -317,6 +320,9 @@ class ProgramProcess:
             reason = child.get("reason") if code else None
             if code and reason is None:
                 reason = f"program exited with code {code}"
+        if code and reason and "EOFError" in reason and self._stdin_withheld:
+            reason += ("; its standard input was not this terminal (a program under tpudiag cannot read one): "
+                       "pipe or redirect its input (tpudiag profile prog.py < FILE)")
         if self.stopped is not None:
             reason = f"{self.stopped}; it then ended: {reason}" if reason else self.stopped
             exit_code = exit_code or 1

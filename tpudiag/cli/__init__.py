@@ -30,8 +30,14 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("tpudiag: interrupted", err=True)
         sys.exit(130)
-    except click.ClickException as e:
-        e.show()
+    except click.ClickException as e:  # a bad option or argument: one line, as every other error
+        if type(e).__name__ == "NoArgsIsHelpError":  # `tpudiag` or a group alone: its help
+            e.show()
+            sys.exit(e.exit_code)
+        where = getattr(getattr(e, "ctx", None), "command_path", None)
+        hint = f" (see {where} --help)" if isinstance(e, click.UsageError) and where else ""
+        message = " ".join(e.format_message().split())
+        click.echo(f"tpudiag: error: {message}{hint}", err=True)
         sys.exit(e.exit_code)
     except TpudiagError as e:
         if obj["debug"]:

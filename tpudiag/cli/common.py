@@ -21,11 +21,16 @@ NATURAL_WIDTH = 1 << 15
 
 
 def console(no_color: bool = False, width: int | None = None):
-    """The console a terminal report is printed on: `width` columns, else the terminal's; piped
-    output (stdout not a terminal) is plain text at its natural width (rich then writes no colour
-    either), so a path or an op name is never split for a terminal that is not there."""
+    """The console a terminal report is printed on: `width` columns, else `COLUMNS` where the
+    environment sets it, else the terminal's; piped output (stdout not a terminal) is plain text at
+    its natural width (rich then writes no colour either), so a path or an op name is never split
+    for a terminal that is not there."""
+    import os
+
     from rich.console import Console
 
+    if width is None and os.environ.get("COLUMNS", "").strip().isdigit() and int(os.environ["COLUMNS"]) > 0:
+        width = int(os.environ["COLUMNS"])
     out = Console(no_color=no_color, width=width, highlight=False, soft_wrap=False)
     if width is None and not out.is_terminal:
         out = Console(no_color=no_color, width=NATURAL_WIDTH, highlight=False, soft_wrap=False)

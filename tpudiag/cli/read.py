@@ -117,7 +117,8 @@ def hlo_diff(functions, modules, html_path, force, fail_on_change, show_all, as_
                    "tpu_time for compile and profile --target runs, else device_time).")
 @click.option("--max-regression", default="5%", show_default=True,
               help="Largest allowed increase of the headline figure: 5% (or the fraction 0.05).")
-@click.option("--force", is_flag=True, help="Compare runs of different programs, backends, targets or kinds anyway.")
+@click.option("--force", is_flag=True, help="Compare runs of different programs, backends, targets or kinds "
+                                           "anyway, or a run with itself.")
 @click.option("--top", type=click.IntRange(1, 10000), default=15, show_default=True, help="Rows per table.")
 @output_options("tpudiag.compare/1")
 @click.argument("base", type=click.Path(path_type=Path))

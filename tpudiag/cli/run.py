@@ -152,6 +152,15 @@ def profile(out, steps, skip, python_trace, processes, devices_per_process, proc
     report = result.report
     if not report.artifacts.get("xplane"):
         raise NothingTraced(f"nothing was traced: {report.warnings[0] if report.warnings else 'no trace'}")
+    if fmt == "text":
+        from tpudiag.report.next_steps import TERMS, next_steps
+
+        steps = next_steps(report, str(script), tuple(args))
+        if steps:
+            click.echo("\nNext:")
+            for line in steps:
+                click.echo(f"  - {line}")
+            click.echo(f"Terms: {TERMS}")
 
 
 def _profile_processes(script, args, out, fmt, *, processes, devices_per_process, timeout_s, coordinator_port, steps,

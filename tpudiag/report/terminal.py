@@ -6,6 +6,8 @@ a figure never cut)."""
 
 from __future__ import annotations
 
+import shlex
+
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
@@ -41,6 +43,9 @@ def _header(report, console: Console) -> None:
     t.append(printable(report.status), style=status_style)
     if report.reason:
         t.append(f" ({printable(report.reason)})", style=status_style)
+    elif report.status == "ok" and not report.artifacts.get("xplane"):
+        # The program ran to its end but left no trace: tpudiag exits 2 ("nothing was traced").
+        t.append(" (the program ran; nothing was traced)", style="bold yellow")
     t.append(f"\nbackend {printable(report.backend)}   devices {len(report.devices)}   traced {fmt_s(report.wall_s)}")
     if report.process_wall_s is not None:
         t.append(f" of {fmt_s(report.process_wall_s)} process wall")
@@ -142,7 +147,8 @@ def _artifacts(report) -> Text:
             t.append(f"\n  report         {run}/{a['report']}")
         if a.get("xplane"):
             t.append(f"\n  trace          {run}/{a['xplane']}")
-            t.append(f"\n  open with      xprof --logdir {run}/{a.get('trace_logdir', 'trace')}")
+            logdir = shlex.quote(f"{run}/{a.get('trace_logdir', 'trace')}")  # pasted into a shell as it is
+            t.append(f"\n  open with      xprof --logdir {logdir}")
         if a.get("hlo_dump"):
             t.append(f"\n  HLO dump       {run}/{a['hlo_dump']}")
     elif a.get("xplane"):
