@@ -78,6 +78,16 @@ os.environ.setdefault("TPUDIAG_NO_CACHE", "1")
 os.environ.pop("COLUMNS", None)
 
 
+@pytest.fixture(autouse=True)
+def _no_terminal_size_in_the_environment():
+    # GNU readline, once some test imports it, exports COLUMNS and LINES (80 x 24) into the C
+    # environment, which os.environ does not show but every subprocess inherits.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
+        os.unsetenv(name)
+    yield
+
+
 def pytest_addoption(parser):
     parser.addoption("--update-goldens", action="store_true", help="rewrite golden outputs instead of comparing")
 

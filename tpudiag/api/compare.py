@@ -53,7 +53,10 @@ def compare_runs(base: Path, cur: Path, metric: str | None = None, max_regressio
     """`tpudiag compare BASE CUR`: the `Comparison` (tpudiag.compare/1; analyze/compare/runs.py decides)."""
     from tpudiag.analyze.compare.runs import compare_reports
 
-    a, b = runs.open_run(base).path.resolve(), runs.open_run(cur).path.resolve()
+    handles = [runs.open_run(p) for p in (base, cur)]
+    for h in handles:  # a multi-process job is refused first: it says which process to give
+        runs.refuse_job(h, "compare")
+    a, b = (h.path.resolve() for h in handles)
     if a == b and not force:
         raise InputError(f"{cur}: BASE and CUR are the same run ({a}); give the run to compare against as BASE "
                          "(--force compares a run with itself)")
