@@ -40,13 +40,14 @@ With `--cache`, it measures the compile cache and the static-profile budget inst
     python bench/compile_scaling.py --cache [--keep DIR]
 
 With `--script [SCRIPT ARGS...]`, it measures what a script's compile costs against its largest
-module alone, in one run: the script compiled before (`--each-module --timeout 60`: each module in
-its own worker with the static profile, at the earlier budget), after (the defaults: setup modules
-together without the static profile, the 120 s budget, loops fast-forwarded where libtpu can), and
-its largest module's input.mlir alone; the ratios (goal: after <= 1.3x alone) and each module's
-static-profile outcome and wall seconds before and after.
+module alone, in one run: the script compiled with every module (`--each-module`: each in its own
+worker with the static profile), with the defaults (setup modules left out of the compile), and the
+largest module the defaults compiled (a setup module is never the peer), its input.mlir alone; with
+`--before-tree DIR` also with an earlier tree's defaults (a copy of it, first on PYTHONPATH). It
+prints the ratios (goal: the defaults <= 1.3x alone) and each module's static-profile outcome and
+wall seconds in each run.
 
-    python bench/compile_scaling.py [--jobs 2] --script [fixtures/programs/qwen_block.py --forward]
+    python bench/compile_scaling.py [--jobs 2] [--before-tree DIR] --script [fixtures/programs/qwen_block.py --forward]
 """
 
 from __future__ import annotations
@@ -72,10 +73,10 @@ GOAL_SHARE = 0.20
 GOAL_DOUBLING = 2.2
 
 
-def run(cmd: list[str], stdout=subprocess.DEVNULL) -> float:
+def run(cmd: list[str], stdout=subprocess.DEVNULL, env: dict | None = None, cwd: Path = REPO) -> float:
     """Wall seconds of one subprocess run; stops the benchmark if the command fails."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=ENV, cwd=REPO, stdout=stdout, stderr=subprocess.PIPE)
+    proc = subprocess.run(cmd, env=env or ENV, cwd=cwd, stdout=stdout, stderr=subprocess.PIPE)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr.decode()[-2000:]}")
@@ -246,40 +247,63 @@ def cache_and_budget(root: Path, layers: int = 16) -> None:
           f"{step['static_profile']}  {'MET' if kept else 'MISSED'}")
 
 
-def _per_module(run_dir: Path) -> list[dict]:
-    """Each module's number, name, setup flag, static-profile outcome and limit, and wall seconds
-    (spec.json to module.json: its worker, or its share of the setup group's)."""
-    rows = []
+def _per_module(run_dir: Path) -> dict[str, dict]:
+    """{module directory: its setup flag, static-profile outcome and limit, and wall seconds (spec.json
+    to module.json: its worker, or its share of the setup group's)}."""
+    rows = {}
     for d in sorted(p for p in (run_dir / "modules").iterdir() if (p / "module.json").is_file()):
         meta = json.loads((d / "module.json").read_text())
-        rows.append({"dir": d.name, "setup": bool(meta.get("setup")), "static": meta["static_profile"],
-                     "limit": meta.get("static_limit_s"),
-                     "wall": (d / "module.json").stat().st_mtime - (d / "spec.json").stat().st_mtime})
+        rows[d.name] = {"setup": bool(meta.get("setup")), "static": meta["static_profile"],
+                        "limit": meta.get("static_limit_s"),
+                        "wall": (d / "module.json").stat().st_mtime - (d / "spec.json").stat().st_mtime}
     return rows
 
 
-def script_scaling(root: Path, program: list[str], jobs: int) -> None:
-    """A script compiled three ways, one after another: before (`--each-module --timeout 60`: every
-    module in its own worker with the static profile, at the earlier 60 s budget), after (the
-    defaults), and its largest module alone (its input.mlir given to `tpudiag compile`). Goal: the
-    script after costs at most 1.3x its largest module alone."""
+def _label(row: dict | None) -> str:
+    if row is None:
+        return "left out (setup)"
+    return "setup group (no static profile)" if row["setup"] else row["static"]
+
+
+def script_scaling(root: Path, program: list[str], jobs: int, before_tree: Path | None = None) -> None:
+    """A script compiled three or four ways, one after another: with `before_tree`, that tree's
+    defaults (its `tpudiag` first on PYTHONPATH); every module (`--each-module`: each in its own
+    worker with the static profile); this tree's defaults (setup modules left out); and the
+    largest module those defaults compiled, alone (its input.mlir given to `tpudiag compile`).
+    Goal: the defaults cost at most 1.3x that module alone."""
     base = [*TPUDIAG, "compile", "--target", "v5e", "--no-cache", "--json", "--jobs", str(jobs)]
-    before, after, alone = root / "before", root / "after", root / "alone"
-    t_before = run([*base, "--each-module", "--timeout", "60", "--out", str(before), *program])
-    t_after = run([*base, "--out", str(after), *program])
+    each, after, alone = root / "each", root / "after", root / "alone"
+    runs = []
+    if before_tree:
+        # Run from the earlier tree: `python -m` puts the working directory first on sys.path, ahead
+        # of this checkout's editable install, for tpudiag and for the workers it starts.
+        old_env = {**ENV, "PYTHONPATH": str(before_tree.resolve())}
+        script = [str(Path(program[0]).resolve()), *program[1:]]
+        runs.append((f"before: the defaults of {before_tree.name}", root / "before",
+                     run([sys.executable, "-m", "tpudiag", *base[len(TPUDIAG):], "--out", str(root.resolve() / "before"),
+                          *script], env=old_env, cwd=before_tree)))
+    runs.append(("every module: --each-module", each, run([*base, "--each-module", "--out", str(each), *program])))
+    runs.append(("after: the defaults", after, run([*base, "--out", str(after), *program])))
     largest = max((after / "modules").iterdir(), key=lambda d: (d / "input.mlir").stat().st_size)
     t_alone = run([*base, "--out", str(alone), str(largest / "input.mlir")])
+    runs.append((f"largest module alone ({largest.name})", alone, t_alone))
     print(f"\n{datetime.now():%Y-%m-%d %H:%M}; `tpudiag compile --target v5e --no-cache --jobs {jobs}` of "
           f"{' '.join(Path(program[0]).name if i == 0 else a for i, a in enumerate(program))}; wall seconds\n")
-    print(f"{'run':<44} {'total':>7} {'/ alone':>8}")
-    for label, t in (("before: --each-module --timeout 60", t_before), ("after: the defaults", t_after),
-                     (f"largest module alone ({largest.name})", t_alone)):
-        print(f"{label:<44} {t:>7.1f} {t / t_alone:>7.2f}x")
+    print(f"{'run':<44} {'total':>7} {'shadow':>7} {'/ alone':>8}")
+    for label, out, t in runs:
+        shadow = out / "shadow" / "manifest.json"
+        sh = f"{json.loads(shadow.read_text())['wall_s']:>7.1f}" if shadow.is_file() else f"{'-':>7}"
+        print(f"{label:<44} {t:>7.1f} {sh} {t / t_alone:>7.2f}x")
+    t_after = runs[-2][2]
     print(f"goal: after <= 1.3x alone: {'met' if t_after <= 1.3 * t_alone else 'NOT met'} ({t_after / t_alone:.2f}x)")
-    print(f"\n{'module':<28} {'before: static profile':<48} {'wall':>6} | {'after':<40} {'wall':>6}")
-    for b, a in zip(_per_module(before), _per_module(after)):
-        after_label = "setup group (no static profile)" if a["setup"] else a["static"][:40]
-        print(f"{b['dir'][:28]:<28} {b['static'][:48]:<48} {b['wall']:>6.1f} | {after_label:<40} {a['wall']:>6.1f}")
+    cols = [(label.split(":")[0], _per_module(out)) for label, out, _ in runs[:-1]]
+    print(f"\n{'module':<28} " + " | ".join(f"{name + ': static profile':<40} {'wall':>6}" for name, _ in cols))
+    for mdir in cols[-2][1]:  # --each-module compiles every module
+        cells = []
+        for _, rows in cols:
+            row = rows.get(mdir)
+            cells.append(f"{_label(row)[:40]:<40} {row['wall'] if row else 0.0:>6.1f}")
+        print(f"{mdir[:28]:<28} " + " | ".join(cells))
 
 
 def main() -> None:
@@ -295,6 +319,9 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="write the runs here and keep them (default: a temp dir, removed)")
     parser.add_argument("--cache", action="store_true",
                         help="measure the compile cache (cold, warm) and the static-profile budget instead")
+    parser.add_argument("--before-tree", type=Path,
+                        help="with --script: also compile the script with this copy of an earlier tree's tpudiag "
+                             "(first on PYTHONPATH), at its defaults")
     parser.add_argument("--script", nargs=argparse.REMAINDER,
                         help="measure a script compiled before/after/largest-module-alone instead (the rest of "
                              "the line: the script and its arguments; default fixtures/programs/qwen_block.py "
@@ -307,7 +334,7 @@ def main() -> None:
     if args.script is not None:
         try:
             script_scaling(root, args.script or [str(REPO / "fixtures" / "programs" / "qwen_block.py"), "--forward"],
-                           args.jobs)
+                           args.jobs, args.before_tree)
         finally:
             if not args.keep:
                 shutil.rmtree(root, ignore_errors=True)

@@ -1,6 +1,7 @@
-"""Compiling what matters: `--function`/`--module` pick modules by name or number, and a script's
-setup modules (no matmul, kernel, sort or collective; small arguments) are compiled together in one
-worker without the static profile. Real modules dumped by jax from fixture programs, real compiles."""
+"""Compiling what matters: `--function`/`--module` pick modules by name or number, and setup modules
+(no matmul, kernel, sort, scatter or collective; small arguments), where compiled (`profile --target`),
+are compiled together in one worker without the static profile. Real modules dumped by jax from
+fixture programs, real compiles."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from tests.conftest import ARTIFACTS
 from tpudiag.capture.compile_cache import CompileCache
 from tpudiag.capture.select import Selection, pick
 from tpudiag.capture.tpu_compile import (Limits, ModuleCompile, ModuleInput, ModuleStarted, compile_limit_s,
-                                         compile_modules, is_setup_module)
+                                         compile_modules)
 from tpudiag.errors import InputError
+from tpudiag.parse.setup_modules import is_setup_module
 
 DECODER_IR = sorted((ARTIFACTS / "decoder" / "ir").glob("*.mlir"))
 NAMES = ["jit_stage", "jit__normal", "jit__normal", "jit_train_step", "jit__mean"]

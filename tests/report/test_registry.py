@@ -35,6 +35,7 @@ EXPECTED = {
     "tpudiag.kernels-tune": ("terminal", "md", "json"),
     "tpudiag.plan": ("terminal", "md", "json"),
     "tpudiag.targets": ("terminal", "json"),
+    "tpudiag.calibration": ("terminal", "md", "json"),
 }
 
 

@@ -30,6 +30,7 @@ def _write_compile_report(report, rd: RunDir):
     from tpudiag.report.registry import render
 
     report = report.with_artifacts(compile_artifacts(rd.path))
+    rd.update(source=report.source)  # what was left out (setup modules, a selection), for `tpudiag report RUN`
     for name, fmt in ((rundir.REPORT, "json"), (rundir.REPORT_MD, "md")):
         rd.write_text(name, render(report, fmt))
     return report
@@ -40,7 +41,8 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
                    group_setup: bool = True) -> CompileResult:
     """`tpudiag compile`: a script (run on CPU to collect its computations), a .mlir file or IR dump
     directory, or an HLO text file, compiled for a TPU target on this machine. `selection` (a
-    `capture.select.Selection`) compiles some of its modules; `group_setup`: as for `compile_inputs`."""
+    `capture.select.Selection`) compiles some of its modules; `group_setup`: leave setup modules
+    out (`compile_inputs`'s `skip_setup`); False compiles every module in its own worker."""
     import os
 
     from tpudiag.capture.inputs import file_inputs, ir_dump_modules
@@ -88,7 +90,8 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
                 rd.finish(False, exit_code=shadow.exit_code or 2, reason=reason)
                 raise ProgramFailed(message, shadow.exit_code) if shadow.exit_code else InputError(message)
         report = compile_inputs(inputs, run, target, static_profile=static_profile, jobs=jobs, limits=limits,
-                                progress=progress, source=source, selection=selection, group_setup=group_setup)
+                                progress=progress, source=source, selection=selection, group_setup=group_setup,
+                                skip_setup=group_setup)
         report = _write_compile_report(report, rd)
         shadow_code = report.shadow_exit_code
         ok = report.status == "ok" and not shadow_code

@@ -373,15 +373,18 @@ def _peak_buffers(run: Path) -> list[dict]:
 
 def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | None = None,
              static_profile: bool = False, limits=None, compile_timeout_s: float = 1800.0, progress=None,
-             matmul_probes: bool = True, cost_model: bool | None = None):
+             matmul_probes: bool = True, cost_model: bool | None = None, calibration=None):
     """Estimate one step of `entry` (FILE.py:FUNC) on `target_text`. Returns (run dir, EstimateReport).
     `compile_timeout_s`: wall seconds the step's compile may take (a 32-layer 8B step for 256 chips
     takes minutes on a 2-core machine). `matmul_probes`: time the step's compute-bound matmuls by the
     compiler: without the static profile, each distinct one alone with it (`_probe_matmuls`);
     `cost_model` (default: as `matmul_probes`): those no probe times, by the cycles its convolution
-    cost model recorded in the step's HLO (`_cost_model_matmuls`, no compile)."""
+    cost model recorded in the step's HLO (`_cost_model_matmuls`, no compile). `calibration`: a
+    calibration file, None for the table tpudiag ships for the target's chip (none: the data sheet),
+    or False for the data sheet's figures alone."""
     from dataclasses import replace
 
+    from tpudiag.analyze.compile.calibrated import calibrate_ops
     from tpudiag.analyze.compile.estimate import build_estimate
     from tpudiag.api.compile import _write_compile_report
     from tpudiag.api.pipeline import compile_inputs
@@ -413,12 +416,16 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
         raise InputError(f"--mesh {shown} has {size} devices; {where} {target.model_devices}: the axes "
                          "must multiply to the slice's device count")
     require_libtpu()
+    from tpudiag.api.calibrate import load_calibration
+
+    cal = None if calibration is False else load_calibration(calibration, target.chip.name)
     run = check_run_dir(Path(out) if out else rundir.default_run_dir(
         Path(f"maxtext_{model_name}.py") if model_name else path))
     libtpu_args = os.environ.get("LIBTPU_INIT_ARGS") or None
     program = entry if model_name else f"{path}:{func}"
     source = {"input": program, "kind": "estimate", "argv": list(argv), "mesh": mesh,
-              "libtpu_init_args": libtpu_args}
+              "libtpu_init_args": libtpu_args,
+              "calibration": None if cal is None else f"{cal.chip} {cal.date} ({calibration or 'shipped'})"}
     if progress:
         progress(f"lowering {program} for " + (f"one chip of {target.topology} ({target.model_devices} device)"
                                                if target.single_chip else
@@ -455,6 +462,8 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
                 if matmul_probes if cost_model is None else cost_model:
                     report, _ = _cost_model_matmuls(report, hlo, probed)
                 report, _ = _grouped_matmul_tiles(report, hlo)
+                if cal is not None:
+                    report, _ = calibrate_ops(report, hlo, cal, target.chip)
                 report, host = _host_offload(report, hlo, target)
             report = _write_compile_report(report, rd)
             est = build_estimate(report, lowered, program=program, argv=list(argv),

@@ -13,12 +13,7 @@ from tpudiag.capture import rundir
 PROBE_STATIC_S = 45.0
 
 
-def _with_step(report, m):
-    """`report` with its first module (the step) replaced by `m`, ops ranked by time x runs."""
-    from dataclasses import replace
-
-    m = replace(m, ops=tuple(sorted(m.ops, key=lambda o: (-o.total_s, o.name))))
-    return replace(report, modules=(m, *report.modules[1:]))
+from tpudiag.analyze.compile.calibrated import with_step as _with_step  # noqa: F401  (the passes here share it)
 
 
 def _at_cycles(op, cycles: int, clock: float, source: str, limit: str):

@@ -35,22 +35,28 @@ def _last_words(log: Path, since: int) -> str:
 
 
 def _run_worker(request: Path, results: Path, log: Path, kernels: list[str]) -> tuple[int, str]:
-    """One worker over `kernels`; (exit code, its last words)."""
+    """One bench worker over `kernels`; (exit code, its last words)."""
+    return run_chip_worker("tpudiag.kernels.chip_bench", request, results, log, 60 + PER_KERNEL_S * len(kernels))
+
+
+def run_chip_worker(module: str, request: Path, results: Path, log: Path, limit_s: float) -> tuple[int, str]:
+    """`python -m MODULE REQUEST RESULTS` as the chip's one user, stopped after `limit_s` seconds or
+    with tpudiag; (exit code, its last words)."""
     env = dict(os.environ, JAX_PLATFORMS="tpu", PYTHONUNBUFFERED="1")
     env.pop("ALLOW_MULTIPLE_LIBTPU_LOAD", None)  # the worker is the chip's one user
     start = log.stat().st_size if log.exists() else 0
     with log.open("a") as err:
-        proc = workers.popen([sys.executable, "-m", "tpudiag.kernels.chip_bench", str(request), str(results)],
+        proc = workers.popen([sys.executable, "-m", module, str(request), str(results)],
                              stdout=err, stderr=err, env=env)
         try:
-            deadline = time.monotonic() + 60 + PER_KERNEL_S * len(kernels)
+            deadline = time.monotonic() + limit_s
             while proc.poll() is None:
                 if workers.stopping():
                     raise KeyboardInterrupt
                 if time.monotonic() > deadline:
                     proc.kill()
                     proc.wait()
-                    return -9, f"stopped after {PER_KERNEL_S} s a kernel"
+                    return -9, f"stopped after {limit_s:.0f} s"
                 time.sleep(0.2)
         finally:
             if proc.poll() is None:  # interrupted: the worker goes with us

@@ -24,6 +24,7 @@ def module_artifacts(mc, with_llo: bool = True):
     depends on it), the slowest artifact to read."""
     from tpudiag.analyze.compile.report import ModuleArtifacts
     from tpudiag.parse import llo
+    from tpudiag.parse.setup_modules import is_setup_module
 
     hlo = static = lframe = hbm = None
     notes = []
@@ -62,10 +63,13 @@ def module_artifacts(mc, with_llo: bool = True):
             mesh = read_mesh(inputs[0].read_text())
         except (OSError, UnicodeDecodeError):  # bytecode, or unreadable: collectives lose their mesh axes
             mesh = None
+    # Compiled in the setup group, or a setup module compiled on its own (`--each-module`, a run
+    # from before the group): either way the reports give it one line, not a section.
+    setup = mc.setup or (bool(inputs) and is_setup_module(inputs[0]))
     return ModuleArtifacts(name=mc.name, status=mc.status, error=mc.error, static_profile=mc.static_profile,
                            result=mc.result, hlo=hlo, static=static, llo=lframe, artifacts_dir=str(mc.dir),
                            notes=tuple(notes), input_file=str(inputs[0]) if inputs else None, mesh=mesh,
-                           setup=mc.setup, hbm_allocated_bytes=hbm)
+                           setup=setup, hbm_allocated_bytes=hbm)
 
 
 def report_from_modules(target, compiled, source: dict, with_llo: bool = True, suggestions: bool = True):
@@ -83,14 +87,17 @@ def report_from_modules(target, compiled, source: dict, with_llo: bool = True, s
 
 def compile_inputs(inputs, run: Path, target, *, static_profile=True, jobs=2, limits=None, progress=None,
                    source: dict | None = None, with_llo: bool = True, suggestions: bool = True,
-                   selection=None, group_setup: bool = True):
+                   selection=None, group_setup: bool = True, skip_setup: bool = False):
     """Compile `ModuleInput`s (lowered modules) for `target` into `run/modules/` and return the
     compile report (`with_llo`: as for `module_artifacts`; `suggestions`: as for `build_compile_report`).
     `progress` hears each module's start and end (`tpu_compile.compile_modules`). `selection` (a
     `capture.select.Selection`) keeps some modules, numbered as among all; without one, setup
-    modules are compiled together unless `group_setup` is False."""
+    modules (`parse.setup_modules`) are left out with `skip_setup` where some module is not one
+    (the report's `source.setup_skipped` names them), else compiled together unless `group_setup`
+    is False."""
     from tpudiag.capture.select import Selection, pick
     from tpudiag.capture.tpu_compile import Limits, compile_modules
+    from tpudiag.parse.setup_modules import SETUP_RULE, is_setup_module
 
     source = dict(source or {})
     selection = selection or Selection()
@@ -98,6 +105,11 @@ def compile_inputs(inputs, run: Path, target, *, static_profile=True, jobs=2, li
     if selection:
         source["selection"] = {"asked": selection.describe(), "modules": len(inputs),
                                "compiled": [f"{k:02d}-{inputs[k].name}" for k in keep]}
+    elif skip_setup and len(inputs) > 1:
+        setup = [k for k in keep if is_setup_module(inputs[k].path)]
+        if setup and len(setup) < len(keep):  # a program that is all setup is compiled whole
+            keep = [k for k in keep if k not in set(setup)]
+            source["setup_skipped"] = {"modules": [f"{k:02d}-{inputs[k].name}" for k in setup], "rule": SETUP_RULE}
     results = compile_modules([inputs[k] for k in keep], run / rundir.MODULES_DIR, target.topology,
                               static_profile=static_profile, limits=limits or Limits(), jobs=jobs, progress=progress,
                               group_setup=group_setup and not selection, numbers=keep)

@@ -139,14 +139,14 @@ def _reproduce(entry: str, target_text: str, mesh: dict[str, int], argv: list[st
 
 
 def estimate_into(out_dir: Path, entry: str, target_text: str, argv: list[str], mesh: str | None,
-                  compile_timeout_s: float) -> dict:
+                  compile_timeout_s: float, calibration=None) -> dict:
     """A sweep task: one candidate's whole estimate run in `out_dir`; its document, or
     {"error": why} when FUNC refused or raised (the run keeps its log)."""
     from tpudiag.api.estimate import estimate
 
     try:
         _, est = estimate(entry, target_text, argv, out_dir, mesh=mesh, compile_timeout_s=compile_timeout_s,
-                          matmul_probes=False, cost_model=True)
+                          matmul_probes=False, cost_model=True, calibration=calibration)
     except TpudiagError as e:
         return {"error": str(e).splitlines()[0][:300]}
     return est.to_dict()
@@ -154,10 +154,10 @@ def estimate_into(out_dir: Path, entry: str, target_text: str, argv: list[str], 
 
 def plan(entry: str, target_text: str, argv=(), out: Path | None = None, *, mesh_axes: str | None = None,
          search: str | None = None, jobs: int | None = None, ray_address: str | None = None,
-         compile_timeout_s: float = 1800.0, progress: Callable[[str], None] | None = None):
+         compile_timeout_s: float = 1800.0, progress: Callable[[str], None] | None = None, calibration=None):
     """Plan `entry` on `target_text`; returns (the run directory, the `Plan`). `mesh_axes` None: the
     program's own MESH_AXES (fsdp,tensor for MaxText; fsdp where it declares none); `search` None:
-    its remat choices (`default_space`)."""
+    its remat choices (`default_space`). `calibration`: as `estimate`'s."""
     from tpudiag.analyze.compile.tune import parse_space, space_points
     from tpudiag.analyze.plan import MAX_CANDIDATES, candidate_argv, candidate_row, mesh_shapes, mesh_text, plan_document
     from tpudiag.api.estimate import maxtext_model, parse_entry
@@ -190,9 +190,10 @@ def plan(entry: str, target_text: str, argv=(), out: Path | None = None, *, mesh
     program = entry if maxtext else f"{path.resolve()}:{_func}"  # by its absolute path: a Ray node runs it too
     with RunDir(run, MANIFEST_KIND, (CANDIDATES_DIR,), program=entry, argv=[entry, *argv],
                 target=target.to_dict()) as rd:
+        cal_arg = calibration if calibration in (None, False) else str(calibration)  # a Ray task's argument
         tasks = [Task(f"{k:03d}", estimate_into,
                       (program, target_text, candidate_argv(argv, c, m, maxtext), None if maxtext else mesh_text(m),
-                       compile_timeout_s), run / CANDIDATES_DIR / f"{k:03d}")
+                       compile_timeout_s, cal_arg), run / CANDIDATES_DIR / f"{k:03d}")
                  for k, (m, c) in enumerate(points)]
         rows: dict[int, object] = {}
 

@@ -52,6 +52,16 @@ def allocated_bytes(dump_dir: Path, program_ids: set[int], warnings: list[str]) 
     return out
 
 
+def setup_programs(dump_dir: Path, program_ids: set[int]) -> set[int]:
+    """The program ids among `program_ids` whose module is setup (`parse.setup_modules`), read from
+    XLA's before-optimizations dump: the module as jax handed it over, before XLA's CPU rewrites."""
+    from tpudiag.parse.hlo import find_unoptimized_modules
+    from tpudiag.parse.setup_modules import is_setup_module
+
+    return {pid for pid, path in find_unoptimized_modules(dump_dir).items()
+            if pid in program_ids and is_setup_module(path)}
+
+
 def hlo_index(dump_dir: Path, program_ids: set[int] | None = None) -> dict:
     """{program_id: {op name: OpInfo}} from the after-optimizations HLO in a dump directory."""
     from tpudiag.analyze.hlo.categories import index_module
@@ -157,7 +167,8 @@ def analyze_run(run: Path, xplane: Path | None = None, manifest=None, compiled=N
         "ir_dump": rundir.IR_DIR,
     }
     report = build_profile_report(trace, index, compiles, hits, manifest, artifacts, warnings, xprof_stats,
-                                  modules=modules, allocated=allocated_bytes(run / rundir.HLO_DIR, pids, warnings))
+                                  modules=modules, allocated=allocated_bytes(run / rundir.HLO_DIR, pids, warnings),
+                                  setup=setup_programs(run / rundir.HLO_DIR, pids))
     if missing and not xplanes and report.reason is None:
         # The header shows the reason beside the status; the status stays the manifest's.
         report = replace(report, reason=missing)

@@ -29,6 +29,7 @@ from typing import Callable
 
 from tpudiag.capture import rundir, workers
 from tpudiag.capture.compile_cache import CompileCache
+from tpudiag.parse.setup_modules import is_setup_module
 
 # The LLO dump narrowed to the final bundles and their slot utilization: without the regex
 # libtpu writes every LLO pass (~100 MB for a tiny program).
@@ -133,57 +134,6 @@ def compile_limit_s(path: Path, limits: Limits) -> float:
     n = module_matmuls(path)
     scale = 1.0 if n is None else min(limits.compile_max_scale, max(1.0, n / limits.size_base_matmuls))
     return round(limits.compile_base_s * scale, 3)
-
-
-# What makes a module worth its own worker and the static profile: matmuls, kernels, sorts, scatters,
-# collectives (StableHLO and HLO spellings). Not loops: jax's threefry is a 5-trip while loop.
-_WORK = re.compile(rb"stablehlo\.(?:dot_general|dot|convolution|custom_call|sort|all_reduce|all_gather|"
-                   rb"reduce_scatter|all_to_all|collective_permute|scatter)\b|chlo\.top_k|"
-                   rb"\s(?:dot|convolution|custom-call|sort|all-reduce|all-reduce-start|all-gather|"
-                   rb"all-gather-start|reduce-scatter|all-to-all|collective-permute|collective-permute-start|"
-                   rb"scatter)\(")
-# The entry's arguments: `func.func public @main(%arg0: tensor<4x8xf32> ...) -> ...` or HLO's
-# `ENTRY %main (p0: f32[4,8]{1,0}, ...) -> ...`.
-_MLIR_MAIN = re.compile(rb"func\.func public @main\((.*?)\)\s*->", re.S)
-_HLO_ENTRY = re.compile(rb"^ENTRY [^(]*\((.*?)\)\s*->", re.S | re.M)
-_MLIR_TENSOR = re.compile(rb"tensor<((?:[0-9?]+x)*)([a-zA-Z][a-zA-Z0-9]*)")
-_HLO_ARRAY = re.compile(rb"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
-SETUP_ARGUMENT_BYTES = 16 << 20
-
-
-def _bits(dtype: str) -> int:
-    m = re.search(r"(\d+)", dtype)
-    return 1 if dtype in ("i1", "pred") else int(m.group(1)) if m else 32
-
-
-def _argument_bytes(data: bytes) -> int | None:
-    m = _MLIR_MAIN.search(data)
-    if m:
-        arrays = [([d for d in dims.decode().split("x") if d], t.decode()) for dims, t in _MLIR_TENSOR.findall(m.group(1))]
-    else:
-        m = _HLO_ENTRY.search(data)
-        if not m:
-            return None
-        arrays = [([d for d in dims.decode().split(",") if d], t.decode()) for t, dims in _HLO_ARRAY.findall(m.group(1))]
-    total = 0
-    for dims, dtype in arrays:
-        n = 1
-        for d in dims:
-            n *= int(d) if d.isdigit() else 1
-        total += n * _bits(dtype) // 8
-    return total
-
-
-def is_setup_module(path: Path) -> bool:
-    """A module with nothing for a TPU to be slow at: no matmul, kernel, sort, scatter or collective,
-    and at most `SETUP_ARGUMENT_BYTES` of arguments (random-number setup, eager initializers and
-    reductions of a result: a key, a shape or one activation in, however much out). MLIR bytecode
-    is never one: its ops cannot be read here."""
-    data = path.read_bytes()
-    if data[:4] == b"ML\xefR" or _WORK.search(data):
-        return False
-    nbytes = _argument_bytes(data)
-    return nbytes is not None and nbytes <= SETUP_ARGUMENT_BYTES
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,24 @@ def emit(result, fmt: str, *, no_color: bool = False, width: int | None = None, 
         click.echo(render(result, fmt, **options), nl=False)
 
 
+def calibration_options(f):
+    """--calibration FILE and --no-calibration (the command takes `calibration_file` and
+    `no_calibration`; `calibration_choice` turns them into the api's argument)."""
+    f = click.option("--no-calibration", is_flag=True,
+                     help="Price ops at the data sheet's figures alone, not at the chip's measured calibration.")(f)
+    f = click.option("--calibration", "calibration_file", type=click.Path(path_type=Path, dir_okay=False),
+                     default=None, help="A calibration table `tpudiag calibrate` wrote (default: the one tpudiag "
+                                        "ships for the target's chip: tpudiag calibrate --show v5e).")(f)
+    return f
+
+
+def calibration_choice(calibration_file, no_calibration):
+    """The api's `calibration`: a path, None (the table shipped for the target's chip) or False (none)."""
+    if calibration_file is not None and no_calibration:
+        raise click.UsageError("--calibration and --no-calibration: choose one")
+    return False if no_calibration else calibration_file
+
+
 def output_options(schema: str):
     def decorate(f):
         f = click.option("--width", type=click.IntRange(60, 400), default=None,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import (cache_options, check_outputs, check_versions, ci_budget, ci_options,
+from tpudiag.cli.common import (cache_options, calibration_choice, calibration_options, check_outputs, check_versions,
+                                ci_budget, ci_options,
                                 compile_timeout_option, debug_on, emit, force_option, output_format, output_options,
                                 program_args, progress, selection, selection_options, static_limits,
                                 static_profile_options, use_cache_options, write_ci_bundle)
@@ -198,8 +199,8 @@ def _profile_processes(script, args, out, fmt, *, processes, devices_per_process
 @selection_options
 @click.option("--each-module", is_flag=True,
               help="Compile every module in its own worker with the static profile, setup modules too (by "
-                   "default a script's modules with no matmul, kernel, sort or collective are compiled together, "
-                   "without it).")
+                   "default a script's modules with no matmul, kernel, sort, scatter or collective and small "
+                   "arguments are left out, and named on one line).")
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True, help="Ops shown per module.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Also write a self-contained HTML report here (.html; no script; opens offline).")
@@ -275,13 +276,14 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, static_memory
               help="Take compute-bound matmuls at the MXU peak instead of timing them by the compiler: each "
                    "distinct one alone with its static profile (v5e, v5p, v6e, TPU7x, without --static-profile), "
                    "the rest by the cycles its convolution cost model recorded in the step's HLO.")
+@calibration_options
 @static_profile_options(300)
 @cache_options
 @output_options("tpudiag.estimate/1")
 @click.argument("entry", metavar="FILE.py:FUNC|maxtext:MODEL")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def estimate(target_text, mesh_text, out, static_profile, no_probes, compile_timeout_s, timeout_s, static_memory_gib, cache_dir,
-             no_cache, as_json, as_md, no_color, width, entry, args):
+def estimate(target_text, mesh_text, out, static_profile, no_probes, compile_timeout_s, calibration_file, no_calibration,
+             timeout_s, static_memory_gib, cache_dir, no_cache, as_json, as_md, no_color, width, entry, args):
     """Estimate one step of FUNC at scale on a TPU slice, without running it or allocating its weights.
 
     FUNC(argv, mesh) receives the program's own arguments (after --) and the slice's Mesh and
@@ -302,7 +304,8 @@ def estimate(target_text, mesh_text, out, static_profile, no_probes, compile_tim
     _run, report = api.estimate(entry, target_text, program_args(args), out, mesh=mesh_text,
                                 static_profile=static_profile, limits=static_limits(timeout_s, static_memory_gib),
                                 compile_timeout_s=compile_timeout_s, progress=progress_cb,
-                                matmul_probes=not no_probes)
+                                matmul_probes=not no_probes,
+                                calibration=calibration_choice(calibration_file, no_calibration))
     emit(report, fmt, no_color=no_color, width=width)
     if report.status != "ok" and report.fits is not False:  # a step too big for HBM is a finding, not a failure
         raise GateFailed(f"the step did not compile for {report.target['topology']}: {report.reason}")
@@ -329,11 +332,12 @@ def estimate(target_text, mesh_text, out, static_profile, no_probes, compile_tim
               help="Run directory (default tpudiag-runs/<timestamp>-plan-<file>). Never overwritten.")
 @click.option("--compile-timeout", "compile_timeout_s", type=click.FloatRange(1), default=1800, show_default=True,
               help="CPU seconds each candidate's compile may take.")
+@calibration_options
 @output_options("tpudiag.plan/1")
 @click.argument("entry", metavar="FILE.py:FUNC|maxtext:MODEL")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def plan(target_text, mesh_axes, search, jobs, ray_address, out, compile_timeout_s, as_json, as_md, no_color, width,
-         entry, args):
+def plan(target_text, mesh_axes, search, jobs, ray_address, out, compile_timeout_s, calibration_file, no_calibration,
+         as_json, as_md, no_color, width, entry, args):
     """Rank a training step's meshes and choices on a slice by estimated tokens/s, without a TPU.
 
     Each candidate (a split of the slice's devices over --mesh-axes, times the --search choices) is
@@ -346,7 +350,8 @@ def plan(target_text, mesh_axes, search, jobs, ray_address, out, compile_timeout
     check_versions()
     progress_cb = (lambda line: click.echo(f"tpudiag: {line}", err=True))
     run, doc = api.plan(entry, target_text, program_args(args), out, mesh_axes=mesh_axes, search=search, jobs=jobs,
-                        ray_address=ray_address, compile_timeout_s=compile_timeout_s, progress=progress_cb)
+                        ray_address=ray_address, compile_timeout_s=compile_timeout_s, progress=progress_cb,
+                        calibration=calibration_choice(calibration_file, no_calibration))
     emit(doc, fmt, no_color=no_color, width=width)
     if doc.status != "ok":
         raise GateFailed(f"plan: no candidate fits {doc.target['topology']} (run directory {run})")

@@ -39,7 +39,7 @@ def argument_sets(set_bytes: int, rotate_bytes: int) -> int:
     return max(1, min(k, 64, HBM_BUDGET // max(set_bytes, 1)))
 
 
-def _named(fn, name: str):
+def named(fn, name: str):
     def call(*args):
         return fn(*args)
 
@@ -109,7 +109,7 @@ def time_functions(kernel: str, items: list, calls: int, rotate_bytes: int, emit
             k = argument_sets(nbytes(sds), rotate_bytes)
             sets = [bench_inputs(kernel, sds, jax.random.key(r)) for r in range(k)]
             name = f"tpudiag_bench_{kernel}_{label}"
-            jf = jax.jit(_named(fn, name))
+            jf = jax.jit(named(fn, name))
             t = time.perf_counter()
             jax.block_until_ready(jf(*sets[0]))
             row["first_call_s"] = round(time.perf_counter() - t, 2)
@@ -149,7 +149,9 @@ def time_functions(kernel: str, items: list, calls: int, rotate_bytes: int, emit
     gc.collect()
 
 
-def main(argv: list[str]) -> int:
+def start_worker(argv: list[str]):
+    """A chip worker's first steps: die with tpudiag, read REQUEST.json, open the TPU. (request, the
+    RESULTS path, the TPU devices), or None where there is no TPU (its reason printed on stderr)."""
     from tpudiag.parent_death import die_with_parent
 
     die_with_parent()
@@ -157,10 +159,17 @@ def main(argv: list[str]) -> int:
     import jax
 
     try:
-        devices = jax.devices("tpu")
+        return request, out, jax.devices("tpu")
     except RuntimeError as e:
         print(one_line(e, 400), file=sys.stderr)
+        return None
+
+
+def main(argv: list[str]) -> int:
+    started = start_worker(argv)
+    if started is None:
         return EXIT_NO_TPU
+    request, out, devices = started
     from tpudiag.kernels.registry import get_spec
     from tpudiag.targets import resolve_target
 

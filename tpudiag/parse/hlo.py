@@ -253,6 +253,16 @@ def find_optimized_modules(dump_dir: Path) -> dict[int, Path]:
     return out
 
 
+_UNOPTIMIZED_NAME = re.compile(r"^module_(\d+)\.(.+?)\.before_optimizations\.txt$")
+
+
+def find_unoptimized_modules(dump_dir: Path) -> dict[int, Path]:
+    """program_id -> the before-optimizations HLO file in an `--xla_dump_to` directory."""
+    if not dump_dir.is_dir():
+        return {}
+    return {int(m.group(1)): p for p in dump_dir.iterdir() if (m := _UNOPTIMIZED_NAME.match(p.name))}
+
+
 _MEMORY_REPORT = re.compile(r"^module_(\d+)\.(.+?)\.(\w+_)?after_optimizations-memory-usage-report\.txt$")
 _TOTAL_BYTES = re.compile(r"^Total bytes: (\d+)\b", re.M)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from tpudiag.report.markdown import _esc, code, code_block
 from tpudiag.report.registry import renders
-from tpudiag.report.units import fmt_bytes, fmt_int, fmt_runs, fmt_s, fusion_summary_lines, printable, short_source
+from tpudiag.report.units import (fmt_bytes, fmt_int, fmt_runs, fmt_s, fusion_summary_lines, printable, setup_lines,
+                                  short_source)
 
 
 @renders("tpudiag.compile", "md")
@@ -26,6 +27,9 @@ def render_compile_markdown(report, top: int = 10) -> str:
         status = _esc(m.status) if m.ok else f"failed: {_esc(m.error)}"
         out.append(f"| {code(m.name)} | {status} | {fmt_s(m.estimated_s)} | "
                    f"{fmt_s(optimal)} | {peak if tot else '-'} | {_esc(m.static_profile)} |")
+    lines = setup_lines(report)
+    if lines:
+        out += ["", *(f"- {_esc(line)}" for line in lines)]
     for m in report.modules:
         if not m.ops:
             continue
@@ -46,8 +50,9 @@ def render_compile_markdown(report, top: int = 10) -> str:
                            f"{_esc(', '.join(c.mesh_axes) if c.mesh_axes else '-')} | "
                            f"{'-' if c.ici_hops is None else c.ici_hops} | {fmt_runs(c.estimated_s, c.runs)} | "
                            f"{fmt_s(c.exposed_s)} | {sched} |")
-        if m.fusions:
-            out += ["", *code_block(fusion_summary_lines(m.fusions))]
+        lines = fusion_summary_lines(m.fusions) if m.fusions else []
+        if lines:
+            out += ["", *code_block(lines)]
         for f in m.findings:
             out += ["", f"> {_esc(f)}"]
     if report.suggestions is not None:

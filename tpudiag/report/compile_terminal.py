@@ -13,7 +13,7 @@ from tpudiag.report.fit import Col, header_panel, say, table
 from tpudiag.report.registry import renders
 from tpudiag.report.rich_text import plain
 from tpudiag.report.units import (fmt_bytes, fmt_ghz, fmt_int, fmt_pct, fmt_runs, fmt_s, fusion_summary_lines, printable,
-                                  short_source)
+                                  setup_lines, short_source)
 
 
 def _busiest(util: dict | None, n: int = 2) -> Text:
@@ -73,7 +73,7 @@ def render_compile_terminal(report, console: Console, top: int = 10, modules: in
     cols = [Col("module", "name", "left", most=48), Col("status", "text", "left"), Col("est. TPU time"),
             Col("XLA optimal", drop=1), Col("peak HBM"), Col("ops", drop=2), Col("static profile", "text", "left")]
     rows = []
-    setup = [m for m in report.modules if m.setup and m.ok]  # one row for all of them
+    setup = report.grouped_setup  # one row for all of them
     for m in report.modules:
         if m in setup:
             continue
@@ -87,11 +87,10 @@ def render_compile_terminal(report, console: Console, top: int = 10, modules: in
         rows.append([f"{len(setup)} setup module(s)", "ok", fmt_s(sum(m.estimated_s or 0.0 for m in setup)), "-",
                      fmt_bytes(max(m.memory.get("peak_hbm_bytes") or 0 for m in setup)),
                      str(sum(m.totals.ops for m in setup if getattr(m.totals, "ops", None) is not None)),
-                     "off (setup group)"])
+                     ", ".join(dict.fromkeys(m.static_profile for m in setup))])
     table(console, cols, rows, title="Modules")
-    if setup:
-        say(console, "setup modules (no matmul, kernel, sort or collective), compiled together without the static "
-                     "profile: " + ", ".join(printable(m.name) for m in setup), style="bright_black")
+    for line in setup_lines(report):
+        say(console, line, style="bright_black")
 
     ranked = [m for m in report.ranked_modules if m not in setup]
     for m in ranked[:modules]:

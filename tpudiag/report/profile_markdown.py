@@ -7,7 +7,7 @@ from __future__ import annotations
 from tpudiag.report.markdown import _esc, code, code_block
 from tpudiag.report.registry import renders
 from tpudiag.report.units import (BREAKDOWN_PARTS, device_lines, fmt_pct, fmt_s, fusion_summary_lines, printable,
-                                  short_source)
+                                  setup_line, short_source)
 
 
 def _ratio(r: float | None) -> str:
@@ -44,9 +44,10 @@ def render_profile_markdown(report, top: int = 15, top_compiles: int = 10) -> st
         for c in report.compile[:top_compiles]:
             out.append(f"| {code(c.function)} | {c.compiles} | {fmt_s(c.tracing_s)} | "
                        f"{fmt_s(c.lowering_s)} | {fmt_s(c.backend_compile_s)} |")
-    if report.fusions:
+    lines = [line for summary in report.fusions for line in fusion_summary_lines(summary)]
+    if lines or report.fusions_setup:
         out += ["", "### Fusion breaks", ""]
-        out += code_block([line for summary in report.fusions for line in fusion_summary_lines(summary)])
+        out += code_block(lines + ([setup_line(report.fusions_setup)] if report.fusions_setup else []))
     if report.tpu_estimate is not None:
         est, backend = report.tpu_estimate, report.backend
         t = est.target

@@ -15,7 +15,7 @@ from rich.text import Text
 from tpudiag.report.fit import Col, header_panel, say, table
 from tpudiag.report.registry import renders
 from tpudiag.report.units import (BREAKDOWN_PARTS, device_lines, fmt_pct, fmt_s, fusion_summary_lines, printable,
-                                  short_source)
+                                  setup_line, short_source)
 
 _COLORS = {"compute": "green", "memory": "yellow", "communication": "magenta", "host": "cyan",
            "compile": "blue", "idle": "bright_black"}
@@ -174,13 +174,15 @@ def render_terminal(report, console: Console, top: int = 15, top_compiles: int =
     if report.compile:
         console.print()
         _compile_table(report, top_compiles, console)
-    if report.fusions:
+    lines = [line for summary in report.fusions for line in fusion_summary_lines(summary)]
+    if lines or report.fusions_setup:
         console.print()
         say(console, Text("Fusion breaks (tensors written to memory between kernels; `tpudiag fusions RUN` has all)",
                           style="bold"))
-        for summary in report.fusions:
-            for line in fusion_summary_lines(summary):
-                say(console, line)
+        for line in lines:
+            say(console, line)
+        if report.fusions_setup:
+            say(console, setup_line(report.fusions_setup), style="bright_black")
     if report.tpu_estimate is not None:
         console.print()
         _tpu_estimate(report, top, console)

@@ -91,13 +91,44 @@ def fmt_bytes(n: float | None) -> str:
 
 def fusion_summary_lines(summary: dict, top: int = 3) -> list[str]:
     """The fusion summary of one module (`analyze.hlo.fusions.fusion_summary`) as plain lines, names
-    made `printable`."""
+    made `printable`; none for a module with no fusion break (nothing to say)."""
+    if not summary["breaks"]:
+        return []
     out = [f"{printable(summary['module'])}: {summary['fusions']} fusions; {summary['breaks']} fusion breaks round-trip "
            f"{fmt_bytes(summary['break_bytes'])} ({fmt_bytes(summary['break_bytes_default_memory'])} in default "
            f"memory), {summary['breaks_not_inferable']} with no inferable reason"]
     for b in summary["top_breaks"][:top]:
         out.append(printable(f"  {fmt_bytes(b['bytes'])}  {b['producer']} -> {b['consumer']}  {b['shape']}  "
                              f"({b['reason']})"))
+    return out
+
+
+def name_list(names, most: int = 8) -> str:
+    """`a, b, c`, or the first `most` and how many in all, names made `printable`."""
+    names = [printable(n) for n in names]
+    return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "")
+
+
+_SETUP_RULE = "no matmul, kernel, sort, scatter or collective; small arguments"
+
+
+def setup_line(names) -> str:
+    """One line naming a profile's setup modules, which get no section of their own."""
+    return f"setup modules, not summarized ({_SETUP_RULE}): {name_list(names)}"
+
+
+def setup_lines(report) -> list[str]:
+    """A `CompileReport`'s setup modules as plain lines: those compiled (one row of the module
+    table) and those left out of the compile."""
+    out = []
+    setup = report.grouped_setup
+    if setup:
+        out.append(f"setup modules ({_SETUP_RULE}): {name_list(m.name for m in setup)}")
+    skipped = report.skipped_setup
+    if skipped:
+        rule = (report.source.get("setup_skipped") or {}).get("rule", "")
+        out.append(f"{len(skipped)} setup module(s) not compiled ({printable(rule)}; --each-module compiles them): "
+                   f"{name_list(skipped)}")
     return out
 
 

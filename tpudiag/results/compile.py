@@ -47,6 +47,9 @@ class OpEstimate(Model):
     # The bytes of bytes_accessed that are in HBM, where memory-space assignment kept some operands
     # or results in VMEM (S(1)); absent where all are in HBM. The HBM floor divides these.
     hbm_bytes: int | None = field(default=None, metadata={"omit_none": True})
+    # What a measured calibration changed in estimated_s, and from which measurement (an estimate's
+    # `analyze/compile/calibrated.py`); absent where it changed nothing.
+    calibrated: str | None = field(default=None, metadata={"omit_none": True})
 
     @property
     def total_s(self) -> float:
@@ -118,8 +121,9 @@ class ModuleReport(Model):
     findings: tuple[str, ...]
     fusions: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})  # fusion_summary
     collectives: tuple[CollectiveEstimate, ...] = ()
-    # True: a setup module (no matmul, kernel, sort or collective; small arguments), compiled with
-    # the script's others in one worker, without the static profile. Absent otherwise.
+    # True: a setup module (parse/setup_modules.py: no matmul, kernel, sort, scatter or collective;
+    # small arguments), compiled in one worker with the script's others without the static profile
+    # (`profile --target`), or on its own (`compile --each-module`, older runs). Absent otherwise.
     setup: bool | None = field(default=None, metadata={"omit_none": True})
 
     @property
@@ -203,6 +207,18 @@ class CompileReport(Model):
         """(module, its fraction of the estimated total) for the modules with an estimated time."""
         total = self.totals.estimated_s
         return tuple((m, m.estimated_s / total) for m in self.modules if m.estimated_s) if total else ()
+
+    @property
+    def grouped_setup(self) -> tuple[ModuleReport, ...]:
+        """The setup modules that compiled, where some compiled module is not one: the reports give
+        them one line together, not a section each."""
+        setup = tuple(m for m in self.modules if m.setup and m.ok)
+        return setup if len(setup) < sum(m.ok for m in self.modules) else ()
+
+    @property
+    def skipped_setup(self) -> tuple[str, ...]:
+        """The setup modules left out of the compile (`NN-name`, as their run would number them)."""
+        return tuple((self.source.get("setup_skipped") or {}).get("modules", ()))
 
     @property
     def failed_modules(self) -> tuple[ModuleReport, ...]:

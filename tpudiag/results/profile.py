@@ -136,6 +136,9 @@ class ProfileReport(Model):
     versions: dict[str, str | None]
     fusions: tuple[dict[str, Any], ...]  # analyze.hlo.fusions.fusion_summary documents
     warnings: tuple[str, ...]
+    # The executed setup modules (parse/setup_modules.py), most op time first: named here, not summarized in `fusions`.
+    # Absent where none ran, or where every module is one.
+    fusions_setup: tuple[str, ...] | None = field(default=None, metadata={"omit_none": True})
     tpu_estimate: TpuEstimate | None = field(default=None, metadata={"omit_none": True})  # profile --target
     # The machine's speed: a fixed CPU loop timed before the program, after traced steps and after it
     # (compare's drift check); `calibration_loop` names the loop (None: the matmul loop of older runs).

@@ -38,17 +38,28 @@ def _cost_fields(cost) -> dict:
     return {} if cost is None else {"flops": int(cost.flops), "bytes_accessed": int(cost.bytes_accessed)}
 
 
-def _fusion_summaries(timeline: pd.DataFrame, modules: dict, top: int) -> list[dict]:
-    """Fusions and fusion breaks of the modules that took the most op time, with measured times."""
+def _fusion_summaries(timeline: pd.DataFrame, modules: dict, top: int, setup: set[int]) -> list[dict]:
+    """Fusions and fusion breaks of the `top` modules that took the most op time, with measured
+    times; setup modules (`setup`: their program ids) are not among them."""
     if timeline.empty or not modules:
         return []
     by_pid = timeline.groupby("program_id")["self_ns"].sum().sort_values(ascending=False)
     out = []
-    for pid in [p for p in by_pid.index if int(p) in modules][:top]:
+    for pid in [p for p in by_pid.index if int(p) in modules and int(p) not in setup][:top]:
         sel = timeline[timeline["program_id"] == pid]
         times = {op: ns * 1e-9 for op, ns in sel.groupby("op")["self_ns"].sum().items()}
         out.append(fusion_summary(build_fusion_report(modules[int(pid)], times, "measured")))
     return out
+
+
+def _setup_names(timeline: pd.DataFrame, modules: dict, setup: set[int]) -> tuple[str, ...] | None:
+    """The executed setup modules' names, most op time first; None where no module is one, or
+    every executed module is (then none is set apart)."""
+    if timeline.empty or not setup:
+        return None
+    by_pid = [int(p) for p in timeline.groupby("program_id")["self_ns"].sum().sort_values(ascending=False).index]
+    names = [modules[p].name if p in modules else f"program {p}" for p in by_pid if p in setup]
+    return tuple(names) if names and len(names) < len(by_pid) else None
 
 
 def _with_trace_metadata(timeline: pd.DataFrame, op_meta: pd.DataFrame, hlo_index: dict) -> pd.DataFrame:
@@ -70,11 +81,13 @@ def _with_trace_metadata(timeline: pd.DataFrame, op_meta: pd.DataFrame, hlo_inde
 def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, cache_hits: int,
                          manifest: Manifest | None, artifacts: dict[str, str], warnings: list[str] | None = None,
                          xprof_stats: pd.DataFrame | None = None, modules: dict | None = None,
-                         fusion_modules: int = 3, allocated: dict | None = None) -> ProfileReport:
+                         fusion_modules: int = 3, allocated: dict | None = None,
+                         setup: set[int] | None = None) -> ProfileReport:
     """`xprof_stats` (XProf's hlo_stats, device planes only) adds XProf's per-op figures to each op row;
     `modules` ({program_id: HloModule}) adds each op's HLO cost, the executed work and the fusion
     summary of the `fusion_modules` modules with the most op time; `allocated` ({program_id: bytes of
-    XLA's buffer assignment}) the work's peak allocation."""
+    XLA's buffer assignment}) the work's peak allocation; `setup` (program ids of the setup modules,
+    `parse.setup_modules`) sets those apart: named on one line, no fusion summary."""
     warnings = list(warnings or [])
     if manifest is not None and manifest.left_running:
         pids = ", ".join(map(str, manifest.left_running))
@@ -121,6 +134,7 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
     costs = op_costs(ops, modules or {})
     ctab = compile_table(compiles)
     m = manifest
+    setup_names = _setup_names(timeline, modules or {}, set(setup or ()))
     return ProfileReport(
         schema=SCHEMA,
         status=m.status if m else "ok",
@@ -169,7 +183,9 @@ def build_profile_report(trace: Trace, hlo_index: dict, compiles: pd.DataFrame, 
         ),
         artifacts=dict(artifacts),
         versions=m.versions if m and m.versions is not None else {"jax": trace.jax_version},
-        fusions=tuple(_fusion_summaries(timeline, modules or {}, fusion_modules)),
+        fusions=tuple(_fusion_summaries(timeline, modules or {}, fusion_modules,
+                                        set(setup or ()) if setup_names else set())),
+        fusions_setup=setup_names,
         warnings=tuple(warnings),
         calibration_s=m.calibration_s if m else None,
         calibration_loop=m.calibration_loop if m else None,

@@ -1,0 +1,144 @@
+"""The estimate's op times moved by a chip's measured calibration (results/calibration.py), where
+the data sheet's figures price work the chip does slower. Each rule comes from one measurement:
+
+- an HBM-bound op (its time from bytes at the data sheet's bandwidth) at the measured copy
+  bandwidth (hbm_copy: x + 1 over 512 MiB);
+- a compute-bound op at the MXU peak at the measured square-matmul rate of its dtype (mxu_bf16 /
+  mxu_int8 / mxu_fp8);
+- the bundled flash attention kernels (`flash_attention_fwd|dq|dkv`), whose own cost estimates count
+  their FLOPs, at the share of the peak each reached at the nearest measured head dim and sequence;
+- a sort at the measured time per element (sort_f32);
+- a gather or scatter op at the measured gather or scatter bandwidth;
+- an executed op faster than the least time the chip took for an op (op_smallest) at that time.
+
+An op the static profile or a probe timed from the compiler's cycles keeps those. Pure: takes the
+compile report, the step's HLO and the calibration; returns the report with the ops' times, their
+`calibrated` note, and one finding per rule. No I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tpudiag.analyze.hlo.vocabulary import BOOKKEEPING, COLLECTIVE, CONTROL, SEND_RECV, TPU_ASYNC_SLICE
+
+FLASH_KERNELS = ("flash_attention_fwd", "flash_attention_dq", "flash_attention_dkv")
+_NOT_EXECUTED = BOOKKEEPING | CONTROL | COLLECTIVE | SEND_RECV | TPU_ASYNC_SLICE | frozenset(
+    {"copy-start", "copy-done", "partition-id", "replica-id", "reshape"})
+
+
+def _kernel_of(o) -> str | None:
+    if o.opcode != "custom-call":
+        return None
+    return next((k for k in FLASH_KERNELS if o.name == k or o.name.startswith(k + ".")), None)
+
+
+def _attention_dims(hlo, o) -> tuple[int, int] | None:
+    """(head dim, sequence) of the kernel's first 4-D operand (q [batch, heads, seq, head_dim])."""
+    instr = hlo.instruction(o.name, o.computation) if hlo is not None else None
+    if instr is None:
+        return None
+    for i in range(len(instr.operands)):
+        op = hlo.operand(instr, i)
+        shape = op.parsed_shape if op is not None else None
+        if shape is not None and shape.is_array and shape.rank == 4:
+            return int(shape.dims[-1]), int(shape.dims[-2])
+    return None
+
+
+def _elements(hlo, o) -> int:
+    instr = hlo.instruction(o.name, o.computation) if hlo is not None else None
+    op = hlo.operand(instr, 0) if instr is not None and instr.operands else None
+    shape = op.parsed_shape if op is not None else None
+    return shape.elements if shape is not None and shape.is_array else 0
+
+
+def _dtype_rate(o, figures: dict, nominal):
+    """(measured rate, nominal rate, source) for a compute-bound op's dtype."""
+    text = (o.limit or "") + " " + (o.name or "")
+    if "s8" in text or "int8" in text:
+        f = figures.get("mxu_int8_ops_per_s")
+        return (f.value, nominal.peak_int8_ops_per_s, f.source) if f and nominal.peak_int8_ops_per_s else None
+    f = figures.get("mxu_bf16_flops_per_s")
+    return (f.value, nominal.peak_bf16_flops_per_s, f.source) if f else None
+
+
+def calibrate_ops(report, hlo, calibration, chip):
+    """(the report with its step's ops moved by `calibration`, the findings); `chip` is the target's
+    (targets.Chip: the data sheet's figures the estimate priced with)."""
+    figures = calibration.figures(chip)
+    m = report.modules[0]
+    moved: dict[str, list] = {}  # rule -> [(op, seconds added per step)]
+    ops = []
+    for o in m.ops:
+        new_s, why = _moved(o, hlo, figures, calibration, chip)
+        if why is not None and abs(new_s - o.estimated_s) > 1e-3 * max(o.estimated_s, 1e-12):
+            moved.setdefault(why[0], []).append((o.name, (new_s - o.estimated_s) * o.runs))
+            o = replace(o, estimated_s=round(new_s, 12), calibrated=why[1])
+        ops.append(o)
+    notes = tuple(_note(rule, rows, calibration) for rule, rows in moved.items())
+    if not notes:
+        return report, ()
+    return with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, *notes))), notes
+
+
+def with_step(report, m):
+    """`report` with its first module (the step) replaced by `m`, ops ranked by time x runs."""
+    m = replace(m, ops=tuple(sorted(m.ops, key=lambda o: (-o.total_s, o.name))))
+    return replace(report, modules=(m, *report.modules[1:]))
+
+
+def _moved(o, hlo, figures, cal, chip) -> tuple[float, tuple[str, str] | None]:
+    """(the op's calibrated time, (rule, the op's note)) or (its time, None)."""
+    if o.modelled or o.opcode in _NOT_EXECUTED:
+        return o.estimated_s, None
+    timed = o.cycles_source in ("static_profile", "matmul_probe", "kernel_probe") and o.estimated_cycles
+    kernel = _kernel_of(o)
+    if kernel is not None and not timed and o.flops > 0:
+        d, seq = _attention_dims(hlo, o) or (128, 2048)
+        share = cal.kernel_share(kernel, d, seq, chip.peak_bf16_flops_per_s)
+        if share is not None:
+            s = o.flops / (chip.peak_bf16_flops_per_s * share[0])
+            return max(s, o.estimated_s), ("kernel", f"{kernel} at {share[0]:.0%} of the bf16 peak (head dim {d}, "
+                                                     f"sequence {seq}; measured {share[1]})")
+    if o.opcode == "sort" and (f := figures.get("sort_s_per_element")) is not None:
+        n = _elements(hlo, o)
+        if n:
+            return max(o.estimated_s, n * f.value), ("sort", f"{n} elements at {f.value * 1e9:.3g} ns ({f.source})")
+    if o.opcode in ("gather", "scatter") and o.bound_by == "hbm":
+        f = figures.get(f"{o.opcode}_bytes_per_s")
+        if f is not None and f.nominal:
+            return o.estimated_s * f.nominal / f.value, (o.opcode, f"x{f.nominal / f.value:.2f} ({f.source})")
+    if o.bound_by == "hbm" and not timed and (f := figures.get("hbm_copy_bytes_per_s")) is not None and f.nominal:
+        s = o.estimated_s * f.nominal / f.value
+        floor = figures.get("op_floor_s")
+        if floor is not None and s < floor.value:
+            return floor.value, ("floor", f"the least op time, {floor.value * 1e9:.0f} ns ({floor.source})")
+        return s, ("hbm", f"x{f.nominal / f.value:.2f} at {f.value / 1e9:.4g} GB/s ({f.source})")
+    if o.bound_by == "compute" and not timed and o.flops > 0:
+        rate = _dtype_rate(o, figures, chip)
+        if rate is not None and rate[1]:
+            return o.estimated_s * rate[1] / rate[0], ("mxu", f"x{rate[1] / rate[0]:.2f} ({rate[2]})")
+    floor = figures.get("op_floor_s")
+    if floor is not None and o.estimated_s < floor.value:
+        return floor.value, ("floor", f"the least op time, {floor.value * 1e9:.0f} ns ({floor.source})")
+    return o.estimated_s, None
+
+
+_RULES = {
+    "hbm": "HBM-bound op(s) at the measured copy bandwidth",
+    "mxu": "compute-bound op(s) at the measured matmul rate of their dtype",
+    "kernel": "flash attention kernel op(s) at the share of the peak they reached on the chip",
+    "sort": "sort(s) at the measured time per element",
+    "gather": "gather(s) at the measured gather bandwidth",
+    "scatter": "scatter(s) at the measured scatter bandwidth",
+    "floor": "op(s) faster than the least time an op took on the chip, raised to it",
+}
+
+
+def _note(rule: str, rows: list, cal) -> str:
+    added = sum(s for _, s in rows)
+    top = sorted(rows, key=lambda r: -abs(r[1]))[:3]
+    shown = ", ".join(f"{name} {s * 1e3:+.3g} ms" for name, s in top)
+    return (f"calibration ({cal.chip}, measured {cal.date}): {len(rows)} {_RULES[rule]}, {added * 1e3:+.4g} ms per step"
+            f" (most: {shown})")

@@ -1,0 +1,1 @@
+"""Tables tpudiag ships: measured per-chip calibrations (calibration_CHIP.json)."""
