@@ -7,7 +7,9 @@ Two rules, one comparison:
   times the reference's own error against it, plus a floor of a few units of the output dtype's
   epsilon. Errors are normwise (the largest absolute error over the largest |float64 value|), so a
   near-zero element does not turn one rounding into an infinite relative error. A port may be as
-  wrong as the reference it ports, not more.
+  wrong as the reference it ports, not more. A gradient may be wrong by that plus what the reference's
+  working-precision twin loses (`parity_check(twin=...)`: the reference computed wholly in the
+  candidate's dtype, validate's gradients).
 - `Tolerance` (kernels verify): elementwise |got - want| <= atol + rtol * |want|, each kernel's
   own figures with their reasons (kernels/spec.py).
 
@@ -141,10 +143,11 @@ def exact_check(what: str, got, want) -> Check:
 
 def decision_check(what: str, cand, ref, truth, ambiguous, k: float) -> Check:
     """Integer, index and boolean outputs against the float64 run's decisions: outside the ties
-    (`ambiguous`, where the reference's own float64 decision changes under a few eps of its inputs
-    or another order of its classes), the candidate may differ from float64 at most `k` times as
-    often as the reference's own working-precision run does (a bf16 cumulative sum that crosses p
-    a little early), and not at all where the reference matches float64 exactly."""
+    (`ambiguous`, where the reference's own float64 decision changes under a few eps of its inputs,
+    its sums moved by their rounding bound, or another order of its classes), the candidate may
+    differ from float64 at most `k` times as often as the reference's own working-precision run does
+    (a bf16 cumulative sum that crosses p a little early), and not at all where the reference
+    matches float64 exactly."""
     c, r, t = np.asarray(cand), np.asarray(ref), np.asarray(truth)
     problem = _shape_problem(c, t)
     if problem:
@@ -156,7 +159,8 @@ def decision_check(what: str, cand, ref, truth, ambiguous, k: float) -> Check:
     allowed = k * ref_bad
     n_amb = int(amb.sum())
     ties = (f"{n_amb} of {c.size} position(s) are ties (the reference's own decision changes under a few eps of "
-            f"its inputs or another order of its classes), excluded; {int(np.sum((c != t) & amb))} of them differ"
+            f"its inputs, its sums' rounding error or another order of its classes), excluded; "
+            f"{int(np.sum((c != t) & amb))} of them differ"
             if n_amb else "")
     rule = f"decisions as float64's outside ties, at most {k:g} x the reference's {ref_bad} miss(es)"
     n_bad = int(cand_bad.sum())
@@ -182,39 +186,46 @@ def mean_ulp(got, truth, dtype: str) -> float | None:
 
 
 def parity_check(what: str, cand, truth, ref_error: float, dtype: str, rule: ParityRule,
-                 config: NumericsConfig = DEFAULT_NUMERICS, ref=None) -> Check:
+                 config: NumericsConfig = DEFAULT_NUMERICS, ref=None, twin=None, twin_dtype: str = "") -> Check:
     """`cand` against the float64 `truth`, allowed `rule.k * ref_error + rule.floor` (normwise), and
     for a 16-bit output where the reference's output `ref` is given, a mean ULP distance (`mean_ulp`)
-    of `rule.k` times the reference's plus `floor_ulp_mean`."""
+    of `rule.k` times the reference's plus `floor_ulp_mean`. `twin`: the reference computed wholly in
+    the working precision `twin_dtype` (validate's gradients); what it loses against `truth`,
+    normwise and in mean ULP, is allowed on top of each."""
     c, t = np.asarray(cand), np.asarray(truth)
     problem = _shape_problem(c, t)
+    describe = rule.describe() + (f" + its {twin_dtype} twin's" if twin is not None else "")
     if problem:
-        return Check(what, False, rule.describe(), None, None, None, problem)
+        return Check(what, False, describe, None, None, None, problem)
     if _is_exact(c) or _is_exact(t):
         return exact_check(what, c, t)
-    allowed = rule.k * ref_error + rule.floor
+    twin_err = normwise_error(twin, t) if twin is not None else 0.0
+    allowed = rule.k * ref_error + rule.floor + twin_err
     stats = error_stats(c, t, dtype, allowed, config, truth=t)
     ratio = None if stats.nonfinite_mismatch else stats.normwise / allowed
     ref_ulp_mean = cand_ulp = ulp_allowed = None
+    twin_ulp = (mean_ulp(twin, t, dtype) or 0.0) if twin is not None else 0.0
     if ref is not None and ratio is not None and dtype in ("bfloat16", "float16"):
         ref_ulp_mean, cand_ulp = mean_ulp(ref, t, dtype), mean_ulp(c, t, dtype)
         if ref_ulp_mean is not None and cand_ulp is not None:
-            ulp_allowed = rule.k * ref_ulp_mean + config.floor_ulp_mean
+            ulp_allowed = rule.k * ref_ulp_mean + config.floor_ulp_mean + twin_ulp
             ratio = max(ratio, cand_ulp / ulp_allowed)
     ok = ratio is not None and ratio <= 1.0
     detail = None
+    own = f" + its {twin_dtype} twin's {{:.3g}}" if twin is not None else ""
     if stats.nonfinite_mismatch:
         detail = f"NaN/Inf where the other side has none: {stats.nonfinite_mismatch} element(s)"
     elif not ok and stats.normwise > allowed:
         detail = (f"normwise error {stats.normwise:.3g} > {allowed:.3g} (the reference's {ref_error:.3g} x "
-                  f"{rule.k:g} + floor {rule.floor:.3g})")
+                  f"{rule.k:g} + floor {rule.floor:.3g}{own.format(twin_err)})")
     elif not ok:
         detail = (f"mean ULP error {cand_ulp:.3g} > {ulp_allowed:.3g} (the reference's {ref_ulp_mean:.3g} x "
-                  f"{rule.k:g} + {config.floor_ulp_mean:g}): elements below the largest lose precision it hides")
+                  f"{rule.k:g} + {config.floor_ulp_mean:g}{own.format(twin_ulp)}): elements below the largest "
+                  "lose precision it hides")
     if detail and stats.first_diff is not None:
         f = stats.first_diff
         detail += f"; first at {f.index}: {f.got:.6g} vs {f.want:.6g}"
-    return Check(what, ok, rule.describe(), ratio, _max_abs(stats), stats, detail)
+    return Check(what, ok, describe, ratio, _max_abs(stats), stats, detail)
 
 
 def normwise_error(got, truth) -> float:

@@ -9,6 +9,11 @@ on a worker sees `stopping()` and raises KeyboardInterrupt instead of reporting 
 a failed compile; so a thread pool's shutdown never waits out a compile. `parent_death.die_with_parent`,
 called first thing in a worker, has Linux SIGKILL it when tpudiag itself dies (kill -9), so no
 worker is ever left running alone.
+
+A signal that lands inside a garbage-collection callback or a `__del__` (jax's `_xla_gc_callback`
+runs often during a verify) raises where Python cannot propagate it: the exception is dropped
+silently here (`sys.unraisablehook`), the stop stays recorded, and long loops call
+`raise_if_stopping()` between their steps, so the Ctrl-C still ends the command.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 
 _LIVE: set[int] = set()
 _LOCK = threading.Lock()
 _STOP = threading.Event()
+_SIGNUM: list[int] = []  # the signal that stopped tpudiag, once one has
 
 
 def popen(args, **kwargs) -> subprocess.Popen:
@@ -59,6 +66,18 @@ def stopping() -> bool:
     return _STOP.is_set()
 
 
+def raise_if_stopping() -> None:
+    """Raise the stop a signal asked for (KeyboardInterrupt, or `Terminated` for SIGTERM) where its
+    handler's own exception was dropped: a loop calls this between its steps."""
+    if not _STOP.is_set():
+        return
+    if _SIGNUM and _SIGNUM[-1] == signal.SIGTERM:
+        from tpudiag.errors import Terminated
+
+        raise Terminated("terminated by signal SIGTERM")
+    raise KeyboardInterrupt
+
+
 def stop_all() -> None:
     """Kill every registered worker's process group now, and refuse new ones."""
     _STOP.set()
@@ -88,11 +107,26 @@ def install_handlers() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     reset()
+    _SIGNUM.clear()
     signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if getattr(sys.unraisablehook, "__name__", "") != _drop_stop.__name__:
+        _drop_stop.previous = sys.unraisablehook
+        sys.unraisablehook = _drop_stop
+
+
+def _drop_stop(unraisable) -> None:
+    """The stop raised inside a gc callback or `__del__` is dropped without a traceback (it is
+    recorded: `raise_if_stopping`); anything else goes to the previous hook."""
+    from tpudiag.errors import Terminated
+
+    if _STOP.is_set() and isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)):
+        return
+    _drop_stop.previous(unraisable)
 
 
 def _on_sigint(signum, frame):
+    _SIGNUM.append(signum)
     stop_all()
     raise KeyboardInterrupt
 
@@ -100,5 +134,6 @@ def _on_sigint(signum, frame):
 def _on_sigterm(signum, frame):
     from tpudiag.errors import Terminated
 
+    _SIGNUM.append(signum)
     stop_all()
     raise Terminated(f"terminated by signal {signal.Signals(signum).name}")

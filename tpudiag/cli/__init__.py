@@ -3,18 +3,20 @@
 `group` holds the click group; `run` (profile, compile), `read` (report, targets, fusions, hlo-diff,
 compare, export) and `kernels` register their commands on it; `common` has what they share.
 `main()` is the only place that calls `sys.exit`: it maps tpudiag's errors to one line on stderr
-and an exit code (errors.py), with the traceback only under --debug.
+and an exit code (errors.py), with the traceback only under --debug. An interrupted command
+(Ctrl-C: 130, SIGTERM: 143) leaves with `os._exit` once its line is written and flushed.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
 from tpudiag.cli import calibrate, kernels, read, run, suggest, validate  # noqa: F401  (register the commands)
 from tpudiag.cli.group import cli
-from tpudiag.errors import GateFailed, ProgramFailed, TpudiagError
+from tpudiag.errors import GateFailed, ProgramFailed, Terminated, TpudiagError
 
 __all__ = ["cli", "main"]
 
@@ -22,14 +24,14 @@ __all__ = ["cli", "main"]
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: maps tpudiag errors to one-line messages and exit codes."""
     obj: dict = {"debug": False}  # the group callback records --debug here (click's ctx.obj)
-    from tpudiag.capture.workers import install_handlers
+    from tpudiag.capture.workers import install_handlers, raise_if_stopping
 
     install_handlers()  # one Ctrl-C or SIGTERM ends every worker process at once
     try:
         cli.main(args=argv, prog_name="tpudiag", standalone_mode=False, obj=obj)
+        raise_if_stopping()  # a signal whose exception was dropped (workers.py) still ends as one
     except click.exceptions.Abort:
-        click.echo("tpudiag: interrupted", err=True)
-        sys.exit(130)
+        _interrupted("tpudiag: interrupted", 130)
     except click.ClickException as e:  # a bad option or argument: one line, as every other error
         if type(e).__name__ == "NoArgsIsHelpError":  # `tpudiag` or a group alone: its help
             e.show()
@@ -39,6 +41,8 @@ def main(argv: list[str] | None = None) -> None:
         message = " ".join(e.format_message().split())
         click.echo(f"tpudiag: error: {message}{hint}", err=True)
         sys.exit(e.exit_code)
+    except Terminated as e:
+        _interrupted(f"tpudiag: error: {e}", e.exit_code)
     except TpudiagError as e:
         if obj["debug"]:
             raise
@@ -47,11 +51,28 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"{prefix}{e}", err=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        click.echo("tpudiag: interrupted", err=True)
-        sys.exit(130)
+        _interrupted("tpudiag: interrupted", 130)
     except Exception as e:  # a bug in tpudiag: say so in one line, traceback with --debug
         if obj["debug"]:
             raise
         click.echo(f"tpudiag: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", err=True)
         sys.exit(70)
     sys.exit(0)
+
+
+def _interrupted(line: str, code: int) -> None:
+    """One line, flushed, then out without the interpreter's teardown: XLA's own threads (a compile,
+    an asynchronous dispatch) may still be running when a signal cuts a command short, and
+    finalizing jax's modules under them ended in a segmentation fault (exit 139) in 7 of 8 Ctrl-Cs of
+    `tpudiag kernels verify` at 3-6 s. Everything a command writes is written in its own `finally`
+    blocks before the exception arrives here."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while leaving changes nothing
+    click.echo(line, err=True)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
+            pass
+    os._exit(code)

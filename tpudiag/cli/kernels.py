@@ -13,6 +13,7 @@ import click
 
 from tpudiag.cli.common import (cache_options, check_outputs, check_versions, emit, force_option, output_format,
                                 compile_timeout_option, static_limits, static_profile_options, use_cache_options)
+from tpudiag.capture import workers
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed
 
@@ -94,6 +95,7 @@ def kernels_verify(seed, junit_path, force, on_chip, as_json, no_color, width, n
     def progress(r):
         if err.is_terminal:
             err.print(f"{'ok  ' if r.ok else 'FAIL'} {r.kernel} [{r.label}] {r.seconds:.1f} s")
+        workers.raise_if_stopping()  # a Ctrl-C that landed in jax's gc callback, where it was dropped
 
     if on_chip is False:
         os.environ["JAX_PLATFORMS"] = "cpu"  # --interpret: never touch the chip

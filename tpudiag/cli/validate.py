@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from tpudiag.cli.common import check_outputs, emit, force_option, output_format, output_options
+from tpudiag.capture import workers
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed
 
@@ -68,6 +69,7 @@ def validate(inputs, static, grad, regimes, seed, allow_nondeterminism, no_shrin
     def progress(case):
         if err.is_terminal:
             err.print(f"{'ok  ' if case.ok else 'FAIL'} [{case.regime}] {case.inputs} {case.seconds:.1f} s")
+        workers.raise_if_stopping()  # a Ctrl-C that landed in jax's gc callback, where it was dropped
 
     result = run_validate(reference, candidate, inputs, static=list(static), grad=grad, regimes=regimes, seed=seed,
                           allow_nondeterminism=allow_nondeterminism, shrink=not no_shrink, k=k, floor_eps=floor_eps,

@@ -8,7 +8,11 @@ Per case:
 2. each output: candidate vs float64 under the rule (analyze/numerics.py) with the reference's own
    error as the yardstick; candidate vs reference and reference vs float64 are measured and
    reported; integer outputs must be equal;
-3. `grad`: the VJP with a random cotangent of every floating input, the same way;
+3. `grad`: the VJP with a random cotangent of every floating input, the same way, and allowed on
+   top what the reference's working-precision twin loses (the reference with its inputs and every
+   value it computes, f32 statistics included, in the inputs' lowest floating dtype, differentiated
+   there): autodiff emits the backward's reductions in the working dtype (JAX's transpose of a
+   broadcast is a bf16 `reduce_sum`), which neither side wrote;
 4. `determinism`: the candidate again on the same inputs, equal bit for bit.
 
 A case that fails is shrunk: every dimension halved (alike across arguments) while it still fails,
@@ -25,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from tpudiag.analyze.numerics import (DEFAULT_NUMERICS, NumericsConfig, ParityRule, decision_check, error_stats,
+from tpudiag.analyze.numerics import (DEFAULT_NUMERICS, EPS, NumericsConfig, ParityRule, decision_check, error_stats,
                                       exact_check, normwise_error, parity_check, tolerance_check)
 from tpudiag.results.numerics import Check
 from tpudiag.results.validate import SCHEMA, Measure, Shrunk, ValidateCase, ValidateResult
@@ -63,10 +67,12 @@ def _structure(o: Outputs, cand_label: str, ref_label: str) -> None:
 def compare_outputs(o: Outputs, prefix: str, *, atol_rtol=None,
                     config: NumericsConfig = DEFAULT_NUMERICS, exact: bool = False,
                     names: tuple[str, str] = ("candidate", "reference"),
-                    ambiguous: list | None = None) -> tuple[list[Check], list[Measure]]:
+                    ambiguous: list | None = None, twins: list | None = None,
+                    twin_dtype: str = "") -> tuple[list[Check], list[Measure]]:
     """The checks and measures of one set of outputs: the parity rule of each output's dtype
     (validate), or with `atol_rtol` (kernels verify) an elementwise tolerance,
-    checked for candidate vs reference, candidate vs float64 and reference vs float64."""
+    checked for candidate vs reference, candidate vs float64 and reference vs float64. `twins`: the
+    reference's working-precision twin's outputs, whose own loss is allowed on top (gradients)."""
     checks, measures = [], []
     cn, rn = names
     many = len(o.cand) > 1
@@ -88,8 +94,13 @@ def compare_outputs(o: Outputs, prefix: str, *, atol_rtol=None,
         rl = ParityRule.for_dtype(dt, config)
         ref_err = normwise_error(r, t)
         rs = error_stats(r, t, dt, rl.floor, config)
+        w = twins[n] if twins is not None and twins[n] is not None and np.shape(twins[n]) == t.shape else None
+        if w is not None and not np.isfinite(np.asarray(w, np.float64)).all():
+            w = None  # a twin that overflows or turns NaN bounds nothing
         checks.append(parity_check(f"{tag}{cn} vs float64", c, t, ref_err, dt, rl, config,
-                                   ref=None if rs.nonfinite_mismatch else r))
+                                   ref=None if rs.nonfinite_mismatch else r, twin=w, twin_dtype=twin_dtype))
+        if w is not None:
+            measures.append(Measure(f"{tag}{rn} in {twin_dtype} vs float64", error_stats(w, t, dt, rl.floor, config)))
         measures.append(Measure(f"{tag}{cn} vs {rn}", error_stats(c, r, dt, rl.floor, config)))
         measures.append(Measure(f"{tag}{rn} vs float64", rs,
                                 f"the reference turns NaN/Inf at {rs.nonfinite_mismatch} element(s)"
@@ -117,6 +128,15 @@ class Pair:
 # (relative, random: the precision the reference works in), this many times, and with the classes
 # in this many other orders; a discrete output that changes is a tie there, either answer right.
 _TIE_EPS, _TIE_RUNS, _TIE_ORDERS = 2, 6, 3
+# And with every sum moved by its own rounding bound, n x eps x sum|terms| (Higham's gamma_n for a
+# recursive sum of n terms in any order; eps, not u = eps/2, covers u/(1-nu)), up, down, and every
+# other sum the other way (a softmax's normalizer and the cumulative sum over it move apart):
+# moving the inputs by a few eps does not move a sum of 32,000 near-equal probabilities by its
+# accumulated error, and a top-p cut there rests on that error. The eps is float32's for 16-bit
+# inputs: frameworks accumulate a sum of bf16 in float32 (PyTorch's CPU kernels; jnp.sum), and a port
+# whose cumulative sum runs in bf16 keeps another nucleus (transformers' Flax top-p,
+# docs/validate.md): a finding, not a tie.
+_SUM_EPS_FLOOR = "float32"
 
 
 def _discrete(a: np.ndarray) -> bool:
@@ -161,8 +181,8 @@ def _permuted_truth(pair: Pair, named, truth: list, rng) -> list:
 
 def _ambiguous(pair: Pair, named, truth: list, seed: int) -> list | None:
     """Per output, where the reference's own discrete decision is a tie (None for a float output):
-    its float64 run changes when the floating inputs move by a few eps of their dtype, or when their
-    classes come in another order."""
+    its float64 run changes when the floating inputs move by a few eps of their dtype, when its sums
+    move by their own rounding bound, or when their classes come in another order."""
     if not any(_discrete(t) for t in truth):
         return None
     out = [np.zeros(np.shape(t), bool) if _discrete(t) else None for t in truth]
@@ -177,6 +197,13 @@ def _ambiguous(pair: Pair, named, truth: list, seed: int) -> list | None:
         for j, (a, t) in enumerate(zip(again, truth)):
             if out[j] is not None and np.shape(a) == np.shape(t):
                 out[j] |= np.asarray(a) != np.asarray(t)
+    if pair.ref.kind in ("jax", "torch"):  # a NumPy reference's sums are not seen
+        eps = min(EPS.get(_working_dtype(named), EPS["float32"]), EPS[_SUM_EPS_FLOOR])
+        for signs in ((1.0,), (-1.0,), (1.0, -1.0), (-1.0, 1.0)):
+            again = _sorted_along(_truth(pair, named, shift=tuple(eps * x for x in signs))[0], pair.unordered)
+            for j, (a, t) in enumerate(zip(again, truth)):
+                if out[j] is not None and np.shape(a) == np.shape(t):
+                    out[j] |= np.asarray(a) != np.asarray(t)
     for _ in range(_TIE_ORDERS):
         for j, a in enumerate(_permuted_truth(pair, named, truth, rng)):
             if out[j] is not None and a is not None:
@@ -229,12 +256,13 @@ def _eps(a: np.ndarray) -> float:
     return float(ml_dtypes.finfo(a.dtype).eps) if is_float(a) else 0.0
 
 
-def _truth(pair: Pair, named) -> tuple[list, str | None]:
-    """The reference's float64 run, and what it says about itself."""
+def _truth(pair: Pair, named, shift: tuple = ()) -> tuple[list, str | None]:
+    """The reference's float64 run, and what it says about itself; `shift`: with every sum moved by
+    its rounding bound times these signed eps, in turn (a JAX or PyTorch reference)."""
     if pair.ref.kind == "jax":
-        return float64_call(pair.ref, named, pair.static)
+        return float64_call(pair.ref, named, pair.static, shift)
     if pair.ref.kind == "torch":
-        return torch_call(pair.ref, named, pair.static, f64=True)
+        return torch_call(pair.ref, named, pair.static, f64=True, shift=shift)
     return call(pair.ref, named, pair.static, f64=True), None
 
 
@@ -309,9 +337,13 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
         except Exception as e:
             raise _raised(pair.cand, "the candidate's gradient:", named, e, pair) from e
         g = Outputs(gc, *gr)
+        low, tw, why = _twin_grads(pair, named, cts, wrt)
+        if why:
+            measures.append(Measure("gradient twin", None, why))
         for j, k in enumerate(floats):
             one = Outputs([g.cand[j]], [g.ref[j]], [g.truth[j]])
-            ch, me = compare_outputs(one, f"grad[{named[k][0]}]", config=pair.config)
+            ch, me = compare_outputs(one, f"grad[{named[k][0]}]", config=pair.config,
+                                     twins=None if tw is None else [tw[j]], twin_dtype=low)
             checks += ch
             measures += me
     if pair.determinism:
@@ -331,6 +363,28 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
         checks.append(Check("determinism", same, "bit for bit", 0.0 if same else None, 0.0 if same else None,
                             None, detail))
     return checks, measures
+
+
+def _working_dtype(named) -> str | None:
+    """The lowest-precision floating dtype among the inputs: the precision a port computes in."""
+    floats = [str(a.dtype) for _, a in named if is_float(a)]
+    return max(floats, key=lambda d: EPS.get(d, 0.0)) if floats else None
+
+
+def _twin_grads(pair: Pair, named, cts: list, wrt: tuple) -> tuple[str, list | None, str | None]:
+    """The reference's gradients computed wholly in the working precision (its inputs, parameters
+    and every value it computes, its own float32 statistics included), or None with the reason:
+    float64 inputs (the twin is the float64 run), or a reference that cannot be run that way."""
+    low = _working_dtype(named)
+    if low is None or low == "float64":
+        return "", None, None
+    try:
+        return low, grads(pair.ref, named, pair.static, cts, wrt, twin=low), None
+    except InputError:
+        raise
+    except Exception as e:
+        return low, None, (f"the reference's gradient could not be computed wholly in {low} ({one_line(e, 200)}): "
+                           "the gradients are held to the rule without its allowance")
 
 
 def _run(pair: Pair, named, seed: int) -> tuple[list[Check], list[Measure], str | None, bool]:

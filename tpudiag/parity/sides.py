@@ -249,9 +249,10 @@ class Float64Array(np.ndarray):
 
 
 def torch_call(s: Side, named: list[tuple[str, np.ndarray]], static: dict, *,
-               f64: bool = False) -> tuple[list[np.ndarray], str | None]:
+               f64: bool = False, shift: tuple = ()) -> tuple[list[np.ndarray], str | None]:
     """A PyTorch side's run; in float64 (`f64`) with every float32, bfloat16 and float16 the function
-    asks for made float64 too (parity/torch64.py), and a note where that left something lower."""
+    asks for made float64 too (parity/torch64.py), and a note where that left something lower;
+    `shift`: every sum moved by its rounding bound times these signed eps, in turn (validate's ties)."""
     import torch
 
     kw = _kw(s, static)
@@ -260,7 +261,7 @@ def torch_call(s: Side, named: list[tuple[str, np.ndarray]], static: dict, *,
             return leaves(_invoke(s, [(n, _to_torch(a, False)) for n, a in named], kw)), None
         from tpudiag.parity.torch64 import Float64Mode
 
-        with Float64Mode() as mode:
+        with Float64Mode(shift) as mode:
             out = _flat(_invoke(s, [(n, _to_torch(a, True)) for n, a in named], kw))
         return leaves(out), mode.note(out)
 
@@ -292,9 +293,12 @@ def _key(s: Side, named, static: dict, *more) -> tuple:
     return (id(s.fn), s.label, tuple(n for n, _ in named), repr(sorted(static.items())), *more)
 
 
-def float64_call(s: Side, named: list[tuple[str, np.ndarray]], static: dict) -> tuple[list[np.ndarray], str | None]:
+def float64_call(s: Side, named: list[tuple[str, np.ndarray]], static: dict,
+                 shift: tuple = ()) -> tuple[list[np.ndarray], str | None]:
     """A JAX side evaluated in float64 throughout (parity/upcast.py), or, where that cannot be done,
-    under x64 as written; the second item says which when it is the latter."""
+    under x64 as written; the second item says which when it is the latter. `shift`: every sum
+    moved by its rounding bound times these signed eps, in turn (validate's ties; as written,
+    nothing moves)."""
     import jax
 
     from tpudiag.parity.upcast import Unsupported, in_float64
@@ -303,7 +307,8 @@ def float64_call(s: Side, named: list[tuple[str, np.ndarray]], static: dict) -> 
     with jax.enable_x64():
         args = [_jax(a, True) for _, a in named]
         try:
-            out = _jitted(_key(s, named, static, "float64"), lambda: in_float64(_positional(s, named, kw), {}))(*args)
+            out = _jitted(_key(s, named, static, "float64", shift),
+                          lambda: in_float64(_positional(s, named, kw), {}, shift))(*args)
             return [np.asarray(x) for x in leaves(jax.block_until_ready(out))], None
         except Unsupported as e:
             out = _invoke(s, list(zip([n for n, _ in named], args)), kw)
@@ -323,8 +328,11 @@ def _to_torch(a: np.ndarray, f64: bool):
 
 
 def grads(s: Side, named: list[tuple[str, np.ndarray]], static: dict, cotangents: list, wrt: tuple[int, ...],
-          *, f64: bool = False) -> list[np.ndarray]:
-    """d/d named[wrt] of sum(output * cotangent) over the floating outputs."""
+          *, f64: bool = False, twin: str | None = None) -> list[np.ndarray]:
+    """d/d named[wrt] of sum(output * cotangent) over the floating outputs. `twin` (a dtype name):
+    the side's working-precision twin instead, every floating input and value it computes in that
+    dtype (torch: `PrecisionMode`; JAX: `upcast.in_dtype`, which raises `Unsupported` where it
+    cannot)."""
     kw = _kw(s, static)
     if s.kind == "numpy":
         raise InputError(f"{s.label}: a NumPy function has no gradient; --grad needs a JAX or PyTorch reference")
@@ -333,12 +341,17 @@ def grads(s: Side, named: list[tuple[str, np.ndarray]], static: dict, cotangents
 
         import torch
 
-        leaf = {i: _to_torch(named[i][1], f64).requires_grad_(True) for i in wrt}
+        def arg(a):
+            if twin is not None and is_float(a):
+                return _to_torch(a, True).to(getattr(torch, twin))
+            return _to_torch(a, f64)
+
+        leaf = {i: arg(named[i][1]).requires_grad_(True) for i in wrt}
         # the function gets a copy of each leaf: one that writes into its input (`x.div_(t)`) works
-        ts = [(n, leaf[i].clone() if i in leaf else _to_torch(a, f64)) for i, (n, a) in enumerate(named)]
-        if f64:
-            from tpudiag.parity.torch64 import Float64Mode
-            mode = Float64Mode()
+        ts = [(n, leaf[i].clone() if i in leaf else arg(a)) for i, (n, a) in enumerate(named)]
+        if f64 or twin is not None:
+            from tpudiag.parity.torch64 import PrecisionMode
+            mode = PrecisionMode(getattr(torch, twin) if twin is not None else torch.float64)
         else:
             mode = contextlib.nullcontext()
         with mode:
@@ -363,13 +376,20 @@ def grads(s: Side, named: list[tuple[str, np.ndarray]], static: dict, cotangents
         return g
 
     def run(fn, tag):
-        full = [_jax(a, f64) for _, a in named]
+        if twin is not None:
+            full = [jnp.asarray(a.astype(_np_float(twin)) if is_float(a) else a) for _, a in named]
+        else:
+            full = [_jax(a, f64) for _, a in named]
         dt = jnp.float64 if f64 else jnp.float32
         cts = [None if c is None else jnp.asarray(c, dt) for c in cotangents]
         g = _jitted(_key(s, named, static, "grad", tag, wrt), lambda: make(fn, dt))(full, cts)
         return [np.asarray(x) for x in g]
 
     plain = _positional(s, named, kw)
+    if twin is not None:
+        from tpudiag.parity.upcast import in_dtype
+
+        return run(in_dtype(plain, {}, twin), f"twin {twin}")
     if f64:
         from tpudiag.parity.upcast import Unsupported, in_float64
 
@@ -380,3 +400,11 @@ def grads(s: Side, named: list[tuple[str, np.ndarray]], static: dict, cotangents
                 return run(plain, "x64")
     return run(plain, "plain")
 
+
+def _np_float(name: str):
+    """A NumPy dtype for a float dtype name (bfloat16 through ml_dtypes)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(name)

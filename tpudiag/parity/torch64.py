@@ -9,12 +9,22 @@ float32, bfloat16 or float16 is rewritten to float64: the `dtype=` of any call (
 `.bfloat16()`; the default dtype is float64 for the run. What it rewrote is counted, and
 `note()` says where an output still came back in a lower precision (a value made outside torch's
 functions: a NumPy float32 array turned into a tensor, a C++ extension).
+
+`PrecisionMode(torch.bfloat16)` is the same rewrite toward the working precision: the reference's
+twin, with its float32 (and float64, float16) requests made bfloat16 (validate's gradient
+allowance: what the reference itself loses computed in the candidate's dtype).
+
+With `shift` (signed multiples of eps, taken in turn), every `sum` and `cumsum` result is moved by
+its rounding bound as parity/upcast.py does for JAX (a `sum` by eps x n x sum|terms|, a `cumsum` by
+eps x n x its whole axis' sum|terms|): the tie analysis of validate's decisions. Sums inside fused
+kernels (softmax's) are not seen.
 """
 
 from __future__ import annotations
 
-_LOW_NAMES = ("float32", "bfloat16", "float16")
-_METHODS = {"float": "float32", "half": "float16", "bfloat16": "bfloat16"}
+_FLOAT_NAMES = ("float64", "float32", "bfloat16", "float16")
+_SUMS = ("sum", "cumsum")
+_METHODS = {"double": "float64", "float": "float32", "half": "float16", "bfloat16": "bfloat16"}
 
 
 def _mode_base():
@@ -23,19 +33,23 @@ def _mode_base():
     return TorchFunctionMode
 
 
-class Float64Mode(_mode_base()):
-    def __init__(self):
+class PrecisionMode(_mode_base()):
+    """Every floating dtype a function asks for made `target` (a torch dtype)."""
+
+    def __init__(self, target, shift: tuple = ()):
         super().__init__()
         import torch
 
         self._torch = torch
-        self._low = {getattr(torch, n) for n in _LOW_NAMES}
+        self.target = target
+        self.shift, self._sums = shift, 0
+        self._low = {getattr(torch, n) for n in _FLOAT_NAMES} - {target}
         self.rewritten: dict[str, int] = {}
         self._default = None
 
     def __enter__(self):
         self._default = self._torch.get_default_dtype()
-        self._torch.set_default_dtype(self._torch.float64)
+        self._torch.set_default_dtype(self.target)
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -48,27 +62,44 @@ class Float64Mode(_mode_base()):
     def _up(self, v, what: str):
         if isinstance(v, self._torch.dtype) and v in self._low:
             self._count(f"{what} {str(v).replace('torch.', '')}")
-            return self._torch.float64
+            return self.target
         return v
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         name = getattr(func, "__name__", "")
-        if name in _METHODS and args and isinstance(args[0], self._torch.Tensor) and not kwargs:
+        if name in _METHODS and args and isinstance(args[0], self._torch.Tensor) and not kwargs \
+                and getattr(self._torch, _METHODS[name]) in self._low:
             self._count(f".{name}()")
-            return args[0].to(self._torch.float64)
+            return args[0].to(self.target)
         if "dtype" in kwargs:
             kwargs["dtype"] = self._up(kwargs["dtype"], f"dtype= of {name}")
         if name in ("to", "type"):
             args = tuple(self._up(a, f".{name}") for a in args)
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if self.shift and name in _SUMS and isinstance(out, self._torch.Tensor) and out.is_floating_point() \
+                and args and isinstance(args[0], self._torch.Tensor):
+            out = out + self._next_shift() * self._bound(func, name, args, kwargs)
+        return out
+
+    def _next_shift(self) -> float:
+        self._sums += 1
+        return self.shift[(self._sums - 1) % len(self.shift)]
+
+    def _bound(self, func, name: str, args, kwargs):
+        """The sum's rounding bound (the handler runs with this mode off: these calls are plain)."""
+        x = args[0]
+        if name == "cumsum":
+            dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+            return x.shape[dim] * x.abs().sum(dim, keepdim=True)
+        return func(self._torch.ones_like(x), *args[1:], **kwargs) * func(x.abs(), *args[1:], **kwargs)
 
     def note(self, outputs) -> str | None:
         """What the run says about itself: the casts it promoted, and any floating output that still
         came back below float64."""
         torch = self._torch
         low = [n for n, o in enumerate(outputs) if isinstance(o, torch.Tensor) and o.is_floating_point()
-               and o.dtype != torch.float64]
+               and o.dtype != self.target]
         parts = []
         if self.rewritten:
             parts.append("the float64 run promoted " + ", ".join(f"{k} (x{v})" if v > 1 else k
@@ -78,3 +109,12 @@ class Float64Mode(_mode_base()):
                          f"{outputs[low[0]].dtype}: something made outside torch's functions was not promoted, "
                          "so the reference's own error is understated there")
         return "; ".join(parts) or None
+
+
+class Float64Mode(PrecisionMode):
+    """The float64 run: every float32, bfloat16 and float16 request made float64."""
+
+    def __init__(self, shift: tuple = ()):
+        import torch
+
+        super().__init__(torch.float64, shift)
