@@ -56,11 +56,11 @@ def main() -> None:
     by = defaultdict(lambda: [0.0, 0.0])
     for n, o in chip.items():
         by[est.get(n, o)["category"]][0] += o["s"]
-    from tpudiag.analyze.compile.estimate import ASYNC_COPIES
+    from tpudiag.analyze.hlo.vocabulary import ASYNC_COPY
 
-    hidden = sum(o["s"] for o in est.values() if o["opcode"] in ASYNC_COPIES)
+    hidden = sum(o["s"] for o in est.values() if o["opcode"] in ASYNC_COPY)
     for n, o in est.items():
-        if o["opcode"] not in ASYNC_COPIES:  # the estimate counts them overlapped with compute
+        if o["opcode"] not in ASYNC_COPY:  # the estimate counts them overlapped with compute
             by[o["category"]][1] += o["s"]
     print(f"\n{'category':34} {'chip ms':>9} {'est ms':>9} {'est/chip':>9}")
     for cat, (c, e) in sorted(by.items(), key=lambda kv: -max(kv[1])):

@@ -139,3 +139,34 @@ def test_on_the_chip_calibrate_measures_within_the_data_sheet(tmp_path):
     figures = cal.figures(resolve_target(cal.chip).chip)
     assert 0.5 < figures["hbm_copy_bytes_per_s"].ratio <= 1.02
     assert 0.5 < figures["mxu_bf16_flops_per_s"].ratio <= 1.02
+
+
+def test_the_estimate_pass_moves_hbm_ops_by_the_measured_bandwidth_and_says_so():
+    """On a real v5e compile (an FSDP step's HBM-bound ops): each moved op carries its factor and
+    source, the finding names the rule, and a table measured with another jax says so."""
+    from dataclasses import replace
+
+    from tpudiag import api
+    from tpudiag.analyze.compile.calibrated import calibrate_ops
+    from tpudiag.parse.hlo import read_hlo_file
+
+    run = ROOT / "fixtures" / "artifacts" / "compile_v5e_fsdp_async"
+    report = api.load_report(run)
+    m = report.modules[0]
+    hlo = read_hlo_file(run / "modules" / "00-jit_train_step" / "optimized.hlo.txt")
+    cal = shipped("v5e")
+    copy = cal.figures(V5E)["hbm_copy_bytes_per_s"]
+    moved, notes = calibrate_ops(report, hlo, cal, V5E, running_jax=cal.jax)
+    before = {o.name: o for o in m.ops}
+    changed = [o for o in moved.modules[0].ops if o.calibrated]
+    assert changed and all(before[o.name].bound_by == "hbm" for o in changed)
+    for o in changed:
+        if o.calibrated.startswith("x"):
+            assert o.estimated_s == pytest.approx(before[o.name].estimated_s * V5E.hbm_bytes_per_s / copy.value,
+                                                  rel=1e-6)
+            assert o.calibrated == f"x{V5E.hbm_bytes_per_s / copy.value:.2f} at 644.7 GB/s (hbm_copy_512mib)"
+    assert all(o.calibrated is None for o in moved.modules[0].ops if o.bound_by == "ici")  # collectives: modelled
+    assert any("HBM-bound op(s) at the measured copy bandwidth" in n for n in notes)
+    assert not any("measured with jax" in n for n in notes)
+    _, other = calibrate_ops(report, hlo, replace(cal, jax="0.0.1"), V5E, running_jax=cal.jax)
+    assert other[-1].startswith(f"calibration (v5e) measured with jax 0.0.1; this is jax {cal.jax}")

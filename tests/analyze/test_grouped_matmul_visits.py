@@ -93,14 +93,14 @@ def test_the_estimate_times_maxtexts_grouped_matmuls_over_their_visits():
     """The estimate's pass over the same step's compile report (rebuilt from the fixture, the passes
     before it applied as the estimate applies them): each gmm and tgmm takes its FLOPs x 15/8 at the
     MXU peak, each gmm its pipeline's bytes (none of them in HBM here), and the finding says so."""
-    from tpudiag.api.estimate import _grouped_matmul_tiles, _hbm_outside_vmem
+    from tpudiag.analyze.compile.estimate_passes import grouped_matmul_tiles, hbm_outside_vmem
     from tpudiag.api.pipeline import compile_run_artifacts
 
     arts, report = compile_run_artifacts(MAXTEXT_RUN, with_llo=False, suggestions=False)
     hlo = arts[0].hlo
-    report, _ = _hbm_outside_vmem(report, hlo)
+    report, _ = hbm_outside_vmem(report, hlo)
     before = {o.name: o for o in report.modules[0].ops}
-    after, note = _grouped_matmul_tiles(report, hlo)
+    after, note = grouped_matmul_tiles(report, hlo)
     assert note.startswith("12 grouped matmul(s) on a grid sized by the routing") and "1.88x-1.88x" in note
     assert "9 with the kernel's tiles in its metadata take the bytes its pipeline moves" in note
     peak = report.target.peak_bf16_flops_per_s

@@ -12,7 +12,8 @@ import pytest
 
 from tests.conftest import ARTIFACT_SETS, set_versions, skip_if_newer_than_this_xla
 from tpudiag.analyze.compile.kernel_body import STEP_PROBE, kernel_body, kernel_work, step_probe
-from tpudiag.api.estimate_kernels import _kernel_works, _table_source
+from tpudiag.analyze.compile.kernel_passes import kernel_works, table_source
+from tpudiag.api.estimate_probes import kernel_tables
 from tpudiag.api.pipeline import compile_run_artifacts
 
 pytest.importorskip("jaxlib.mlir")
@@ -43,7 +44,7 @@ def _kernels(hlo):
 def _tables(run, hlo, instr):
     (tables_file,) = (run / "modules").glob("*/kernel_tables.json")
     values = json.loads(tables_file.read_text())
-    return [values.get(_table_source(hlo, hlo.operand(instr, k)) or "") for k in range(len(instr.operands))]
+    return [values.get(table_source(hlo, hlo.operand(instr, k)) or "") for k in range(len(instr.operands))]
 
 
 @pytest.mark.parametrize("leg", sorted(ARTIFACT_SETS))
@@ -55,7 +56,7 @@ def test_splash_kernels_work_is_their_matmuls_over_the_blocks_the_causal_mask_ke
     for name, instr in kernels.items():
         # in a loop's body: the tables come through the loop's tuple, unchanged, from constants
         assert hlo.instruction(instr.operands[1], instr.computation).opcode != "constant"
-        assert hlo.instruction(_table_source(hlo, hlo.operand(instr, 1))).opcode == "constant"
+        assert hlo.instruction(table_source(hlo, hlo.operand(instr, 1))).opcode == "constant"
         body = kernel_body(instr.backend_config)
         work = kernel_work(body, _tables(_run(leg), hlo, instr))
         dense = HEADS * BLOCKS * BLOCKS * MATMULS[name] * ONE_MATMUL
@@ -79,10 +80,10 @@ def test_a_loop_element_that_changes_is_not_a_table(leg):
     body = hlo.computations[instr.computation]
     counter = next(i for i in body.instructions if i.opcode == "get-tuple-element" and i.index == 0
                    and hlo.operand(i, 0).opcode == "parameter")
-    assert _table_source(hlo, counter) is None
-    constant = hlo.instruction(_table_source(hlo, hlo.operand(instr, 1)))
-    assert _table_source(hlo, constant) == constant.name
-    assert _table_source(hlo, None) is None
+    assert table_source(hlo, counter) is None
+    constant = hlo.instruction(table_source(hlo, hlo.operand(instr, 1)))
+    assert table_source(hlo, constant) == constant.name
+    assert table_source(hlo, None) is None
 
 
 def test_a_newer_body_than_these_bindings_gives_no_figure():
@@ -106,14 +107,14 @@ def test_a_body_that_cannot_be_read_gives_no_figure():
 
 @pytest.mark.parametrize("leg", sorted(ARTIFACT_SETS))
 def test_the_estimate_times_each_splash_kernel_by_its_mxu_work(leg, tmp_path):
-    from tpudiag.api.estimate import _hbm_outside_vmem
-    from tpudiag.api.estimate_kernels import _kernel_bodies
+    from tpudiag.analyze.compile.estimate_passes import hbm_outside_vmem
+    from tpudiag.analyze.compile.kernel_passes import kernel_bodies
 
     arts, report = compile_run_artifacts(_run(leg), with_llo=False, suggestions=False)
     hlo = arts[0].hlo
-    report, _ = _hbm_outside_vmem(report, hlo)
+    report, _ = hbm_outside_vmem(report, hlo)
     before = {o.name: o for o in report.modules[0].ops}
-    after, note = _kernel_bodies(report, _kernel_works(report, hlo, _run(leg)))
+    after, note = kernel_bodies(report, kernel_works(report, hlo, kernel_tables(report, _run(leg))))
     ops = {o.name: o for o in after.modules[0].ops}
     peak = report.target.peak_bf16_flops_per_s
     added = 0.0
@@ -139,7 +140,7 @@ def test_the_estimate_times_each_splash_kernel_by_its_mxu_work(leg, tmp_path):
     shutil.copytree(_run(leg), bare)
     for f in (bare / "modules").glob("*/kernel_tables.json"):
         f.unlink()
-    blind, note = _kernel_bodies(report, _kernel_works(report, hlo, bare))
+    blind, note = kernel_bodies(report, kernel_works(report, hlo, kernel_tables(report, bare)))
     assert note.endswith("; 3 whose grid steps depend on tables that could not be evaluated (values not known, or "
                          "too many steps): every step counted")
     for o in blind.modules[0].ops:
@@ -152,17 +153,17 @@ def test_the_estimate_times_each_splash_kernel_by_its_mxu_work(leg, tmp_path):
 def test_kernel_probes_stop_when_their_budget_is_spent(tmp_path, monkeypatch):
     """No pair of probes starts once the budget is spent: the splash kernels keep their time, nothing
     is compiled, and the finding says why."""
-    import tpudiag.api.estimate_kernels as ek
+    import tpudiag.api.estimate_probes as ep
     from tpudiag.capture.tpu_compile import Limits
     from tpudiag.targets import resolve_target
 
-    monkeypatch.setattr(ek, "KERNEL_PROBE_BUDGET_S", 0.0)
+    monkeypatch.setattr(ep, "KERNEL_PROBE_BUDGET_S", 0.0)
     run = tmp_path / "run"
     shutil.copytree(_run("jax-0.10"), run)
     arts, report = compile_run_artifacts(run, with_llo=False, suggestions=False)
     hlo = arts[0].hlo
-    after, note = ek._probe_kernels(report, hlo, _kernel_works(report, hlo, run), run, resolve_target("v6e:2x2"),
-                                    Limits())
+    after, note = ep.probe_kernels(report, hlo, kernel_works(report, hlo, kernel_tables(report, run)), run,
+                                   resolve_target("v6e:2x2"), Limits())
     assert note == ("no Pallas kernel op timed by the TPU compiler's cycles for its grid steps "
                     "(estimate/kernel_probes/); 3 kernel op(s) not probed: the probes' 0 s were spent; "
                     "those keep their time")
@@ -174,14 +175,14 @@ def test_maxtext_own_step_splash_kernels_timed_and_its_gmm_left_alone():
     """MaxText's own MoE step (fixture `estimate_maxtext_moe_megablox`: sequence 1024, splash blocks of
     512, segment ids): its four splash kernels take their body's work over the 3 of 4 blocks the
     causal mask keeps; its megablox gmm/tgmm calls carry a cost estimate and are left alone."""
-    from tpudiag.api.estimate_kernels import _kernel_bodies
+    from tpudiag.analyze.compile.kernel_passes import kernel_bodies
 
     run = ARTIFACT_SETS["jax-0.12"] / "estimate_maxtext_moe_megablox"
     skip_if_newer_than_this_xla(run)
     arts, report = compile_run_artifacts(run, with_llo=False, suggestions=False)
     hlo = arts[0].hlo
     before = {o.name: o for o in report.modules[0].ops}
-    after, note = _kernel_bodies(report, _kernel_works(report, hlo, run))
+    after, note = kernel_bodies(report, kernel_works(report, hlo, kernel_tables(report, run)))
     assert note.startswith("4 Pallas kernel op(s) with no cost estimate of their own")
     assert "could not be evaluated" not in note
     changed = {o.name: o for o in after.modules[0].ops if o != before[o.name]}
@@ -338,7 +339,7 @@ def test_tokamax_splash_kinds_of_step_and_a_grid_sized_at_run_time():
     arts, report = compile_run_artifacts(run, with_llo=False, suggestions=False)
     hlo = arts[0].hlo
     works = {n.rsplit(".", 1)[0]: (instr, w, estimated)
-             for n, (instr, w, estimated) in _kernel_works(report, hlo, run).items()}
+             for n, (instr, w, estimated) in kernel_works(report, hlo, kernel_tables(report, run)).items()}
     one = 2 * 1024 * 1024 * 128
     instr, fwd, estimated = works["splash_mha_fwd_residuals"]
     assert estimated  # tokamax gives a cost estimate: the MXU pass leaves it alone, the probes do not
@@ -377,7 +378,7 @@ def test_a_probe_the_compiler_cannot_profile_keeps_the_op_and_says_why(tmp_path)
     estimate) and the finding gives the compiler's reason."""
     import importlib.metadata as md
 
-    from tpudiag.api.estimate_kernels import _probe_kernels
+    from tpudiag.api.estimate_probes import probe_kernels
     from tpudiag.capture.tpu_compile import Limits
     from tpudiag.targets import resolve_target
 
@@ -389,8 +390,8 @@ def test_a_probe_the_compiler_cannot_profile_keeps_the_op_and_says_why(tmp_path)
     shutil.copytree(fixture, run)
     arts, report = compile_run_artifacts(run, with_llo=False, suggestions=False)
     hlo = arts[0].hlo
-    after, note = _probe_kernels(report, hlo, _kernel_works(report, hlo, run), run, resolve_target("v6e:2x2"),
-                                 Limits())
+    after, note = probe_kernels(report, hlo, kernel_works(report, hlo, kernel_tables(report, run)), run,
+                                resolve_target("v6e:2x2"), Limits())
     assert note.startswith("no Pallas kernel op timed by the TPU compiler's cycles for its grid steps")
     assert ("; 2 kernel op(s) whose probes gave no cycles (kprobe00-kind0-2steps: dropped: the TPU compiler "
             "aborted") in note

@@ -161,12 +161,12 @@ def test_the_estimate_takes_the_cost_model_for_matmuls_no_probe_timed():
     cycles its cost model recorded where they are longer than its MXU-peak time; an op a probe timed
     keeps its time, and every other op is untouched."""
     from tpudiag.analyze.compile.matmul_probe import cost_model_cycles
-    from tpudiag.api.estimate import _cost_model_matmuls, _hbm_outside_vmem
+    from tpudiag.analyze.compile.estimate_passes import cost_model_matmuls, hbm_outside_vmem
 
     arts, report = compile_run_artifacts(ARTIFACT_SETS["jax-0.12"] / "estimate_maxtext_moe_megablox", with_llo=False,
                                          suggestions=False)
     hlo = arts[0].hlo
-    report, _ = _hbm_outside_vmem(report, hlo)
+    report, _ = hbm_outside_vmem(report, hlo)
     before = {o.name: o for o in report.modules[0].ops}
     clock = report.target.clock_hz
     candidates = {o.name: cost_model_cycles(hlo, hlo.instruction(o.name, o.computation))
@@ -174,7 +174,7 @@ def test_the_estimate_takes_the_cost_model_for_matmuls_no_probe_timed():
     candidates = {k: v for k, v in candidates.items() if v}
     assert len(candidates) == 34
     longest = max(candidates, key=lambda k: (candidates[k] / clock - before[k].estimated_s) * before[k].runs)
-    after, note = _cost_model_matmuls(report, hlo, probed=frozenset({longest}))
+    after, note = cost_model_matmuls(report, hlo, probed=frozenset({longest}))
     assert note.startswith("33 compute-bound matmul op(s) with no static cycles timed by the TPU compiler's "
                            "convolution cost model")
     ops = {o.name: o for o in after.modules[0].ops}
@@ -194,5 +194,5 @@ def test_the_estimate_takes_the_cost_model_for_matmuls_no_probe_timed():
     timed = replace(before[longest], cycles_source="static_profile", estimated_cycles=1)
     report = replace(report, modules=(replace(report.modules[0], ops=tuple(
         timed if o.name == longest else o for o in report.modules[0].ops)),))
-    again, _ = _cost_model_matmuls(report, hlo)
+    again, _ = cost_model_matmuls(report, hlo)
     assert next(o for o in again.modules[0].ops if o.name == longest) == timed

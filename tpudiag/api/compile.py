@@ -25,7 +25,7 @@ class CompileResult:
     report: object  # results.compile.CompileReport
 
 
-def _write_compile_report(report, rd: RunDir):
+def write_compile_report(report, rd: RunDir):
     """report.json and report.md of a compile run; returns the report as written (with its artifacts)."""
     from tpudiag.report.registry import render
 
@@ -92,7 +92,7 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
         report = compile_inputs(inputs, run, target, static_profile=static_profile, jobs=jobs, limits=limits,
                                 progress=progress, source=source, selection=selection, group_setup=group_setup,
                                 skip_setup=group_setup)
-        report = _write_compile_report(report, rd)
+        report = write_compile_report(report, rd)
         shadow_code = report.shadow_exit_code
         ok = report.status == "ok" and not shadow_code
         rd.finish(ok, exit_code=0 if ok else (shadow_code or 1),
@@ -122,7 +122,7 @@ def compile_function(fn, *args, target: str = "v5e", out=None, static_profile: b
         mlir_path = lower_for_tpu(fn, args, run / f"{name}.mlir")  # with debug info: the source lines
         report = compile_inputs([ModuleInput(name=f"jit_{name}", path=mlir_path, kind="mlir")], run, tgt,
                                 static_profile=static_profile, jobs=jobs, limits=limits, source=source)
-        report = _write_compile_report(report, rd)
+        report = write_compile_report(report, rd)
         rd.finish(report.status == "ok", reason=f"{report.totals.failed} module(s) failed to compile")
     return CompileResult(run_dir=run, report=report)
 
@@ -145,6 +145,6 @@ def shadow_compile_run(run: Path, target_text: str, *, static_profile=True, jobs
                 source=source, static_profile=static_profile) as rd:
         report = compile_inputs(inputs, rd.path, target, static_profile=static_profile, jobs=jobs, limits=limits,
                                 progress=progress, source=source, selection=selection)
-        report = _write_compile_report(report, rd)
+        report = write_compile_report(report, rd)
         rd.finish(report.status == "ok", reason=f"{report.totals.failed} module(s) failed to compile")
     return report

@@ -78,7 +78,7 @@ def analyze_pod(path: Path, xplanes: list[Path] | None = None, align: str = "aut
     return build_distributed_report(procs, align=align, warnings=warnings, artifacts={"trace_logdir": str(path)})
 
 
-def profile_processes(script, args=(), out=None, *, processes: int, devices_per_process=None, timeout_s=None,
+def profile_processes(script, args=(), out=None, *, processes: int, devices_per_process=None, job_wall_s=None,
                       steps=None, skip=0, python_trace=False, coordinator_port=None, program_stdout=None,
                       program_stderr=None, while_waiting=None):
     """Run `processes` copies of `script` as one JAX job under the profiler, analyze them together
@@ -88,7 +88,7 @@ def profile_processes(script, args=(), out=None, *, processes: int, devices_per_
     script = Path(script)
     run = check_run_dir(Path(out) if out else rundir.default_run_dir(script))
     cap: CaptureResult = run_processes(script, list(args), run, processes=processes,
-                                       devices_per_process=devices_per_process, timeout_s=timeout_s, steps=steps,
+                                       devices_per_process=devices_per_process, job_wall_s=job_wall_s, steps=steps,
                                        skip=skip, python_trace=python_trace, coordinator_port=coordinator_port,
                                        program_stdout=program_stdout, program_stderr=program_stderr,
                                        while_waiting=while_waiting)

@@ -19,11 +19,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from tpudiag.api.estimate_kernels import _kernel_bodies, _kernel_works, _probe_kernels
-from tpudiag.api.estimate_ops import _at_cycles, _compile_alone, _probe_setup, _with_step
 from tpudiag.capture import rundir
 from tpudiag.capture.rundir import RunDir
 from tpudiag.errors import InputError, ProgramFailed
@@ -116,10 +113,6 @@ def _lower_in_worker(path: Path, func: str, argv: list[str], target, mesh, out_d
 # through: 94-97% on v5e, v5p and v6e, 93% on TPU7x at its derived clock: targets.py); v4 has no
 # static profile.
 PROBED_CHIPS = ("v5e", "v5p", "v6e", "tpu7x")
-PROBES_MAX = 16
-# Seconds all matmul probes of a step may take (wall); each probe's static profile is cut at
-# PROBE_STATIC_S CPU seconds (estimate_ops.py).
-PROBE_BUDGET_S = 300.0
 
 
 def _step_hlo(report, run: Path):
@@ -132,231 +125,44 @@ def _step_hlo(report, run: Path):
     return read_hlo_file(Path(run) / rundir.MODULES_DIR / Path(m.artifacts).name / rundir.MODULE_HLO)
 
 
-def _probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
-    """(the report with the step's compute-bound matmul fusions timed by the compiler's static cycles
-    of their probes, a finding or None, the names of the ops a probe timed). Each distinct matmul is
-    compiled alone with the static profile (`analyze/compile/matmul_probe.py`) into
-    `RUN/estimate/probes/`; an op takes its probe's time where that is longer than its roofline time."""
-    from dataclasses import replace
+def step_passes(report, hlo, run: Path, target, limits, calibration, *, probes: bool, cost_model: bool,
+                progress=None) -> list:
+    """The passes over the step's compile report, in the order they run (`analyze/compile/passes.py`:
+    each `(report, hlo) -> (report, finding)`): HBM time from HBM bytes only, then at the tiles' laid-out
+    bytes; Pallas kernels by their body's MXU work; with `probes`, kernels gated by tables and
+    compute-bound matmuls timed by probes compiled alone (`estimate_probes.py`, the only passes that
+    compile); with `cost_model`, the other matmuls by the compiler's convolution cost model; grouped
+    matmuls over the tiles they visit; the chip's `calibration`; last, the host transfers, whose
+    finding is their `HostTime` (the compute beside a transfer is what hides it, so every pass that
+    changes op times runs first). docs/estimate.md describes each."""
+    from tpudiag.analyze.compile.calibrated import calibrate_ops
+    from tpudiag.analyze.compile.estimate_passes import (cost_model_matmuls, grouped_matmul_tiles, hbm_outside_vmem,
+                                                         host_offload, tiled_hbm)
+    from tpudiag.analyze.compile.kernel_passes import kernel_bodies, kernel_works
+    from tpudiag.api.estimate_probes import kernel_tables, probe_kernels, probe_matmuls
 
-    from tpudiag.analyze.compile.matmul_probe import select_probes
+    works = kernel_works(report, hlo, kernel_tables(report, run))
+    probed: set[str] = set()  # the ops a matmul probe timed: the cost model leaves them to it
 
-    m = report.modules[0]
-    probes = select_probes(hlo, m.ops, PROBES_MAX)
-    if not probes:
-        return report, None, frozenset()
-    pdir, probe_limits = _probe_setup(run, "probes", limits)
-    if progress:
-        progress(f"timing up to {len(probes)} distinct matmul(s) with the compiler's static profile, each alone "
-                 f"(at most {PROBE_BUDGET_S:.0f} s)")
-    clock = report.target.clock_hz
-    seconds, missing, skipped = {}, 0, 0
-    t0 = time.monotonic()
-    for i, p in enumerate(probes):
-        if time.monotonic() - t0 > PROBE_BUDGET_S:  # the rest: the convolution cost model
-            skipped = len(probes) - i
-            break
-        path = pdir / f"probe{i:02d}-{p.key}.hlo.txt"
-        path.write_text(p.text)
-        pm = _compile_alone(path, f"probe{i:02d}", "hlo", pdir, target, probe_limits)
-        cycles = max((o.estimated_cycles or 0 for o in pm.ops if o.flops > 0 and o.cycles_source == "static_profile"),
-                     default=0)
-        if not cycles:
-            missing += 1
-            continue
-        for name in p.ops:
-            seconds[name] = (round(cycles * p.scale), pm.name)
-    ops, added, slower = [], 0.0, 0
-    for o in m.ops:
-        got = seconds.get(o.name)
-        new = _at_cycles(o, got[0], clock, "matmul_probe", f"compiler cycles, alone ({got[1]})") if got else o
-        if new is not o:
-            added += (new.estimated_s - o.estimated_s) * o.runs
-            slower += 1
-        ops.append(new)
-    timed = len(probes) - missing - skipped
-    note = (f"{len(seconds)} compute-bound matmul op(s) ({timed} distinct) timed by the TPU compiler's "
-            f"static cycles, each compiled alone (estimate/probes/): {slower} slower than the MXU peak, +{added:.4g} s "
-            f"per step" + (f"; {missing} probe(s) gave no cycles" if missing else "")
-            + (f"; {skipped} not probed within {PROBE_BUDGET_S:.0f} s" if skipped else "")
-            + ("; their ops take the compiler's convolution cost model where the step's HLO has it"
-               if missing or skipped else ""))
-    return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note, frozenset(seconds)
+    def matmul_probes(report, hlo):
+        report, note, timed = probe_matmuls(report, hlo, run, target, limits, progress)
+        probed.update(timed)
+        return report, note
 
+    passes = [hbm_outside_vmem, tiled_hbm, lambda report, hlo: kernel_bodies(report, works)]
+    if probes:
+        passes += [lambda report, hlo: probe_kernels(report, hlo, works, run, target, limits, progress),
+                   matmul_probes]
+    if cost_model:
+        passes.append(lambda report, hlo: cost_model_matmuls(report, hlo, frozenset(probed)))
+    passes.append(grouped_matmul_tiles)
+    if calibration is not None:
+        from importlib.metadata import version
 
-def _cost_model_matmuls(report, hlo, probed=frozenset()):
-    """(the report with each compute-bound matmul that no probe timed taken at the cycles the TPU
-    compiler's convolution cost model recorded for it in the step's HLO, a finding or None). An op
-    takes them where they are longer than its roofline time; ops a probe or the step's static profile
-    timed keep those cycles."""
-    from dataclasses import replace
-
-    from tpudiag.analyze.compile.matmul_probe import cost_model_cycles
-
-    m = report.modules[0]
-    clock = report.target.clock_hz
-    ops, added, slower, found = [], 0.0, 0, 0
-    for o in m.ops:
-        timed = o.name in probed or (o.cycles_source == "static_profile" and o.estimated_cycles)
-        candidate = o.bound_by == "compute" and o.flops > 0 and not timed
-        instr = hlo.instruction(o.name, o.computation) if candidate else None
-        cycles = cost_model_cycles(hlo, instr) if instr is not None else None
-        found += cycles is not None
-        new = _at_cycles(o, cycles, clock, "cost_model", "compiler cycles, its convolution cost model") if cycles else o
-        if new is not o:
-            added += (new.estimated_s - o.estimated_s) * o.runs
-            slower += 1
-        ops.append(new)
-    if not found:
-        return report, None
-    note = (f"{found} compute-bound matmul op(s) with no static cycles timed by the TPU compiler's convolution "
-            f"cost model (the cycles of the tiling it chose, in the step's HLO): {slower} slower than the MXU peak, "
-            f"+{added:.4g} s per step")
-    return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
-
-
-def _hbm_outside_vmem(report, hlo):
-    """(the report with each HBM-bound op's time taken from the bytes it moves in HBM only, a
-    finding or None): bytes in VMEM (`analyze/compile/memory_space.py`) are left out, and the op
-    takes the longer of that and its compute time."""
-    from dataclasses import replace
-
-    from tpudiag.analyze.compile.memory_space import vmem_bytes
-
-    m = report.modules[0]
-    t = report.target
-    ops, saved, changed = [], 0.0, 0
-    for o in m.ops:
-        instr = hlo.instruction(o.name, o.computation) if o.bound_by == "hbm" else None
-        vmem = vmem_bytes(hlo, instr) if instr is not None else 0
-        if vmem:
-            hbm = max(0, o.bytes_accessed - vmem)
-            s, bound = max((hbm / t.hbm_bytes_per_s, "hbm"), (o.flops / t.peak_bf16_flops_per_s, "compute"))
-            if s < o.estimated_s:
-                saved += (o.estimated_s - s) * o.runs
-                changed += 1
-                o = replace(o, estimated_s=round(s, 12), bound_by=bound,
-                            limit=f"HBM, {hbm / 1e6:.3g} MB ({vmem / 1e6:.3g} MB in VMEM)" if bound == "hbm" else
-                            f"MXU, {o.flops / 1e9:.3g} GFLOP")
-        ops.append(o)
-    return _noted(report, ops, changed and (
-        f"{changed} op(s) read or write buffers XLA placed in VMEM: their HBM time counts HBM bytes only "
-        f"(-{saved:.4g} s per step)"))
-
-
-def _noted(report, ops, note):
-    """(the report with its step's ops replaced and `note` added to its findings, the note), or
-    (the report as it was, None) where there is no note."""
-    from dataclasses import replace
-
-    if not note:
-        return report, None
-    m = report.modules[0]
-    return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
-
-
-def _tiled_hbm(report, hlo):
-    """(the report with each HBM-bound op's HBM time scaled by its layout padding, a finding or None):
-    bytes as the TPU lays them out in tiles (`memory_space.hbm_padding`), not as the shape counts
-    them. On a v5e a rotary fusion over bf16[4,2048,16,32] took 4.7x its logical bytes at HBM
-    bandwidth (tpudiag report fixtures/tpu-v5e/llama_train)."""
-    from dataclasses import replace
-
-    from tpudiag.analyze.compile.estimate import ASYNC_COPIES
-    from tpudiag.analyze.compile.memory_space import hbm_padding
-
-    ops, added, changed = [], 0.0, 0
-    for o in report.modules[0].ops:
-        instr = hlo.instruction(o.name, o.computation) if o.bound_by == "hbm" and not o.modelled else None
-        pad = hbm_padding(hlo, instr) if instr is not None and o.opcode not in ASYNC_COPIES else 1.0
-        if pad > 1.0:
-            added += o.estimated_s * (pad - 1) * o.runs
-            changed += 1
-            o = replace(o, estimated_s=round(o.estimated_s * pad, 12), limit=f"{o.limit} x{pad:.2f} tile padding")
-        ops.append(o)
-    return _noted(report, ops, changed and (
-        f"{changed} HBM-bound op(s) move arrays whose TPU layout pads their minor dims to the tile (8 x 128): "
-        f"timed at their laid-out bytes (+{added:.4g} s per step)"))
-
-
-def _grouped_matmul_tiles(report, hlo):
-    """(the report with each megablox-style grouped matmul timed over the row tiles it visits, a
-    finding or None): its grid is sized at run time by the routing, and its own cost estimate
-    counts the useful FLOPs only (`analyze/compile/grouped_matmul.py`: balanced routing). Where the
-    kernel records its tiles, a gmm's bytes are what its pipeline moves, not its own estimate; an
-    op the static profile timed keeps that time where it is longer."""
-    from dataclasses import replace
-
-    from tpudiag.analyze.compile.grouped_matmul import tile_visits
-
-    m = report.modules[0]
-    t = report.target
-    ops, delta, factors, rebytes = [], 0.0, [], 0
-    for o in m.ops:
-        instr = hlo.instruction(o.name, o.computation) if o.opcode == "custom-call" else None
-        tv = tile_visits(hlo, instr) if instr is not None else None
-        if tv is None or o.flops <= 0:
-            ops.append(o)
-            continue
-        factors.append(tv.factor)
-        work = o.flops * tv.factor
-        visits = f"{tv.expected:.4g} row-tile visits of {tv.tile_rows} rows ({tv.row_tiles} tiles, {tv.groups} groups)"
-        times = [(work / t.peak_bf16_flops_per_s, "compute")]
-        if tv.hbm_bytes is None:
-            times.append((o.estimated_s, o.bound_by))  # its own estimate's bytes, or the static profile's time
-        else:
-            rebytes += 1
-            times.append((tv.hbm_bytes / t.hbm_bytes_per_s, "hbm"))
-            if o.bound_by == "static_cycles":
-                times.append((o.estimated_s, o.bound_by))
-        s, bound = max(times)
-        if bound == "compute":
-            limit = f"MXU, {work / 1e9:.3g} GFLOP in {visits}"
-        elif bound == "hbm" and tv.hbm_bytes is not None:
-            limit = f"HBM, {tv.hbm_bytes / 1e9:.3g} GB in {visits}, tiles {'x'.join(map(str, tv.tiles))}"
-        else:
-            limit = o.limit
-        moved = {} if tv.bytes_moved is None else {
-            "bytes_accessed": tv.bytes_moved, "hbm_bytes": tv.hbm_bytes if tv.hbm_bytes != tv.bytes_moved else None}
-        delta += (s - o.estimated_s) * o.runs
-        ops.append(replace(o, estimated_s=round(s, 12), bound_by=bound, limit=limit, **moved))
-    if not factors:
-        return report, None
-    note = (f"{len(factors)} grouped matmul(s) on a grid sized by the routing: MXU work counted over the row "
-            f"tiles they visit with balanced routing, {min(factors):.3g}x-{max(factors):.3g}x their useful FLOPs"
-            + (f"; {rebytes} with the kernel's tiles in its metadata take the bytes its pipeline moves"
-               if rebytes else "") + f" ({delta:+.4g} s per step)")
-    return _with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, note))), note
-
-
-def _host_offload(report, hlo, target):
-    """(the report with a finding on the step's transfers to and from host memory, their `HostTime`
-    or None): activation offload, timed over the chip's host link where the chip table has one
-    (`analyze/compile/host_transfers.py`). Run after every pass that changes op times: the compute
-    between a transfer's start and done is what hides it."""
-    from dataclasses import replace
-
-    from tpudiag.analyze.compile.host_transfers import host_time, host_transfers, offload_bytes
-    from tpudiag.analyze.hlo.loops import loop_runs
-
-    transfers = host_transfers(hlo, loop_runs(hlo).runs)
-    if not transfers:
-        return report, None
-    m = report.modules[0]
-    to_host, from_host = offload_bytes(transfers)
-    moved = (f"{(to_host + from_host) / 1e9:.3g} GB per step per device move between HBM and host memory "
-             f"({to_host / 1e9:.3g} GB out, {from_host / 1e9:.3g} GB back: activation offload)")
-    link = target.chip.host_link_bytes_per_s
-    if not link:
-        note = f"{moved}; not timed, the chip table has no host-link bandwidth for {target.chip.name}"
-        return _with_step(report, replace(m, findings=(*m.findings, note))), None
-    per_device = link * target.chips / target.devices
-    collectives = {c.name for c in m.collectives}
-    ops = [(o.name, o.computation, o.estimated_s, o.runs) for o in m.ops if o.name not in collectives]
-    ht = host_time(hlo, transfers, ops, per_device)
-    note = (f"{moved}: {ht.link_s:.4g} s on the host link at {per_device / 1e9:.3g} GB/s each way per device, "
-            f"{ht.exposed_s:.4g} s of it exposed (the rest under the compute scheduled beside it)")
-    return _with_step(report, replace(m, findings=(*m.findings, note))), ht
+        running = version("jax")
+        passes.append(lambda report, hlo: calibrate_ops(report, hlo, calibration, target.chip, running))
+    passes.append(lambda report, hlo: host_offload(report, hlo, target))
+    return passes
 
 
 def _peak_buffers(run: Path) -> list[dict]:
@@ -375,18 +181,18 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
              static_profile: bool = False, limits=None, compile_timeout_s: float = 1800.0, progress=None,
              matmul_probes: bool = True, cost_model: bool | None = None, calibration=None):
     """Estimate one step of `entry` (FILE.py:FUNC) on `target_text`. Returns (run dir, EstimateReport).
-    `compile_timeout_s`: wall seconds the step's compile may take (a 32-layer 8B step for 256 chips
+    `compile_timeout_s`: CPU seconds the step's compile may take (a 32-layer 8B step for 256 chips
     takes minutes on a 2-core machine). `matmul_probes`: time the step's compute-bound matmuls by the
-    compiler: without the static profile, each distinct one alone with it (`_probe_matmuls`);
+    compiler: without the static profile, each distinct one alone with it (`estimate_probes.probe_matmuls`);
     `cost_model` (default: as `matmul_probes`): those no probe times, by the cycles its convolution
-    cost model recorded in the step's HLO (`_cost_model_matmuls`, no compile). `calibration`: a
+    cost model recorded in the step's HLO (`estimate_passes.cost_model_matmuls`, no compile). `calibration`: a
     calibration file, None for the table tpudiag ships for the target's chip (none: the data sheet),
     or False for the data sheet's figures alone."""
     from dataclasses import replace
 
-    from tpudiag.analyze.compile.calibrated import calibrate_ops
     from tpudiag.analyze.compile.estimate import build_estimate
-    from tpudiag.api.compile import _write_compile_report
+    from tpudiag.analyze.compile.passes import run_passes
+    from tpudiag.api.compile import write_compile_report
     from tpudiag.api.pipeline import compile_inputs
     from tpudiag.capture.tpu_compile import Limits, ModuleInput
     from tpudiag.report.registry import render
@@ -451,21 +257,13 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
                                     source=source)
             hlo, host = _step_hlo(report, run), None
             if hlo is not None:
-                report, _ = _hbm_outside_vmem(report, hlo)
-                report, _ = _tiled_hbm(report, hlo)
-                works = _kernel_works(report, hlo, run)
-                report, _ = _kernel_bodies(report, works)
-                probed = frozenset()
-                if matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS:
-                    report, _ = _probe_kernels(report, hlo, works, run, target, limits or Limits(), progress)
-                    report, _, probed = _probe_matmuls(report, hlo, run, target, limits or Limits(), progress)
-                if matmul_probes if cost_model is None else cost_model:
-                    report, _ = _cost_model_matmuls(report, hlo, probed)
-                report, _ = _grouped_matmul_tiles(report, hlo)
-                if cal is not None:
-                    report, _ = calibrate_ops(report, hlo, cal, target.chip)
-                report, host = _host_offload(report, hlo, target)
-            report = _write_compile_report(report, rd)
+                probes = matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS
+                passes = step_passes(report, hlo, run, target, limits or Limits(), cal, probes=probes,
+                                     cost_model=matmul_probes if cost_model is None else cost_model,
+                                     progress=progress)
+                report, findings = run_passes(report, hlo, passes)
+                host = findings[-1]  # the last pass's: the host transfers' HostTime, or None
+            report = write_compile_report(report, rd)
             est = build_estimate(report, lowered, program=program, argv=list(argv),
                                  libtpu_init_args=libtpu_args,
                                  artifacts={"run_dir": str(run), "estimate": rundir.ESTIMATE_REPORT,

@@ -152,12 +152,27 @@ def estimate_into(out_dir: Path, entry: str, target_text: str, argv: list[str], 
     return est.to_dict()
 
 
+def _measured(doc, path: Path, func: str, argv: list[str], maxtext: bool, progress) -> dict:
+    """The best candidate's step run on the attached chip, beside its estimate."""
+    from tpudiag.analyze.plan import candidate_argv
+    from tpudiag.api.measured_step import measure_step
+
+    best = doc.candidates[doc.best]
+    if progress:
+        progress("running the best candidate's step on the chip (the measured check)")
+    got = measure_step(path.resolve(), func, candidate_argv(argv, best.choice, best.mesh, maxtext), best.mesh)
+    return {**got, "estimated_s": best.step_s}
+
+
 def plan(entry: str, target_text: str, argv=(), out: Path | None = None, *, mesh_axes: str | None = None,
          search: str | None = None, jobs: int | None = None, ray_address: str | None = None,
-         compile_timeout_s: float = 1800.0, progress: Callable[[str], None] | None = None, calibration=None):
+         compile_timeout_s: float = 1800.0, progress: Callable[[str], None] | None = None, calibration=None,
+         measure: bool | None = None):
     """Plan `entry` on `target_text`; returns (the run directory, the `Plan`). `mesh_axes` None: the
     program's own MESH_AXES (fsdp,tensor for MaxText; fsdp where it declares none); `search` None:
-    its remat choices (`default_space`). `calibration`: as `estimate`'s."""
+    its remat choices (`default_space`). `calibration`: as `estimate`'s. `measure`: run the best
+    candidate's step on the attached chip and record its time beside the estimate (None: where a TPU
+    is attached and the slice is one chip)."""
     from tpudiag.analyze.compile.tune import parse_space, space_points
     from tpudiag.analyze.plan import MAX_CANDIDATES, candidate_argv, candidate_row, mesh_shapes, mesh_text, plan_document
     from tpudiag.api.estimate import maxtext_model, parse_entry
@@ -176,6 +191,15 @@ def plan(entry: str, target_text: str, argv=(), out: Path | None = None, *, mesh
     _check_axes(axes, declared, entry)
     space = parse_space(search, "--search") if search is not None else default_space(path, list(argv), maxtext)
     target = resolve_target(target_text)
+    if measure and (maxtext or not target.single_chip):
+        raise InputError("--measure: the measured check runs the best step on the attached chip, so it needs a "
+                         + ("FILE.py:FUNC step (maxtext:MODEL is lowered, not run)" if maxtext else
+                            f"one-chip target (v5e:1x1), not {target.topology}"))
+    if measure:
+        from tpudiag.api.measured_step import tpu_attached
+
+        if not tpu_attached():
+            raise InputError("--measure: no TPU attached here (the measured check runs the best step on the chip)")
     devices = (target.megacore() if maxtext and target.chip.name == "v4" else target).model_devices
     meshes = mesh_shapes(devices, axes)
     choices = space_points(space) if space else [{}]
@@ -217,6 +241,12 @@ def plan(entry: str, target_text: str, argv=(), out: Path | None = None, *, mesh
         doc = plan_document(entry, argv, target.to_dict(), axes, space, ordered, runner.description,
                             lambda c: _reproduce(entry, target_text, c.mesh,
                                                  candidate_argv(argv, c.choice, c.mesh, maxtext), maxtext))
+        if measure is None:
+            from tpudiag.api.measured_step import tpu_attached
+
+            measure = tpu_attached() and target.single_chip and not maxtext
+        if measure and doc.best is not None:
+            doc = doc.with_measured(_measured(doc, path, _func, argv, maxtext, progress))
         doc = doc.with_artifacts({"run_dir": str(run), "report": rundir.REPORT, "candidates": CANDIDATES_DIR})
         rd.write_json(rundir.REPORT, doc.to_dict())
         rd.finish(doc.status == "ok", reason=None if doc.status == "ok" else "no candidate fits")

@@ -172,19 +172,26 @@ def analyze_run(run: Path, xplane: Path | None = None, manifest=None, compiled=N
     if missing and not xplanes and report.reason is None:
         # The header shows the reason beside the status; the status stays the manifest's.
         report = replace(report, reason=missing)
+    return with_tpu_section(report, run, compiled)
+
+
+def with_tpu_section(report, run: Path, compiled=None) -> "ProfileReport":
+    """`report` (the run's, analysed) with its `profile --target` section, the TPU estimate beside the
+    CPU timeline: from `compiled`, else from RUN/tpu/ where the run has one; else `report` itself."""
+    run = Path(run)
     if compiled is None and rundir.is_run_dir(run / rundir.TPU_DIR):
         from tpudiag.api.pipeline import analyze_compile_run
 
         compiled = analyze_compile_run(run / rundir.TPU_DIR)
-    if compiled is not None:  # `profile --target`: the TPU estimate beside the CPU timeline
-        from tpudiag.analyze.profile.tpu_estimate import build_tpu_estimate
+    if compiled is None:
+        return report
+    from tpudiag.analyze.profile.tpu_estimate import build_tpu_estimate
 
-        dev = report.device
-        median = dev.in_steps.median.busy_s if dev is not None and dev.in_steps is not None else None
-        section = build_tpu_estimate(report.timeline, report.steps.count, compiled, measured_step_s=median,
-                                     on_tpu=report.backend == "tpu")
-        report = report.with_tpu_estimate(section, rundir.TPU_DIR)
-    return report
+    dev = report.device
+    median = dev.in_steps.median.busy_s if dev is not None and dev.in_steps is not None else None
+    section = build_tpu_estimate(report.timeline, report.steps.count, compiled, measured_step_s=median,
+                                 on_tpu=report.backend == "tpu")
+    return report.with_tpu_estimate(section, rundir.TPU_DIR)
 
 
 def analyze_xplane(path: Path) -> "ProfileReport":
@@ -261,10 +268,11 @@ def profile(script, args=(), out=None, *, steps=None, skip=0, python_trace=False
             progress(None)
         shadow_compile_run(cap.run_dir, target, static_profile=static_profile, jobs=jobs, limits=limits,
                            progress=progress, selection=selection)
-        # The TPU section from RUN/tpu/ as `tpudiag report RUN` reads it, not from the compile's own
-        # report: that one keeps the note of a target typed as one chip, which RUN/tpu/'s manifest
-        # does not, and both commands must print the same report.
-        report = analyze_run(cap.run_dir)
+        # The run is analysed once (`finish_capture`, whose report.json stays if the compile fails or
+        # is stopped); the TPU section is added from RUN/tpu/ as `tpudiag report RUN` reads it, not from
+        # the compile's own report: that one keeps the note of a target typed as one chip, which
+        # RUN/tpu/'s manifest does not, and both commands must print the same report.
+        report = with_tpu_section(result.report, cap.run_dir)
         write_report(report, cap.run_dir)
         result = ProfileResult(capture=cap, report=report)
     return result

@@ -23,11 +23,21 @@ from tpudiag.errors import InputError
 
 
 def suggest_run(run, target_text: str | None = None, *, static_profile: bool = True, jobs: int = 2, limits=None,
-                progress=None, include_all: bool = False, selection=None, calibration: bool = True):
+                progress=None, include_all: bool = False, selection=None, calibration: bool = True,
+                measure: bool = False, calls: int = 10, chip_progress=None, requests: dict | None = None):
     """Suggestions for a compile run or a profile run made with --target; `selection` (a
     `capture.select.Selection`) keeps some of its modules. `calibration`: price kernels (and XLA's
     ops where the run did not measure them) from the chip's measured kernel table where the target
-    has one (kernels/measured.py); False keeps the static figures."""
+    has one (kernels/measured.py); False keeps the static figures. `measure`: also time each
+    suggestion's kernel and its XLA twin on the attached TPU at the matched shapes (`calls` calls
+    each; api/suggest_chip.py), lines about it to `chip_progress`; no TPU is a one-line InputError
+    before any work. `requests` (a dict), where given, gets the chip worker's request for each
+    suggestion it would time, by (module, pattern, ops), measured or not."""
+    if measure:
+        from tpudiag.api.suggest_chip import require_tpu
+
+        require_tpu()
+    chip = {"measure": measure, "calls": calls, "progress": chip_progress, "requests": requests}
     from tpudiag.analyze.suggest.build import (DEFAULT_SUGGEST_CONFIG, build_report, candidates, findings_for,
                                                roofline_bound)
     from tpudiag.api.pipeline import compile_run_artifacts
@@ -41,7 +51,7 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
         if prof.backend == "tpu":
             return _suggest_measured(handle, prof, target_text, static_profile=static_profile, jobs=jobs,
                                      limits=limits, progress=progress, include_all=include_all,
-                                     calibration=calibration)
+                                     calibration=calibration, chip_opts=chip)
     handle = _compiled_run(handle, target_text)
     run = handle.path
     profiled = handle.kind == runs.PROFILE
@@ -66,6 +76,7 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
     target = resolve_target(report.target.topology)
     bounds = {i: roofline_bound(c, target.chip) for i, c in enumerate(cands)}
     worth = [i for i, c in enumerate(cands) if include_all or c.share >= DEFAULT_SUGGEST_CONFIG.min_share]
+    timed = _on_chip(cands, worth, target, chip)  # first: the chip worker must hold the TPU alone
     prices = _price(cands, worth, target, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress)
     findings = findings_for(report, modules, cands, target.chip.hbm_bytes_per_s)
     measured, notes, per_step = None, [], None
@@ -80,8 +91,33 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
                 measured[o.source] = measured.get(o.source, 0.0) + o.self_s
         notes.append(f"measured shares are of the CPU run's op time ({prof.backend}), by source line")
         per_step = _executions_per_step(prof.tpu_estimate)
-    return build_report(str(run), report, cands, replaced, prices, bounds, findings, measured, notes=notes,
-                        per_step=per_step, chip_table=_chip_table(target, calibration))
+    return _with_chip(build_report(str(run), report, cands, replaced, prices, bounds, findings, measured, notes=notes,
+                                   per_step=per_step, chip_table=_chip_table(target, calibration)), cands, timed)
+
+
+def _on_chip(cands, indices, target, chip: dict):
+    """`suggest --measure`: (device kind, {candidate index: ChipTimes}, calls) for `indices`, or None."""
+    if not chip.get("measure") and chip.get("requests") is None:
+        return None
+    from tpudiag.api.suggest_chip import chip_requests, measure_on_chip
+
+    requests = chip_requests(cands, indices)
+    if chip.get("requests") is not None:
+        chip["requests"].update({(cands[i].module, cands[i].match.pattern, cands[i].ops): r for i, r in requests.items()})
+    if not chip.get("measure"):
+        return None
+    device, times = measure_on_chip(requests, target, chip["calls"], chip.get("progress"))
+    return device, times, chip["calls"]
+
+
+def _with_chip(rep, cands, timed):
+    """`rep` with the chip's times beside the estimates (analyze/suggest/chip.py) where measured."""
+    if timed is None:
+        return rep
+    from tpudiag.analyze.suggest.chip import with_chip_times
+
+    device, times, calls = timed
+    return with_chip_times(rep, cands, times, device, calls)
 
 
 def _chip_table(target, calibration: bool) -> dict | None:
@@ -91,7 +127,7 @@ def _chip_table(target, calibration: bool) -> dict | None:
 
 
 def _suggest_measured(handle, prof, target_text, *, static_profile, jobs, limits, progress, include_all,
-                      calibration=True):
+                      calibration=True, chip_opts=None):
     """Suggestions for a profile run made on a TPU: its dump's optimized HLO is the TPU compiler's own,
     and each XLA op's time is its measured self time; only the kernels are compiled (and estimated)."""
     from tpudiag.analyze.compile.report import ModuleArtifacts, build_compile_report
@@ -126,6 +162,7 @@ def _suggest_measured(handle, prof, target_text, *, static_profile, jobs, limits
     cands, replaced = candidates(report, modules)
     bounds = {i: roofline_bound(c, target.chip) for i, c in enumerate(cands)}
     worth = [i for i, c in enumerate(cands) if include_all or c.share >= DEFAULT_SUGGEST_CONFIG.min_share]
+    timed = _on_chip(cands, worth, target, chip_opts or {})  # first: the chip worker must hold the TPU alone
     prices = _price(cands, worth, target, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress)
     findings = findings_for(report, modules, cands, target.chip.hbm_bytes_per_s)
     measured = {}
@@ -137,9 +174,9 @@ def _suggest_measured(handle, prof, target_text, *, static_profile, jobs, limits
              + (f"time is its measured time on a {target.chip.name} scaled to the matched shapes where the chip's "
                 "kernel table has it (kernel_basis measured_table), else " if table else "time is ")
              + f"the TPU compiler's estimate for {target.chip.name} at the matched shapes"]
-    return build_report(str(run), report, cands, replaced, prices, bounds, findings, measured, notes=notes,
-                        per_step=executions_per_step(tl, prof.steps.count, {p: names[p] for p in executed}),
-                        chip_table=table)
+    return _with_chip(build_report(str(run), report, cands, replaced, prices, bounds, findings, measured, notes=notes,
+                                   per_step=executions_per_step(tl, prof.steps.count, {p: names[p] for p in executed}),
+                                   chip_table=table), cands, timed)
 
 
 def _selected(arts, report, selection, where: Path):
@@ -197,7 +234,7 @@ def _price(cands, indices, target, *, static_profile, jobs, limits, progress) ->
     from tpudiag.api.pipeline import compile_inputs
     from tpudiag.capture.lower import lower_for_tpu
     from tpudiag.capture.tpu_compile import ModuleInput
-    from tpudiag.kernels.at_shapes import setup_for
+    from tpudiag.kernels.at_shapes import setup_for, with_backward
 
     prices, setups, by_key = {}, {}, {}
     for i in indices:
@@ -207,7 +244,7 @@ def _price(cands, indices, target, *, static_profile, jobs, limits, progress) ->
             prices[i] = Price(None, None, why_not=s)
             continue
         if c.backward:
-            s = _with_backward(s)
+            s = with_backward(s)
             if isinstance(s, str):
                 prices[i] = Price(None, None, why_not=s)
                 continue
@@ -249,40 +286,20 @@ def _price(cands, indices, target, *, static_profile, jobs, limits, progress) ->
     return prices
 
 
-def _with_backward(s):
-    """The kernel's forward and backward (the gradient of the sum of its outputs with respect to its
-    floating-point inputs), for a pattern whose XLA ops include the gradient; or why it has none."""
-    import dataclasses
-
-    import jax
-    import jax.numpy as jnp
-
-    from tpudiag.kernels.registry import get_spec
-
-    if not get_spec(s.kernel).differentiable:
-        return f"{s.kernel} has no backward kernel, and these ops include the gradient"
-    floats = tuple(k for k, a in enumerate(s.args) if jnp.issubdtype(a.dtype, jnp.floating))
-
-    def loss(*args):
-        out = s.fn(*args)
-        leaves = jax.tree_util.tree_leaves(out)
-        return sum(jnp.sum(x.astype(jnp.float32)) for x in leaves)
-
-    def train(*args):
-        return jax.value_and_grad(loss, argnums=floats)(*args)
-
-    return dataclasses.replace(s, fn=train, description=s.description + ", forward and backward")
-
-
 def suggest(input_path, args=(), target_text: str | None = None, out=None, *, static_profile: bool = True,
             jobs: int = 2, limits=None, progress=None, include_all: bool = False, program_stdout=None,
-            selection=None, calibration: bool = True):
+            selection=None, calibration: bool = True, measure: bool = False, calls: int = 10, chip_progress=None):
     """`tpudiag suggest INPUT`: a run directory as it is, or a script profiled with --target first.
-    Returns (SuggestReport, the run directory read)."""
+    `measure`: time the suggestions on the attached TPU too (suggest_run). Returns (SuggestReport,
+    the run directory read)."""
     from tpudiag.api.profiling import profile
     from tpudiag.errors import ProgramFailed
 
     path = Path(input_path)
+    if measure:  # before a script is profiled: no TPU is one line, with nothing written
+        from tpudiag.api.suggest_chip import require_tpu
+
+        require_tpu()
     if path.suffix == ".py":
         if not path.is_file():
             raise InputError(f"{path}: no such file")
@@ -296,4 +313,5 @@ def suggest(input_path, args=(), target_text: str | None = None, out=None, *, st
     else:
         run = path
     return suggest_run(run, target_text, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress,
-                       include_all=include_all, selection=selection, calibration=calibration), run
+                       include_all=include_all, selection=selection, calibration=calibration, measure=measure,
+                       calls=calls, chip_progress=chip_progress), run

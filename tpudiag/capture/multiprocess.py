@@ -13,7 +13,8 @@ Layout (docs/run-directory.md):
     RUN/trace/plugins/profile/<session>/<host>-p<I>.xplane.pb   hard links to every process's trace,
                                           one session as XProf lays out a pod's hosts
 
-A process that fails (non-zero exit, a signal) or a run past `timeout_s` stops the others:
+A process that fails (non-zero exit, a signal) or a run past `job_wall_s` (`--process-timeout`,
+wall seconds) stops the others:
 SIGINT to each (the child then writes its trace; not SIGTERM, which jax's distributed runtime takes
 for a preemption notice and handles itself), SIGKILL after `_GRACE_S` (a process blocked in a
 collective cannot run Python; it usually fails by itself once its peer's connection closes).
@@ -73,7 +74,7 @@ def free_port() -> int:
     raise InputError("no free TCP port for the jax.distributed coordinator on this machine")
 
 
-def _check(script: Path, processes: int, devices_per_process: int | None, timeout_s: float | None, steps: int | None,
+def _check(script: Path, processes: int, devices_per_process: int | None, job_wall_s: float | None, steps: int | None,
            skip: int) -> None:
     """The script first, then the job's options, then the step window: the order errors are reported in."""
     check_program(script, None, 0)
@@ -81,8 +82,8 @@ def _check(script: Path, processes: int, devices_per_process: int | None, timeou
         raise InputError(f"--processes must be at least 1 (got {processes})")
     if devices_per_process is not None and devices_per_process < 1:
         raise InputError(f"--devices-per-process must be at least 1 (got {devices_per_process})")
-    if timeout_s is not None and timeout_s <= 0:
-        raise InputError(f"--process-timeout must be more than 0 seconds (got {timeout_s:g})")
+    if job_wall_s is not None and job_wall_s <= 0:
+        raise InputError(f"--process-timeout must be more than 0 seconds (got {job_wall_s:g})")
     check_program(script, steps, skip)
 
 
@@ -93,7 +94,7 @@ def run_processes(
     *,
     processes: int,
     devices_per_process: int | None = None,
-    timeout_s: float | None = None,
+    job_wall_s: float | None = None,
     steps: int | None = None,
     skip: int = 0,
     python_trace: bool = False,
@@ -109,12 +110,12 @@ def run_processes(
     `program_stdout` / `program_stderr` (default: ours). `coordinator_port`: the first port tried
     (default: a free one).
     """
-    _check(script, processes, devices_per_process, timeout_s, steps, skip)
+    _check(script, processes, devices_per_process, job_wall_s, steps, skip)
     given, run = run, run.resolve()
     opts = [*(["--steps", str(steps)] if steps is not None else []), *(["--skip", str(skip)] if skip else []),
             *(["--python-trace"] if python_trace else []), "--processes", str(processes),
             *(["--devices-per-process", str(devices_per_process)] if devices_per_process else []),
-            *(["--process-timeout", f"{timeout_s:g}"] if timeout_s else [])]
+            *(["--process-timeout", f"{job_wall_s:g}"] if job_wall_s else [])]
     base = dict(os.environ if env is None else env)
     fields = {
         "program": str(script),
@@ -128,7 +129,7 @@ def run_processes(
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "num_processes": processes,
         "devices_per_process": devices_per_process,
-        "process_timeout_s": timeout_s,
+        "process_timeout_s": job_wall_s,
         "wall_s": None,
     }
     launch = _Launch(script, tuple(args), base, processes, devices_per_process, steps, skip, python_trace,
@@ -139,7 +140,7 @@ def run_processes(
         port = coordinator_port or free_port()
         for attempt in range(_PORT_TRIES):
             rd.update(coordinator=f"127.0.0.1:{port}")
-            outcome = _attempt(rd, launch, port, timeout_s, may_retry=attempt + 1 < _PORT_TRIES)
+            outcome = _attempt(rd, launch, port, job_wall_s, may_retry=attempt + 1 < _PORT_TRIES)
             if outcome is not None:
                 break
             sys.stderr.write(f"tpudiag: coordinator port {port} was taken; retrying with another\n")
@@ -197,7 +198,7 @@ class _Outcome:
     wall_s: float
 
 
-def _attempt(rd: rundir.RunDir, launch: _Launch, port: int, timeout_s: float | None, *,
+def _attempt(rd: rundir.RunDir, launch: _Launch, port: int, job_wall_s: float | None, *,
              may_retry: bool) -> _Outcome | None:
     """Run the job once with the coordinator at `port`. Every process's run directory stays open
     until the job's outcome is known: an exception anywhere from the first launch to the linked
@@ -209,7 +210,7 @@ def _attempt(rd: rundir.RunDir, launch: _Launch, port: int, timeout_s: float | N
         procs = [stack.enter_context(p) for p in launch.processes(rd.path, port)]
         rd.update(processes=[{"process_id": p.index, "pid": p.pid, "run_dir": process_dir(p.index),
                               "status": "running"} for p in procs])
-        timed_out, interrupted = _supervise(procs, timeout_s)
+        timed_out, interrupted = _supervise(procs, job_wall_s)
         wall_s = time.perf_counter() - t0
         if may_retry and _bind_failed(procs[0]):
             for p in procs:
@@ -217,10 +218,10 @@ def _attempt(rd: rundir.RunDir, launch: _Launch, port: int, timeout_s: float | N
             return None
         rows = _record(procs)
         xplanes = _gather_traces(rd.path, rows)
-        return _Outcome(rows, xplanes, _first_failure(procs, rows, timed_out, timeout_s, interrupted), wall_s)
+        return _Outcome(rows, xplanes, _first_failure(procs, rows, timed_out, job_wall_s, interrupted), wall_s)
 
 
-def _supervise(procs: list[ProgramProcess], timeout_s: float | None) -> tuple[bool, bool]:
+def _supervise(procs: list[ProgramProcess], job_wall_s: float | None) -> tuple[bool, bool]:
     """Wait for every process. The first to fail, the time limit or a signal to tpudiag stops the
     rest: SIGINT, then SIGKILL after the grace period. Returns (time limit hit, interrupted)."""
     start = time.monotonic()
@@ -251,9 +252,9 @@ def _supervise(procs: list[ProgramProcess], timeout_s: float | None) -> tuple[bo
             if failed and stop_at is None and not ctrl_c.count:
                 first = failed[0]
                 begin_stop(f"stopped by tpudiag after process {first.index} failed ({_how(first.code)})")
-            if timeout_s is not None and stop_at is None and not ctrl_c.count and now - start > timeout_s:
+            if job_wall_s is not None and stop_at is None and not ctrl_c.count and now - start > job_wall_s:
                 timed_out = True
-                begin_stop(f"stopped by tpudiag: still running after --process-timeout {timeout_s:g} s")
+                begin_stop(f"stopped by tpudiag: still running after --process-timeout {job_wall_s:g} s")
             if (stop_at is not None and now - stop_at > _GRACE_S) or ctrl_c.count >= 3:
                 for p in procs:
                     if p.code is None:
@@ -322,7 +323,7 @@ def _gather_traces(run: Path, rows: list[dict]) -> list[str]:
     return out
 
 
-def _first_failure(procs: list[ProgramProcess], rows: list[dict], timed_out: bool, timeout_s,
+def _first_failure(procs: list[ProgramProcess], rows: list[dict], timed_out: bool, job_wall_s,
                    interrupted: bool) -> tuple[int, str] | None:
     """(exit code, reason) of the job: Ctrl-C, the process that failed first by itself, or the time limit."""
     if interrupted:
@@ -332,7 +333,7 @@ def _first_failure(procs: list[ProgramProcess], rows: list[dict], timed_out: boo
         row = rows[own[0].index]
         return row["exit_code"], f"process {own[0].index} failed: {row['reason']}"
     if timed_out:
-        return TIMED_OUT_EXIT, f"still running after --process-timeout {timeout_s:g} s: every process was stopped"
+        return TIMED_OUT_EXIT, f"still running after --process-timeout {job_wall_s:g} s: every process was stopped"
     bad = [r for r in rows if r["exit_code"] != 0]
     if bad:
         return bad[0]["exit_code"], f"process {bad[0]['process_id']} failed: {bad[0]['reason']}"

@@ -289,11 +289,13 @@ def static_profile_options(timeout_default: float):
     return deco
 
 
-def static_limits(timeout_s: float, static_memory_gib: float, compile_timeout_s: float | None = None):
-    """The `Limits` of `--timeout`, `--static-memory` and `--compile-timeout`."""
+def static_limits(static_cpu_s: float, static_memory_gib: float, compile_timeout_s: float | None = None):
+    """The `Limits` of `--timeout` (`static_cpu_s`: CPU seconds of one module's static profile; the
+    commands' parameter is still `timeout_s`, click's name for it), `--static-memory` and
+    `--compile-timeout`."""
     from tpudiag.capture.tpu_compile import Limits
 
-    return Limits(static_timeout_s=timeout_s, memory_bytes=int(static_memory_gib * 2**30),
+    return Limits(static_timeout_s=static_cpu_s, memory_bytes=int(static_memory_gib * 2**30),
                   compile_timeout_s=compile_timeout_s)
 
 
@@ -303,6 +305,15 @@ def compile_timeout_option(f):
                         help="CPU seconds one module's compile (without the static profile) may take "
                              "(default: 300 s for up to 9 matmuls, proportionally more for a larger module, "
                              "up to 6000 s).")(f)
+
+
+def step_compile_timeout_option(help_text: str):
+    """`--compile-timeout` of `estimate` and `plan`: CPU seconds one whole step's compile may take,
+    1800 by default. Not `compile_timeout_option`'s default (300 s per 9 matmuls, up to 20x) on
+    purpose: a step lowered for a slice is one large module, and a 32-layer 8B step for 256 chips
+    compiles for minutes on a 2-core machine; a fixed, stated figure is what a user can plan for."""
+    return click.option("--compile-timeout", "compile_timeout_s", type=click.FloatRange(1), default=1800,
+                        show_default=True, help=help_text)
 
 
 def selection_options(f):

@@ -15,7 +15,8 @@ from tpudiag.cli.common import (cache_options, calibration_choice, calibration_o
                                 ci_budget, ci_options,
                                 compile_timeout_option, debug_on, emit, force_option, output_format, output_options,
                                 program_args, progress, selection, selection_options, static_limits,
-                                static_profile_options, use_cache_options, write_ci_bundle)
+                                static_profile_options, step_compile_timeout_option, use_cache_options,
+                                write_ci_bundle)
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed, NothingTraced, ProgramFailed, UsageError
 
@@ -126,7 +127,7 @@ def profile(out, steps, skip, python_trace, processes, devices_per_process, proc
         resolve_target(target_text)  # a bad target fails before the program runs
     if processes is not None:
         _profile_processes(script, args, out, fmt, processes=processes, devices_per_process=devices_per_process,
-                           timeout_s=process_timeout, coordinator_port=coordinator_port, steps=steps, skip=skip,
+                           job_wall_s=process_timeout, coordinator_port=coordinator_port, steps=steps, skip=skip,
                            python_trace=python_trace, html_path=html_path, ci_mb=ci_mb, no_color=no_color,
                            width=width)
         return
@@ -164,7 +165,7 @@ def profile(out, steps, skip, python_trace, processes, devices_per_process, proc
             click.echo(f"Terms: {TERMS}")
 
 
-def _profile_processes(script, args, out, fmt, *, processes, devices_per_process, timeout_s, coordinator_port, steps,
+def _profile_processes(script, args, out, fmt, *, processes, devices_per_process, job_wall_s, coordinator_port, steps,
                        skip, python_trace, html_path, ci_mb, no_color, width) -> None:
     """`profile --processes N`: the job, its cross-process report, the outcome as an exit code."""
     import importlib
@@ -173,7 +174,7 @@ def _profile_processes(script, args, out, fmt, *, processes, devices_per_process
 
     cap, report = api.profile_processes(
         script, program_args(args), out, processes=processes, devices_per_process=devices_per_process,
-        timeout_s=timeout_s, steps=steps, skip=skip, python_trace=python_trace, coordinator_port=coordinator_port,
+        job_wall_s=job_wall_s, steps=steps, skip=skip, python_trace=python_trace, coordinator_port=coordinator_port,
         program_stdout=sys.stderr.buffer if fmt != "text" else None,
         while_waiting=lambda: importlib.import_module("tpudiag.analyze.distributed.collectives"))
     if html_path:
@@ -270,8 +271,7 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, static_memory
               help="Run directory (default tpudiag-runs/<timestamp>-<file>). Never overwritten.")
 @click.option("--static-profile", is_flag=True,
               help="Also ask for the TPU compiler's static cycle profile (slow at scale; default off).")
-@click.option("--compile-timeout", "compile_timeout_s", type=click.FloatRange(1), default=1800, show_default=True,
-              help="CPU seconds the step's compile (without the static profile) may take.")
+@step_compile_timeout_option("CPU seconds the step's compile (without the static profile) may take.")
 @click.option("--no-matmul-probes", "no_probes", is_flag=True,
               help="Take compute-bound matmuls at the MXU peak instead of timing them by the compiler: each "
                    "distinct one alone with its static profile (v5e, v5p, v6e, TPU7x, without --static-profile), "
@@ -330,14 +330,16 @@ def estimate(target_text, mesh_text, out, static_profile, no_probes, compile_tim
                    "one on this machine). Needs the ray extra; the program must be at the same path on every node.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Run directory (default tpudiag-runs/<timestamp>-plan-<file>). Never overwritten.")
-@click.option("--compile-timeout", "compile_timeout_s", type=click.FloatRange(1), default=1800, show_default=True,
-              help="CPU seconds each candidate's compile may take.")
+@step_compile_timeout_option("CPU seconds each candidate's compile may take.")
 @calibration_options
+@click.option("--measure/--no-measure", default=None,
+              help="Run the best candidate's step on the attached TPU and show its time beside the estimate "
+                   "(default: where a TPU is attached and the target is one chip, v5e:1x1).")
 @output_options("tpudiag.plan/1")
 @click.argument("entry", metavar="FILE.py:FUNC|maxtext:MODEL")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def plan(target_text, mesh_axes, search, jobs, ray_address, out, compile_timeout_s, calibration_file, no_calibration,
-         as_json, as_md, no_color, width, entry, args):
+         measure, as_json, as_md, no_color, width, entry, args):
     """Rank a training step's meshes and choices on a slice by estimated tokens/s, without a TPU.
 
     Each candidate (a split of the slice's devices over --mesh-axes, times the --search choices) is
@@ -351,7 +353,7 @@ def plan(target_text, mesh_axes, search, jobs, ray_address, out, compile_timeout
     progress_cb = (lambda line: click.echo(f"tpudiag: {line}", err=True))
     run, doc = api.plan(entry, target_text, program_args(args), out, mesh_axes=mesh_axes, search=search, jobs=jobs,
                         ray_address=ray_address, compile_timeout_s=compile_timeout_s, progress=progress_cb,
-                        calibration=calibration_choice(calibration_file, no_calibration))
+                        calibration=calibration_choice(calibration_file, no_calibration), measure=measure)
     emit(doc, fmt, no_color=no_color, width=width)
     if doc.status != "ok":
         raise GateFailed(f"plan: no candidate fits {doc.target['topology']} (run directory {run})")

@@ -26,6 +26,11 @@ from tpudiag.cli.run import _PASS_THROUGH, PassThroughCommand
 @click.option("--no-calibration", is_flag=True,
               help="Price every kernel from static figures only, not from the chip's measured kernel table "
                    "(on v5e, the bundled kernels' measured times scaled to the matched shapes).")
+@click.option("--measure", is_flag=True,
+              help="Also time each suggestion's kernel and its plain-JAX twin on the attached TPU at the program's "
+                   "matched shapes (device time, the fastest of --calls), beside the estimate. Needs a TPU here.")
+@click.option("--calls", type=click.IntRange(3, 1000), default=10, show_default=True,
+              help="With --measure: timed calls per variant.")
 @click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Compiles at once.")
 @static_profile_options(120)
 @compile_timeout_option
@@ -34,8 +39,8 @@ from tpudiag.cli.run import _PASS_THROUGH, PassThroughCommand
 @output_options("tpudiag.suggest/1")
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def suggest(target_text, show_all, out, no_static_profile, no_calibration, jobs, timeout_s, static_memory_gib, compile_timeout_s,
-            functions, modules, as_json, as_md,
+def suggest(target_text, show_all, out, no_static_profile, no_calibration, measure, calls, jobs, timeout_s,
+            static_memory_gib, compile_timeout_s, functions, modules, as_json, as_md,
             no_color, width, input_path, args, cache_dir, no_cache):
     """Which ops of INPUT deserve a custom Pallas kernel, and what it would save.
 
@@ -54,6 +59,10 @@ def suggest(target_text, show_all, out, no_static_profile, no_calibration, jobs,
     from tpudiag.errors import UsageError
 
     fmt = output_format(as_json, as_md)
+    if measure:  # first: without a TPU, one line and nothing written
+        from tpudiag.api.suggest_chip import require_tpu
+
+        require_tpu()
     is_script = input_path.suffix == ".py"
     if args and not is_script:
         raise UsageError(f"{input_path}: program arguments are only for a .py script")
@@ -70,7 +79,8 @@ def suggest(target_text, show_all, out, no_static_profile, no_calibration, jobs,
         report, _ = run_suggest(input_path, program_args(args), target_text, out, static_profile=not no_static_profile,
                                 jobs=jobs, limits=static_limits(timeout_s, static_memory_gib, compile_timeout_s),
                                 progress=progress_cb, selection=selection(functions, modules),
-                                include_all=show_all, calibration=not no_calibration,
+                                include_all=show_all, calibration=not no_calibration, measure=measure, calls=calls,
+                                chip_progress=lambda line: click.echo(f"tpudiag: {line}", err=True),
                                 program_stdout=sys.stderr.buffer if fmt != "text" else None)
     finally:
         stop()

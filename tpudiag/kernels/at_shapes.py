@@ -25,6 +25,12 @@ class AtShapes:
     # Arguments `fn` writes and returns (a cache updated in place): donated where it is lowered, as
     # a serving engine donates its KV cache; otherwise XLA copies them whole on every call.
     donate: tuple[int, ...] = ()
+    # The kernel's plain-JAX twin at the same arguments and parameters (its spec's bench `xla`
+    # computation): what XLA runs without the kernel. `suggest --measure` times both on the chip.
+    xla: Callable | None = None
+    # The rule kernels/bench_inputs.py draws concrete arguments by (the kernel's name, unless its
+    # integer metadata differs from its bench setup's: a decode batch of one token a sequence).
+    inputs: str = ""
 
 
 def _jnp(dtype: str):
@@ -32,6 +38,11 @@ def _jnp(dtype: str):
 
     return {"bf16": jnp.bfloat16, "f32": jnp.float32, "f16": jnp.float16}.get(dtype, jnp.bfloat16)
 
+
+# kernels/bench_inputs.py's rule for a ragged paged attention decode batch at the program's shapes:
+# one token a sequence, full lengths in the pool's own page size (the bench setup's rule assumes its
+# production page size and a prefill chunk).
+DECODE_INPUTS = "ragged_paged_attention.decode"
 
 _MASK_WORDS = {"causal": "causal with a diagonal offset", "window": "a sliding window",
                "inputs": "computed from the program's inputs (padding or a position)",
@@ -41,7 +52,7 @@ _MASK_WORDS = {"causal": "causal with a diagonal offset", "window": "a sliding w
 def _flash_attention(shapes, notes) -> AtShapes | str:
     import jax
 
-    from tpudiag.kernels.flash_attention import flash_attention
+    from tpudiag.kernels.flash_attention import flash_attention, xla_attention
 
     bh, sq, sk, d = shapes.batch_heads, shapes.q_len, shapes.kv_len, shapes.head_dim
     if sq != sk:
@@ -62,7 +73,11 @@ def _flash_attention(shapes, notes) -> AtShapes | str:
     snippet = ("from tpudiag.kernels.flash_attention import flash_attention\n"
                f"# q [B, H, {sq}, {d}] bf16; k, v [B, KVH, {sk}, {d}] bf16 (KVH divides H); here B*H = {bh}\n"
                f"out = flash_attention(q, k, v, causal={causal})  # -> [B, H, {sq}, {d}]")
-    return AtShapes("flash_attention", (q, q, q), fn, snippet, f"B1 H{bh} S{sq} D{d} bf16{' causal' if causal else ''}")
+    def xla(q, k, v):
+        return xla_attention(q, k, v, causal=causal)
+
+    return AtShapes("flash_attention", (q, q, q), fn, snippet, f"B1 H{bh} S{sq} D{d} bf16{' causal' if causal else ''}",
+                    xla=xla)
 
 
 def _paged_attention(shapes, notes) -> AtShapes | str:
@@ -72,7 +87,7 @@ def _paged_attention(shapes, notes) -> AtShapes | str:
     cache is contiguous (pages in order)."""
     import jax
 
-    from tpudiag.kernels.paged_attention import paged_attention
+    from tpudiag.kernels.paged_attention import paged_attention, xla_paged_attention
 
     b, d, page = getattr(shapes, "batch", 0), shapes.head_dim, getattr(shapes, "page_size", 0)
     if not b:
@@ -98,7 +113,7 @@ def _paged_attention(shapes, notes) -> AtShapes | str:
                f"lengths [{b}] int32; page_table [{b}, {pps}] int32\n"
                "out = paged_attention(q, k_pages, v_pages, lengths, page_table)  # reads only the live pages")
     return AtShapes("paged_attention", args, paged_attention, snippet,
-                    f"B{b} H{h} KVH{kvh} D{d} page{page} x {pps} pages (full lengths)")
+                    f"B{b} H{h} KVH{kvh} D{d} page{page} x {pps} pages (full lengths)", xla=xla_paged_attention)
 
 
 def _ragged_paged_attention(b: int, h: int, kvh: int, d: int, page: int, pps: int, *, write: bool = True,
@@ -108,7 +123,8 @@ def _ragged_paged_attention(b: int, h: int, kvh: int, d: int, page: int, pps: in
     reads. A contiguous cache is priced as pages in order."""
     import jax
 
-    from tpudiag.kernels.ragged_paged_attention import ragged_paged_attention, write_kv_pages
+    from tpudiag.kernels.ragged_paged_attention import (ragged_paged_attention, write_kv_pages,
+                                                        xla_ragged_paged_attention)
 
     sds, jnp = jax.ShapeDtypeStruct, jax.numpy
     pages = sds((kvh, b * pps, page, d), jnp.bfloat16)
@@ -128,16 +144,23 @@ def _ragged_paged_attention(b: int, h: int, kvh: int, d: int, page: int, pps: in
             "one decode token each (full lengths)")
     if not write:
         return AtShapes("ragged_paged_attention", (sds((b, h, d), jnp.bfloat16), pages, pages, *meta),
-                        ragged_paged_attention, head + attend, what)
+                        ragged_paged_attention, head + attend, what, xla=xla_ragged_paged_attention,
+                        inputs=DECODE_INPUTS)
 
     def fn(q, new_k, new_v, k_pages, v_pages, kv_lens, table, cu_q_lens, num_seqs):
         k_pages, v_pages = write_kv_pages(k_pages, v_pages, new_k, new_v, kv_lens, table, cu_q_lens, num_seqs)
         return ragged_paged_attention(q, k_pages, v_pages, kv_lens, table, cu_q_lens, num_seqs), k_pages, v_pages
 
+    def xla(q, new_k, new_v, k_pages, v_pages, kv_lens, table, cu_q_lens, num_seqs):
+        k_pages, v_pages = write_kv_pages(k_pages, v_pages, new_k, new_v, kv_lens, table, cu_q_lens, num_seqs)
+        return (xla_ragged_paged_attention(q, k_pages, v_pages, kv_lens, table, cu_q_lens, num_seqs), k_pages,
+                v_pages)
+
     snippet = (head + "k_pages, v_pages = write_kv_pages(k_pages, v_pages, new_k, new_v, kv_lens, page_table, "
                "cu_q_lens, num_seqs)  # in place: donate the pools to the step's jit\n" + attend)
     return AtShapes("ragged_paged_attention", (sds((b, h, d), jnp.bfloat16), new, new, pages, pages, *meta), fn,
-                    snippet, what + ", with the page write (pool donated)", donate=(3, 4))
+                    snippet, what + ", with the page write (pool donated)", donate=(3, 4), xla=xla,
+                    inputs=DECODE_INPUTS)
 
 
 def _mla_decode(shapes, notes) -> AtShapes | str:
@@ -146,7 +169,7 @@ def _mla_decode(shapes, notes) -> AtShapes | str:
     cache is pages in order)."""
     import jax
 
-    from tpudiag.kernels.mla_decode import mla_decode, padded_width
+    from tpudiag.kernels.mla_decode import mla_decode, padded_width, xla_mla_decode
 
     b, h, t, lat, r = shapes.batch, shapes.heads, shapes.kv_len, shapes.latent, shapes.rope
     if lat % 128:
@@ -169,7 +192,11 @@ def _mla_decode(shapes, notes) -> AtShapes | str:
                f"o = mla_decode(q, kv_pages, lengths, page_table, latent={lat}, sm_scale={scale:.6g})  "
                f"# [{b}, {h}, {lat}]\n"
                "out = jnp.einsum(\"bhl,lhd->bhd\", o, w_uv)")
-    return AtShapes("mla_decode", args, fn, snippet, f"B{b} H{h} T{t} latent{lat} rope{r} (rows of {w}, pages of {page})")
+    def xla(q, kv, lengths, table):
+        return xla_mla_decode(q, kv, lengths, table, latent=lat, sm_scale=scale)
+
+    return AtShapes("mla_decode", args, fn, snippet, f"B{b} H{h} T{t} latent{lat} rope{r} (rows of {w}, pages of {page})",
+                    xla=xla)
 
 
 def _eps(shapes) -> str:
@@ -181,7 +208,7 @@ def _eps(shapes) -> str:
 def _rmsnorm(shapes, notes) -> AtShapes | str:
     import jax
 
-    from tpudiag.kernels.rmsnorm import rmsnorm_residual
+    from tpudiag.kernels.rmsnorm import reference, rmsnorm_residual
 
     n, h = shapes.rows, shapes.hidden
     if h % 128:
@@ -193,13 +220,13 @@ def _rmsnorm(shapes, notes) -> AtShapes | str:
     eps = float(_eps(shapes))
     return AtShapes("rmsnorm", (x, x, jax.ShapeDtypeStruct((h,), _jnp("bf16"))),
                     lambda x, r, w: rmsnorm_residual(x, r, w, eps=eps), snippet,
-                    f"N{n} D{h} bf16")
+                    f"N{n} D{h} bf16", xla=lambda x, r, w: reference(x, r, w, eps=eps))
 
 
 def _cross_entropy(shapes, notes) -> AtShapes | str:
     import jax
 
-    from tpudiag.kernels.cross_entropy import cross_entropy
+    from tpudiag.kernels.cross_entropy import cross_entropy, xla_cross_entropy
 
     n, v = shapes.rows, shapes.vocab
     if v % 128:
@@ -208,13 +235,13 @@ def _cross_entropy(shapes, notes) -> AtShapes | str:
                f"loss = cross_entropy(logits, labels).mean()  # logits [{n}, {v}] bf16, labels [{n}] int32")
     return AtShapes("cross_entropy", (jax.ShapeDtypeStruct((n, v), _jnp("bf16")),
                                       jax.ShapeDtypeStruct((n,), jax.numpy.int32)), cross_entropy,
-                    snippet, f"N{n} V{v} bf16")
+                    snippet, f"N{n} V{v} bf16", xla=xla_cross_entropy)
 
 
 def _sampling(shapes, notes) -> AtShapes | str:
     import jax
 
-    from tpudiag.kernels.sampling import sample
+    from tpudiag.kernels.sampling import sample, xla_sample
 
     b, v = shapes.rows, shapes.vocab
     if v % 128:
@@ -233,13 +260,14 @@ def _sampling(shapes, notes) -> AtShapes | str:
                f"u [{b}] uniform f32: the same distribution as the program's, not the same draws")
     return AtShapes("sampling", (jax.ShapeDtypeStruct((b, v), jax.numpy.float32),
                                  jax.ShapeDtypeStruct((b,), jax.numpy.float32)), fn, snippet,
-                    f"B{b} V{v} f32 k={k} p={p_:g} temperature={t_:g}")
+                    f"B{b} V{v} f32 k={k} p={p_:g} temperature={t_:g}",
+                    xla=lambda logits, u: xla_sample(logits, u, k=k, p=p_, temperature=t_))
 
 
 def _int8_matmul(shapes, notes) -> AtShapes | str:
     import jax
 
-    from tpudiag.kernels.int8_matmul import int8_matmul
+    from tpudiag.kernels.int8_matmul import int8_matmul, xla_int8_matmul
 
     if shapes.weight_dtype in ("s4", "u4"):
         return _int4_matmul(shapes, notes)
@@ -259,14 +287,14 @@ def _int8_matmul(shapes, notes) -> AtShapes | str:
     return AtShapes("int8_matmul", (jax.ShapeDtypeStruct((m, k), _jnp("bf16")),
                                     jax.ShapeDtypeStruct((k, n), jax.numpy.int8),
                                     jax.ShapeDtypeStruct((n,), jax.numpy.float32)), int8_matmul, snippet,
-                    f"M{m} K{k} N{n}")
+                    f"M{m} K{k} N{n}", xla=xla_int8_matmul)
 
 
 def _int4_matmul(shapes, notes) -> AtShapes | str:
     """Signed int4 weights with group scales (the dequantize-then-matmul pattern's 4-bit form)."""
     import jax
 
-    from tpudiag.kernels.int4_matmul import int4_matmul
+    from tpudiag.kernels.int4_matmul import int4_matmul, xla_int4_matmul
 
     if shapes.weight_dtype != "s4":
         return f"int4_matmul takes signed int4 weights (here {shapes.weight_dtype})"
@@ -286,7 +314,7 @@ def _int4_matmul(shapes, notes) -> AtShapes | str:
     return AtShapes("int4_matmul", (jax.ShapeDtypeStruct((m, k), _jnp("bf16")),
                                     jax.ShapeDtypeStruct((k, n), jax.numpy.int4),
                                     jax.ShapeDtypeStruct((k // group, n), jax.numpy.float32)), int4_matmul, snippet,
-                    f"M{m} K{k} N{n} int4, {scales}")
+                    f"M{m} K{k} N{n} int4, {scales}", xla=xla_int4_matmul)
 
 
 def _fp8_matmul(m: int, k: int, n: int, activations: str, dtype: str) -> AtShapes | str:
@@ -294,7 +322,7 @@ def _fp8_matmul(m: int, k: int, n: int, activations: str, dtype: str) -> AtShape
     activations quantized per token (an fp8 W8A8 layer)."""
     import jax
 
-    from tpudiag.kernels.fp8_matmul import fp8_matmul
+    from tpudiag.kernels.fp8_matmul import fp8_matmul, xla_fp8_matmul
 
     if n % 128:
         return f"fp8_matmul needs N a multiple of 128 (N{n})"
@@ -309,13 +337,14 @@ def _fp8_matmul(m: int, k: int, n: int, activations: str, dtype: str) -> AtShape
     return AtShapes("fp8_matmul", (jax.ShapeDtypeStruct((m, k), _jnp(dtype)),
                                    jax.ShapeDtypeStruct((k, n), jax.numpy.float8_e4m3fn),
                                    jax.ShapeDtypeStruct((n,), jax.numpy.float32)), fn, snippet,
-                    f"M{m} K{k} N{n} e4m3, {mode}")
+                    f"M{m} K{k} N{n} e4m3, {mode}",
+                    xla=lambda x, w, w_scale: xla_fp8_matmul(x, w, w_scale, activations=activations))
 
 
 def _w8a8_matmul(shapes, notes) -> AtShapes | str:
     import jax
 
-    from tpudiag.kernels.w8a8_matmul import w8a8_matmul
+    from tpudiag.kernels.w8a8_matmul import w8a8_matmul, xla_w8a8_matmul
 
     (m, k), (k2, n) = shapes.activations[-2:], shapes.weight[-2:]
     if k != k2:
@@ -331,7 +360,7 @@ def _w8a8_matmul(shapes, notes) -> AtShapes | str:
     return AtShapes("w8a8_matmul", (jax.ShapeDtypeStruct((m, k), _jnp(dtype)),
                                     jax.ShapeDtypeStruct((k, n), jax.numpy.int8),
                                     jax.ShapeDtypeStruct((n,), jax.numpy.float32)), w8a8_matmul, snippet,
-                    f"M{m} K{k} N{n}")
+                    f"M{m} K{k} N{n}", xla=xla_w8a8_matmul)
 
 
 def _fused_moe(shapes, notes) -> AtShapes | str:
@@ -339,7 +368,7 @@ def _fused_moe(shapes, notes) -> AtShapes | str:
     renormalized: the scoring changes no figure the price depends on)."""
     import jax
 
-    from tpudiag.kernels.fused_moe import fused_moe
+    from tpudiag.kernels.fused_moe import fused_moe, reference
 
     if not hasattr(shapes, "hidden"):
         return ("a ragged-dot is routed already: its tokens are sorted by expert with group sizes, so "
@@ -361,7 +390,8 @@ def _fused_moe(shapes, notes) -> AtShapes | str:
                f"# x [{t}, {d}], router_w [{d}, {e}], w_gate and w_up [{e}, {d}, {f}], w_down [{e}, {f}, {d}]\n"
                f"out = fused_moe(x, router_w, w_gate, w_up, w_down, top_k={k})  # softmax routing "
                "renormalized over the top-k; scoring=\"sigmoid\", renormalize=False for other routers")
-    return AtShapes("fused_moe", args, fn, snippet, f"T{t} D{d} F{f} E{e} top-{k} {shapes.dtype}")
+    return AtShapes("fused_moe", args, fn, snippet, f"T{t} D{d} F{f} E{e} top-{k} {shapes.dtype}",
+                    xla=lambda x, r, wg, wu, wd: reference(x, r, wg, wu, wd, top_k=k))
 
 
 # Each kernel a detector may name (its `kernel`: the kernel's name in kernels/registry.py), and how
@@ -385,3 +415,60 @@ def setup_for(detector, shapes, notes=()) -> AtShapes | str:
     if detector.kernel is None:
         return detector.no_kernel
     return BUILDERS[detector.kernel](shapes, notes)
+
+
+def with_backward(s: AtShapes) -> AtShapes | str:
+    """The kernel's forward and backward (the gradient of the sum of its outputs with respect to its
+    floating-point inputs), and its XLA twin's likewise, for a pattern whose XLA ops include the
+    gradient; or why it has none."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from tpudiag.kernels.registry import get_spec
+
+    if not get_spec(s.kernel).differentiable:
+        return f"{s.kernel} has no backward kernel, and these ops include the gradient"
+    floats = tuple(k for k, a in enumerate(s.args) if jnp.issubdtype(a.dtype, jnp.floating))
+
+    def train(fn):
+        def loss(*args):
+            leaves = jax.tree_util.tree_leaves(fn(*args))
+            return sum(jnp.sum(x.astype(jnp.float32)) for x in leaves)
+
+        def step(*args):
+            return jax.value_and_grad(loss, argnums=floats)(*args)
+
+        return step
+
+    return dataclasses.replace(s, fn=train(s.fn), xla=None if s.xla is None else train(s.xla),
+                               description=s.description + ", forward and backward")
+
+
+def arg_specs(args) -> list[list]:
+    """`args` (ShapeDtypeStructs) as JSON: [[shape, dtype name], ...]."""
+    return [[list(a.shape), str(a.dtype)] for a in args]
+
+
+def request(kernel: str, shapes: dict, notes, backward: bool, s: AtShapes) -> dict:
+    """What a chip worker needs to build `s` again in its own process (`from_request`): the kernel's
+    name, the match's shapes (its `Shapes.to_dict()`), notes and whether the gradient is included;
+    with the arguments `s` takes, which the worker checks its own build against."""
+    return {"kernel": kernel, "shapes": dict(shapes), "notes": list(notes), "backward": bool(backward),
+            "args": arg_specs(s.args), "description": s.description}
+
+
+def from_request(req: dict) -> AtShapes | str:
+    """The kernel of a `request`, built again from its JSON (the builders read the shapes by
+    attribute), forward and backward where it says so; or why it cannot be."""
+    from types import SimpleNamespace
+
+    if req["kernel"] not in BUILDERS:
+        return f"no bundled kernel {req['kernel']!r} builds at a pattern's shapes"
+    s = BUILDERS[req["kernel"]](SimpleNamespace(**req["shapes"]), tuple(req.get("notes", ())))
+    if not isinstance(s, str) and req.get("backward"):
+        s = with_backward(s)
+    if not isinstance(s, str) and arg_specs(s.args) != req["args"]:
+        return f"built {arg_specs(s.args)} from the request, not its {req['args']}"
+    return s

@@ -29,6 +29,15 @@ def _ints(name: str, i: int, shape: tuple, shapes: list[tuple], rng):
             return jnp.arange(b * pps, dtype=jnp.int32).reshape(b, pps)
         page = shapes[1][-2]
         return jnp.full(shape, pps * page, jnp.int32)
+    if name == "ragged_paged_attention.decode":  # at a program's shapes (kernels/at_shapes.py): one token each
+        seqs, pps = shapes[n - 3]
+        if i == n - 4:  # full lengths in the pool's page size (the pool [KVH, pages, page, D] before them)
+            return jnp.full(shape, pps * shapes[n - 5][-2], jnp.int32)
+        if i == n - 3:
+            return jnp.arange(seqs * pps, dtype=jnp.int32).reshape(seqs, pps)
+        if i == n - 2:
+            return jnp.arange(seqs + 1, dtype=jnp.int32)
+        return jnp.asarray([seqs], jnp.int32)
     if name == "ragged_paged_attention":  # (..., kv_lens, page table, cu_q_lens, num_seqs)
         from tpudiag.kernels.ragged_paged_attention import PROD
 
@@ -62,7 +71,7 @@ def bench_inputs(name: str, sds: tuple, key) -> tuple:
         dt = jnp.dtype(s.dtype)
         k = jax.random.fold_in(key, i)
         if jnp.issubdtype(dt, jnp.floating):
-            out.append(_floats(k, s, uniform=name == "sampling" and i == 1))
+            out.append(_floats(k, s, uniform=name.startswith("sampling") and i == 1))
         elif dt == jnp.int8:
             out.append(jax.random.randint(k, s.shape, -127, 128, jnp.int32).astype(jnp.int8))
         elif dt == jnp.dtype(jnp.int4):

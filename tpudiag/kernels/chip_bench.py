@@ -9,6 +9,11 @@ the host's dispatch. Argument sets are rotated so that together they exceed `rot
 VMEM): XLA keeps a buffer it has already read in VMEM across calls, which a model's next layer
 (a different weight) never gets.
 
+A request names "kernels" (their bench setups, `kernels bench`), a "tune" (one kernel's block
+points, `kernels tune`) or "at_shapes" (`suggest --measure`: each suggestion's kernel and its XLA
+twin at the program's matched shapes, built again here from the kernel's name and the match's
+shapes by kernels/at_shapes.py; one "kernel" per suggestion, its request "id").
+
 Writes one JSON line per variant to RESULTS.jsonl as it goes (`{"kernel", "variant", "status", ...}`)
 and a first line `{"device": KIND}`; each kernel's trace goes under the request's "traces" directory, so a runtime fault ends only the variant it hit: the parent
 sees which variant was running and starts this worker again for the rest. Exit 3: no TPU backend
@@ -94,9 +99,11 @@ def time_points(spec, chip, points: list, candidates: bool, calls: int, rotate_b
     time_functions(spec.name, items, calls, rotate_bytes, emit, None if trace_root is None else trace_root / spec.name)
 
 
-def time_functions(kernel: str, items: list, calls: int, rotate_bytes: int, emit, trace_dir: Path | None) -> None:
+def time_functions(kernel: str, items: list, calls: int, rotate_bytes: int, emit, trace_dir: Path | None,
+                   inputs: str | None = None) -> None:
     """Time each (label, function, ShapeDtypeStructs) of `items` on the chip with inputs for kernel
-    `kernel` (kernels/bench_inputs.py), all in one trace; `emit` a row per label."""
+    `kernel` (kernels/bench_inputs.py; by the rule `inputs` where given), all in one trace; `emit` a
+    row per label."""
     import jax
 
     from tpudiag.kernels.bench_inputs import bench_inputs, nbytes
@@ -107,7 +114,7 @@ def time_functions(kernel: str, items: list, calls: int, rotate_bytes: int, emit
         emit({**row, "status": "running"})
         try:
             k = argument_sets(nbytes(sds), rotate_bytes)
-            sets = [bench_inputs(kernel, sds, jax.random.key(r)) for r in range(k)]
+            sets = [bench_inputs(inputs or kernel, sds, jax.random.key(r)) for r in range(k)]
             name = f"tpudiag_bench_{kernel}_{label}"
             jf = jax.jit(named(fn, name))
             t = time.perf_counter()
@@ -149,6 +156,23 @@ def time_functions(kernel: str, items: list, calls: int, rotate_bytes: int, emit
     gc.collect()
 
 
+def time_at_shapes(item: dict, calls: int, rotate_bytes: int, emit, trace_root: Path | None = None) -> None:
+    """`suggest --measure`: a suggestion's kernel and its XLA twin at the program's matched shapes
+    (`item`: an `at_shapes.request` with its "id"), as variants "kernel" and "xla" of kernel `id`."""
+    from tpudiag.kernels.at_shapes import from_request
+
+    try:
+        s = from_request(item)
+    except Exception as e:
+        s = f"building it failed: {one_line(e)}"
+    if isinstance(s, str):
+        emit({"kernel": item["id"], "variant": "kernel", "calls": calls, "status": "failed", "error": s})
+        return
+    items = [(v, fn, s.args) for v, fn in (("kernel", s.fn), ("xla", s.xla)) if fn is not None]
+    time_functions(item["id"], items, calls, rotate_bytes, emit, None if trace_root is None else trace_root / item["id"],
+                   inputs=s.inputs or s.kernel)
+
+
 def start_worker(argv: list[str]):
     """A chip worker's first steps: die with tpudiag, read REQUEST.json, open the TPU. (request, the
     RESULTS path, the TPU devices), or None where there is no TPU (its reason printed on stderr)."""
@@ -181,11 +205,13 @@ def main(argv: list[str]) -> int:
 
         emit({"device": devices[0].device_kind})
         traces = Path(request["traces"]) if request.get("traces") else None
+        for item in request.get("at_shapes", ()):  # suggest --measure: kernels at a program's shapes
+            time_at_shapes(item, request["calls"], request["rotate_bytes"], emit, traces)
         if tune := request.get("tune"):  # kernels tune: one kernel's points
             time_points(get_spec(tune["kernel"]), chip, tune["points"], tune["candidates"], request["calls"],
                         request["rotate_bytes"], emit, traces)
             return 0
-        for name in request["kernels"]:
+        for name in request.get("kernels", ()):
             time_kernel(get_spec(name), chip, request["calls"], request["rotate_bytes"], emit, traces)
     return 0
 

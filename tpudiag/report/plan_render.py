@@ -56,6 +56,8 @@ def render_plan(plan, console: Console) -> None:
         table.add_row(*(plain(x) for x in _cells(c)))
     console.print(table)
     console.print(plain(f"best: {plan.reproduce}" if plan.reproduce else "no candidate fits"))
+    if plan.measured_text:
+        console.print(plain(plan.measured_text))
     console.print(plain(f"run directory: {(plan.artifacts or {}).get('run_dir', '')}"))
 
 
@@ -66,4 +68,6 @@ def render_plan_markdown(plan) -> str:
     for c in plan.ranked:
         lines.append("| " + " | ".join(_esc(x) for x in _cells(c)) + " |")
     lines += ["", f"Best: `{_esc(plan.reproduce)}`" if plan.reproduce else "No candidate fits."]
+    if plan.measured_text:
+        lines += ["", _esc(plan.measured_text)]
     return printable("\n".join(lines) + "\n", newlines=True)

@@ -30,6 +30,27 @@ def _kernel_word(r) -> str:
     return {"compiled": "kernel", "measured_table": "kernel (chip-measured, scaled)"}.get(r.kernel_basis, "bound")
 
 
+_XLA_SIDE = {"measured_run": "the run's own ops", "measured_on_chip": "plain-JAX twin"}
+
+
+def _measured(r) -> str | None:
+    """`suggest --measure`'s line: the chip's times beside the estimate, or why a variant has none."""
+    m = r.measured
+    if m is None:
+        return None
+    speed = "" if m.speedup is None else f": {m.speedup:.2f}x, saves {fmt_s(m.saved_s)} per run of the module"
+    twin = (f" (twin {fmt_s(m.xla_twin_s)})" if m.xla_basis == "measured_run" and m.xla_twin_s is not None else "")
+    line = (f"on {m.device} at {m.shape}: XLA {fmt_s(m.xla_s)} ({_XLA_SIDE.get(m.xla_basis, m.xla_basis)}){twin} "
+            f"-> kernel {fmt_s(m.kernel_s)}{speed}; fastest of {m.calls} calls by device time")
+    return line + (f"; {m.error}" if m.error else "")
+
+
+def _measured_speed(r) -> str:
+    if r.measured is None:
+        return "-"
+    return "failed" if r.measured.speedup is None else f"{r.measured.speedup:.2f}x"
+
+
 def _shapes(r) -> str:
     return ", ".join(f"{k}={v}" for k, v in r.shapes.items())
 
@@ -60,6 +81,8 @@ def render_suggest_terminal(rep, console: Console, show_all: bool = False) -> No
                                 f"{fmt_s(r.kernel_s)}: {_speed(r)}, saves {fmt_s(r.saved_s)} per run of the module"
                                 + (f"; {fmt_s(r.saved_per_step_s)} per step ({r.executions_per_step:g} runs per step)"
                                    if r.saved_per_step_s is not None else "")))
+        if (chip := _measured(r)) is not None:
+            t.add_row("measured", plain(chip))
         t.add_row("confidence", plain(f"{r.confidence}: {r.reason}"))
         for note in r.notes:
             t.add_row("note", plain(note))
@@ -88,15 +111,22 @@ def render_suggest_terminal(rep, console: Console, show_all: bool = False) -> No
 def render_suggest_markdown(rep, show_all: bool = False) -> str:
     rows = [r for r in rep.suggestions if r.shown or show_all]
     out = [f"## tpudiag suggest: {len(rows)} suggestion(s) for {_esc(rep.target)}", ""]
+    chip = any(r.measured is not None for r in rows)  # suggest --measure: the chip's columns too
     if rows:
-        out += ["| # | pattern | kernel | module | source | share | XLA | kernel | speedup | saved | confidence |",
-                "|---:|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+        out += ["| # | pattern | kernel | module | source | share | XLA | kernel | speedup | saved | confidence |"
+                + (" measured XLA | measured kernel | measured speedup |" if chip else ""),
+                "|---:|---|---|---|---|---:|---:|---:|---:|---:|---|" + ("---:|---:|---:|" if chip else "")]
         for n, r in enumerate(rows, 1):
+            m = r.measured
             out.append(f"| {n} | {_esc(pattern_label(r.pattern))} | {code(r.kernel or '-')} | "
                        f"{_esc(r.module)} | {code(short_source(r.source[0]) if r.source else '-')} | {r.share:.1%} | "
-                       f"{fmt_s(r.xla_s)} | {fmt_s(r.kernel_s)} | {_speed(r)} | {fmt_s(r.saved_s)} | {r.confidence} |")
+                       f"{fmt_s(r.xla_s)} | {fmt_s(r.kernel_s)} | {_speed(r)} | {fmt_s(r.saved_s)} | {r.confidence} |"
+                       + (f" {fmt_s(m.xla_s if m else None)} | {fmt_s(m.kernel_s if m else None)} | "
+                          f"{_measured_speed(r)} |" if chip else ""))
         for n, r in enumerate(rows, 1):
             out += ["", f"**{n}. {_esc(pattern_label(r.pattern))}** ({_esc(_shapes(r))}): {_esc(r.reason)}"]
+            if (line := _measured(r)) is not None:
+                out += ["", f"Measured {_esc(line)}"]
             if r.snippet:
                 out += ["", "```python", r.snippet, "```"]
     else:

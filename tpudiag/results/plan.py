@@ -52,9 +52,27 @@ class Plan(Model):
     reproduce: str | None  # the `tpudiag estimate` command of the best candidate
     candidates: tuple[Candidate, ...]  # in enumeration order: meshes, then the space
     artifacts: dict[str, str] | None = field(default=None, metadata={"omit_none": True})
+    # The best candidate's step run for real on the attached chip (a one-chip slice): the device's
+    # name, `step_s` (median of `runs` calls after two warm-ups) and `estimated_s`; absent otherwise.
+    measured: dict[str, Any] | None = field(default=None, metadata={"omit_none": True})
 
     def with_artifacts(self, artifacts: dict[str, str]) -> Plan:
         return replace(self, artifacts=artifacts)
+
+    def with_measured(self, measured: dict[str, Any]) -> Plan:
+        return replace(self, measured=measured)
+
+    @property
+    def measured_text(self) -> str | None:
+        """One line on the measured check, or None without one."""
+        m = self.measured
+        if not m:
+            return None
+        if m.get("error"):
+            return f"measured check on the chip failed: {m['error']}"
+        return (f"measured on the chip ({m['device']}): the best candidate's step {m['step_s'] * 1e3:.2f} ms "
+                f"(median of {m['runs']}), estimated {m['estimated_s'] * 1e3:.2f} ms "
+                f"({m['estimated_s'] / m['step_s']:.2f}x)")
 
     @property
     def ranked(self) -> list[Candidate]:

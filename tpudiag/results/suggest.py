@@ -32,6 +32,25 @@ def pattern_label(pattern: str) -> str:
 
 
 @dataclass(frozen=True)
+class ChipMeasure(Model):
+    """`suggest --measure`: the suggestion's kernel, and XLA's side, timed on the attached TPU at the
+    program's matched shapes (device time from the trace, the fastest of `calls` calls); like the
+    estimate beside it, every run of the pattern in one execution of the module."""
+
+    device: str  # the TPU's kind, as JAX names it
+    calls: int  # timed calls per variant
+    kernel_basis: str  # "measured_on_chip": the kernel itself timed here
+    xla_basis: str  # "measured_run": the run's own ops in its trace; "measured_on_chip": the XLA twin timed here
+    kernel_s: float | None  # None where the kernel failed on the chip (`error`)
+    xla_s: float | None  # per xla_basis
+    xla_twin_s: float | None  # the kernel's plain-JAX twin at the same shapes, timed here (also beside a run's own)
+    speedup: float | None  # xla_s / kernel_s
+    saved_s: float | None  # xla_s - kernel_s
+    shape: str  # the shapes the kernel was timed at, as it sees them
+    error: str | None = field(default=None, metadata={"omit_none": True})  # why a variant has no time
+
+
+@dataclass(frozen=True)
 class Suggestion(Model):
     """One pattern in one module, and what replacing it with a kernel would gain."""
 
@@ -63,6 +82,9 @@ class Suggestion(Model):
     # "measured_table": xla_s is the chip's measured XLA time at the kernel's bench shape, scaled
     # here by the kernel's roofline floor (kernel_basis "measured_table" says the same of kernel_s).
     xla_basis: str | None = field(default=None, metadata={"omit_none": True})
+    # `suggest --measure`: timed on the attached TPU at these shapes (None where not measured: no
+    # bundled kernel fits, or below the minimum share without --all).
+    measured: ChipMeasure | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)

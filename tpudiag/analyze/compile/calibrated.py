@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tpudiag.analyze.hlo.vocabulary import BOOKKEEPING, COLLECTIVE, CONTROL, SEND_RECV, TPU_ASYNC_SLICE
+from tpudiag.analyze.compile.passes import with_step
+from tpudiag.analyze.hlo.vocabulary import (ASYNC_COPY, BOOKKEEPING, COLLECTIVE, CONTROL, IDS, SEND_RECV,
+                                            TPU_ASYNC_SLICE)
 
 FLASH_KERNELS = ("flash_attention_fwd", "flash_attention_dq", "flash_attention_dkv")
-_NOT_EXECUTED = BOOKKEEPING | CONTROL | COLLECTIVE | SEND_RECV | TPU_ASYNC_SLICE | frozenset(
-    {"copy-start", "copy-done", "partition-id", "replica-id", "reshape"})
+_NOT_EXECUTED = BOOKKEEPING | CONTROL | COLLECTIVE | SEND_RECV | TPU_ASYNC_SLICE | ASYNC_COPY | IDS | frozenset(
+    {"reshape"})
 
 
 def _kernel_of(o) -> str | None:
@@ -63,9 +65,10 @@ def _dtype_rate(o, figures: dict, nominal):
     return (f.value, nominal.peak_bf16_flops_per_s, f.source) if f else None
 
 
-def calibrate_ops(report, hlo, calibration, chip):
+def calibrate_ops(report, hlo, calibration, chip, running_jax: str | None = None):
     """(the report with its step's ops moved by `calibration`, the findings); `chip` is the target's
-    (targets.Chip: the data sheet's figures the estimate priced with)."""
+    (targets.Chip: the data sheet's figures the estimate priced with). Where `running_jax` is not the
+    version the table was measured with, a finding says so (the figures are used as measured)."""
     figures = calibration.figures(chip)
     m = report.modules[0]
     moved: dict[str, list] = {}  # rule -> [(op, seconds added per step)]
@@ -77,15 +80,12 @@ def calibrate_ops(report, hlo, calibration, chip):
             o = replace(o, estimated_s=round(new_s, 12), calibrated=why[1])
         ops.append(o)
     notes = tuple(_note(rule, rows, calibration) for rule, rows in moved.items())
+    if notes and running_jax and running_jax != calibration.jax:
+        notes += (f"calibration ({calibration.chip}) measured with jax {calibration.jax}; this is jax {running_jax}: "
+                  "its figures are used as measured (tpudiag calibrate on this version refreshes them)",)
     if not notes:
         return report, ()
     return with_step(report, replace(m, ops=tuple(ops), findings=(*m.findings, *notes))), notes
-
-
-def with_step(report, m):
-    """`report` with its first module (the step) replaced by `m`, ops ranked by time x runs."""
-    m = replace(m, ops=tuple(sorted(m.ops, key=lambda o: (-o.total_s, o.name))))
-    return replace(report, modules=(m, *report.modules[1:]))
 
 
 def _moved(o, hlo, figures, cal, chip) -> tuple[float, tuple[str, str] | None]:
@@ -120,7 +120,7 @@ def _moved(o, hlo, figures, cal, chip) -> tuple[float, tuple[str, str] | None]:
         if rate is not None and rate[1]:
             return o.estimated_s * rate[1] / rate[0], ("mxu", f"x{rate[1] / rate[0]:.2f} ({rate[2]})")
     floor = figures.get("op_floor_s")
-    if floor is not None and o.estimated_s < floor.value:
+    if floor is not None and o.estimated_s < floor.value and (o.bytes_accessed or o.flops):
         return floor.value, ("floor", f"the least op time, {floor.value * 1e9:.0f} ns ({floor.source})")
     return o.estimated_s, None
 

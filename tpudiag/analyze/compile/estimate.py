@@ -15,7 +15,7 @@ Pure: takes a `CompileReport`, what the lowering recorded, and the target; retur
 
 from __future__ import annotations
 
-
+from tpudiag.analyze.hlo.vocabulary import ASYNC_COPY
 from tpudiag.results.estimate import SCHEMA, EstimateReport, PeakBuffer, StepBreakdown, TopOp
 
 _TOP = 10
@@ -61,14 +61,6 @@ UNTIMED_HOST = ("transfers to and from host memory (activation offload) on a chi
                 "bandwidth for: their bytes are a finding, not timed")
 
 
-# An asynchronous copy's start and done (a prefetch into VMEM, a buffer moved between memories): on a
-# v5e a training step's copy-starts took no time of their own in the trace
-# (tpudiag report fixtures/tpu-v5e/llama_train: 0 self time), the copy ran beside the ops after them.
-# They share HBM with the HBM-bound ops, so only compute hides them: a decode step's weight prefetches
-# are most of its time.
-ASYNC_COPIES = ("copy-start", "copy-done")
-
-
 def _host_link(chip: str) -> float | None:
     from tpudiag.targets import CHIPS
 
@@ -105,7 +97,11 @@ def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[st
     for o in m.ops:
         if o.name in collective_names:
             continue
-        if o.opcode in ASYNC_COPIES:  # overlapped with compute, not with other HBM traffic
+        # An asynchronous copy (vocabulary.ASYNC_COPY): on a v5e a training step's copy-starts took no
+        # time of their own in the trace (tpudiag report fixtures/tpu-v5e/llama_train: 0 self time), the
+        # copy ran beside the ops after them. They share HBM with the HBM-bound ops, so only compute
+        # hides them: a decode step's weight prefetches are most of its time.
+        if o.opcode in ASYNC_COPY:  # overlapped with compute, not with other HBM traffic
             copies += o.total_s
             continue
         if o.bound_by == "hbm":

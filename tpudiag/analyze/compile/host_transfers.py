@@ -26,8 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpudiag.analyze.hlo.vocabulary import CONTROL_FLOW, HOST_TRANSFER_STARTS
+
 HOST = 5  # S(5): pinned host memory
-_STARTS = ("dynamic-update-slice-start", "dynamic-slice-start", "copy-start")
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def _on_host(shape) -> bool:
 def _transfer(module, i) -> tuple[bool, int] | None:
     """(to host, bytes) of one async start that crosses the host link, or None: one that moves nothing
     between HBM and host memory, or moves it within one of them."""
-    if i.opcode not in _STARTS or not i.operands:
+    if i.opcode not in HOST_TRANSFER_STARTS or not i.operands:
         return None
     try:
         src_host = _on_host(module.operand(i, 0).parsed_shape)
@@ -101,9 +102,6 @@ def offload_bytes(transfers: list[Transfer]) -> tuple[int, int]:
             sum(t.bytes * t.runs for t in transfers if not t.to_host))
 
 
-_NESTED = frozenset({"while", "conditional", "call"})
-
-
 def _window_time(module, comp: str, names: list[str], lo: int, hi: int, times: dict[str, float],
                  comp_total: dict[str, float], runs: int) -> float:
     """Estimated seconds of the ops scheduled strictly between positions lo and hi of one run of a
@@ -113,8 +111,8 @@ def _window_time(module, comp: str, names: list[str], lo: int, hi: int, times: d
     for n in names[lo + 1:hi]:
         total += times.get(n, 0.0)
         instr = module.instruction(n, comp)
-        if instr is not None and instr.opcode in _NESTED and instr.called:
-            inner = {i.computation for i in module.walk(instr.called, into=_NESTED)}
+        if instr is not None and instr.opcode in CONTROL_FLOW and instr.called:
+            inner = {i.computation for i in module.walk(instr.called, into=CONTROL_FLOW)}
             total += sum(comp_total.get(c, 0.0) for c in inner) / max(runs, 1)
     return total
 

@@ -11,7 +11,7 @@ time where that is longer.
 
 Probes are deduplicated by their text (a scanned layer's matmuls are one probe) and ranked by the
 step time of the ops they stand for. Pure: takes the parsed module and the compile report's ops,
-returns probe texts; compiling them is the caller's (`api/estimate.py`).
+returns probe texts; compiling them is the caller's (`api/estimate_probes.py`).
 
 Where a probe's static profile gives no cycles, the step's own HLO still holds the compiler's figure
 for the op: the convolution emitter picks each convolution fusion's tiling with a cost model and
@@ -24,9 +24,9 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from tpudiag.analyze.hlo.vocabulary import DOT_CONVOLUTION
 from tpudiag.parse.hlo_model import HloModule, Instruction
 
-_MATMUL = ("convolution", "dot")
 # The attributes that decide what a convolution or dot computes and how the MXU is fed.
 _KEEP = ("window", "dim_labels", "feature_group_count", "batch_group_count", "lhs_batch_dims",
          "lhs_contracting_dims", "rhs_batch_dims", "rhs_contracting_dims", "operand_precision")
@@ -102,11 +102,11 @@ def _cut_rows(mm: Instruction, lhs: str, out: str) -> tuple[str, str, float]:
 
 
 def _matmuls(module: HloModule, instr: Instruction) -> list[Instruction]:
-    if instr.opcode in _MATMUL:
+    if instr.opcode in DOT_CONVOLUTION:
         return [instr]
     if instr.opcode != "fusion" or not instr.calls:
         return []
-    return [i for i in module.walk([instr.calls]) if i.opcode in _MATMUL]
+    return [i for i in module.walk([instr.calls]) if i.opcode in DOT_CONVOLUTION]
 
 
 def cost_model_cycles(module: HloModule, instr: Instruction) -> int | None:

@@ -27,7 +27,8 @@ from tpudiag.analyze.hlo.collectives import bus_factor, message_bytes
 from tpudiag.analyze.hlo.cost import module_costs
 from tpudiag.analyze.hlo.fusions import build_fusion_report, fusion_summary
 from tpudiag.analyze.hlo.loops import loop_runs
-from tpudiag.analyze.hlo.vocabulary import BOOKKEEPING, COLLECTIVE_KINDS, COLLECTIVE_START, IDS, collective_kind
+from tpudiag.analyze.hlo.vocabulary import (BOOKKEEPING, COLLECTIVE_KINDS, COLLECTIVE_OP_WRAPPERS, COLLECTIVE_START,
+                                            COPY_MOVES, IDS, SEND_RECV_START, collective_kind)
 from tpudiag.parse.hlo import RUNS_CALLEES, HloModule, Instruction
 from tpudiag.parse.sdy_mesh import DeviceMesh
 from tpudiag.results.compile import (SCHEMA, CompileReport, CompileTarget, CompileTotals, MemoryOnlyTotals,
@@ -36,10 +37,6 @@ from tpudiag.targets import Target
 
 # Instructions that move no data and take no time on their own (they alias their operands).
 _FREE = BOOKKEEPING | IDS
-# The wrappers whose called computations hold the collectives they run.
-_WRAPPERS = ("fusion", "async-start")
-# Point-to-point transfers that leave the device (the -done halves wait for them).
-_SEND_RECV = ("send", "recv")
 # The per-slot utilization columns of the LLO frame, reported as `utilization.<slot>`.
 _UTIL_PREFIX = "util_"
 # libtpu's out-of-memory verdict: "... the total memory required for HLO temporaries (24.00G)
@@ -97,9 +94,9 @@ def ici_bytes(module: HloModule, instr: Instruction, n: int) -> float:
     permute / broadcast / send / recv the whole result. Nothing leaves a group of one device, and
     the -done half of an async pair moves nothing of its own."""
     op = instr.opcode
-    if n <= 1 or not (op in _SEND_RECV or op in COLLECTIVE_KINDS or op in COLLECTIVE_START):
+    if n <= 1 or not (op in SEND_RECV_START or op in COLLECTIVE_KINDS or op in COLLECTIVE_START):
         return 0.0
-    if op in _SEND_RECV:
+    if op in SEND_RECV_START:
         return float(instr.parsed_shape.bytes)
     kind = collective_kind(op)
     return bus_factor(kind, n) * message_bytes(module, instr)
@@ -107,9 +104,10 @@ def ici_bytes(module: HloModule, instr: Instruction, n: int) -> float:
 
 def _op_ici_bytes(module: HloModule, instr: Instruction, devices: int) -> float:
     """A collective's ICI bytes; for a fusion or async wrapper, the collectives inside it."""
-    if instr.opcode in _WRAPPERS:
+    if instr.opcode in COLLECTIVE_OP_WRAPPERS:
         return sum(ici_bytes(module, inner, _group_size(inner, devices))
-                   for inner in module.walk(instr.called, into=_WRAPPERS) if inner.opcode not in _WRAPPERS)
+                   for inner in module.walk(instr.called, into=COLLECTIVE_OP_WRAPPERS)
+                   if inner.opcode not in COLLECTIVE_OP_WRAPPERS)
     return ici_bytes(module, instr, _group_size(instr, devices))
 
 
@@ -153,9 +151,6 @@ def _limit_text(bound_by: str, row: dict, target: Target) -> str:
     return "schedule"  # the static cycle estimate is above every roofline floor
 
 
-_COPIES = frozenset({"copy-start", "copy"})
-
-
 def _op_rows(m: ModuleArtifacts, target: Target, costs: dict, runs: dict[str, int]) -> list[dict]:
     dev = DeviceFigures.of(target)
     info = index_module(m.hlo)
@@ -189,7 +184,7 @@ def _op_rows(m: ModuleArtifacts, target: Target, costs: dict, runs: dict[str, in
             # estimate keeps every byte at HBM bandwidth: its VMEM reads are not free, and nothing
             # else would count them.
             hbm_bytes = nbytes
-            if cycles is not None or instr.opcode in _COPIES:
+            if cycles is not None or instr.opcode in COPY_MOVES:
                 hbm_bytes = max(0, nbytes - vmem_bytes(m.hlo, instr))
             candidates = {"hbm": hbm_bytes / dev.hbm_bytes_per_s, "compute": flops / dev.peak_flops_per_s}
             if cycles is not None:

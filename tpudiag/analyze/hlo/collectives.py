@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpudiag.analyze.hlo.vocabulary import ASYNC_DONE, COLLECTIVE_START_TUPLE, collective_kind
+from tpudiag.analyze.hlo.vocabulary import ASYNC_DONE, COLLECTIVE_START_TUPLE, COLLECTIVE_WRAPPERS, collective_kind
 from tpudiag.parse.hlo_model import HloModule, Instruction
 
 
@@ -52,9 +52,6 @@ def start_name(op: str) -> str:
     return head.removesuffix("-done") + "-start" + dot + tail if head.endswith("-done") else op
 
 
-# The instructions whose called computations can hold a collective: XLA's async wrapper, TPU
-# collective fusions, and a call.
-_WRAPPERS = ("async-start", "fusion", "call")
 # A -done's operand is its -start or an -update, whose operand is the -start or another -update.
 _ASYNC_HOPS = 16
 
@@ -63,9 +60,9 @@ def collective_instruction(module: HloModule, instr: Instruction) -> Instruction
     """The collective an instruction is or wraps (async-start, a fusion on TPU), else None."""
     if kind_from_name(instr.opcode):
         return instr
-    if instr.opcode not in _WRAPPERS:
+    if instr.opcode not in COLLECTIVE_WRAPPERS:
         return None
-    return next((i for i in module.walk(instr.called, into=_WRAPPERS) if kind_from_name(i.opcode)), None)
+    return next((i for i in module.walk(instr.called, into=COLLECTIVE_WRAPPERS) if kind_from_name(i.opcode)), None)
 
 
 def message_bytes(module: HloModule, instr: Instruction) -> int:

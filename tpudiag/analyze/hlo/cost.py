@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass
 
 from tpudiag.analyze.hlo.vocabulary import (ASYNC_DONE, BOOKKEEPING, COLLECTIVE_START_TUPLE, ELEMENTWISE,
-                                            TRANSCENDENTAL)
+                                            NO_WORK_CALLS, TRANSCENDENTAL)
 from tpudiag.errors import ParseError
 from tpudiag.parse.hlo import HloModule, Instruction, WindowDim
 from tpudiag.parse.shapes import Shape
@@ -186,6 +186,8 @@ class _Coster:
                         max(c.bytes_accessed for c in branches))
         out = self.shape(instr)
         if op == "custom-call":
+            if instr.custom_call_target in NO_WORK_CALLS:
+                return Cost()
             estimate = _cost_estimate(instr)
             if estimate is not None:
                 return estimate

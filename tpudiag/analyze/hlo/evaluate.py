@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tpudiag.analyze.hlo.vocabulary import SAME_ELEMENTS
 from tpudiag.parse.hlo import Instruction
 
 _NP = {"pred": np.bool_, "s8": np.int8, "s16": np.int16, "s32": np.int32, "s64": np.int64, "u8": np.uint8,
@@ -30,7 +31,6 @@ _BINARY = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "max
 _UNARY = {"negate": np.negative, "abs": np.abs, "not": np.logical_not, "floor": np.floor, "ceil": np.ceil,
           "sign": np.sign, "exponential": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda a: 1 / np.sqrt(a),
           "cosine": np.cos, "sine": np.sin}
-_SAME_ELEMENTS = ("copy", "reshape")
 MAX_ELEMS = 1 << 24
 
 
@@ -129,7 +129,7 @@ def evaluate(flow, instr: Instruction, max_elems: int = MAX_ELEMS, parameters: i
             if start is None or start.opcode != "copy-start":
                 raise _Stop(Evaluated(None, unsupported=f"{i.name} (a copy-done of no copy-start)"))
             out = ev(flow.operand(start, 0))
-        elif op in _SAME_ELEMENTS or op == "bitcast" and _physical_reshape_ok(i, flow.operand(i, 0)):
+        elif op in SAME_ELEMENTS or op == "bitcast" and _physical_reshape_ok(i, flow.operand(i, 0)):
             out = ops(0).reshape(s.dims)
         elif op == "transpose":
             out = np.transpose(ops(0), i.dimensions)

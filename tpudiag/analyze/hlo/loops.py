@@ -17,14 +17,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tpudiag.analyze.hlo.vocabulary import INTEGER_TRANSPARENT
 from tpudiag.parse.hlo import HloModule, Instruction
 from tpudiag.parse.hlo_model import RUNS_CALLEES
 from tpudiag.parse.hlo_text import ascii_int
 
-# Ops that pass a scalar counter through unchanged on its way into or out of the loop tuple: the
-# subset of `vocabulary.TRANSPARENT` that keeps an integer's value (bitcast-convert re-reads its bits
-# as another type; copy-start returns a tuple, not the value).
-_PASS = frozenset({"copy", "bitcast", "convert", "copy-done", "reshape"})
 
 
 @dataclass(frozen=True)
@@ -39,7 +36,7 @@ class LoopRuns:
 
 
 def _through(module: HloModule, instr: Instruction | None) -> Instruction | None:
-    while instr is not None and instr.opcode in _PASS and instr.operands:
+    while instr is not None and instr.opcode in INTEGER_TRANSPARENT and instr.operands:
         instr = module.operand(instr, 0)
     return instr
 

@@ -31,7 +31,16 @@ COLLECTIVE = frozenset(COLLECTIVE_KINDS) | COLLECTIVE_START | COLLECTIVE_UPDATE 
 # Async starts whose shape is (operands, results, context...): all-reduce-start's is its result alone.
 COLLECTIVE_START_TUPLE = COLLECTIVE_START - {"all-reduce-start"}
 # Point-to-point transfers: a collective between devices, or a host transfer (`is_host_transfer`).
-SEND_RECV = frozenset({"send", "send-done", "recv", "recv-done"})
+# The -start-like halves carry the transfer (its bytes leave the device); the -done halves wait for it.
+SEND_RECV_START = frozenset({"send", "recv"})
+SEND_RECV = SEND_RECV_START | frozenset({"send-done", "recv-done"})
+# The instructions whose called computations can hold a collective: XLA's async wrapper, a TPU
+# collective fusion, and a call (`collectives.collective_instruction` looks inside all three).
+COLLECTIVE_WRAPPERS = frozenset({"async-start", "fusion", "call"})
+# The same less `call`, on purpose: an op row's ICI bytes count the collectives inside it
+# (`compile/report.py`), and a call's callee is an executed computation whose collectives are op
+# rows of their own; opening calls too would count them twice.
+COLLECTIVE_OP_WRAPPERS = COLLECTIVE_WRAPPERS - {"call"}
 
 
 def collective_kind(opcode: str) -> str | None:
@@ -54,6 +63,18 @@ ASYNC = frozenset({"async-start", "async-update", "async-done"})
 ASYNC_DONE = COLLECTIVE_DONE | COLLECTIVE_UPDATE | frozenset({
     "async-done", "async-update", "copy-done", "send-done", "recv-done",
 })
+
+# An asynchronous copy's two halves (a prefetch into VMEM, a buffer moved between memories).
+ASYNC_COPY = frozenset({"copy-start", "copy-done"})
+# Every copy, sync or either async half: its value is its operand's (a layout or memory-space change
+# is physical only), so a value's source is followed back through any of them.
+COPIES = frozenset({"copy"}) | ASYNC_COPY
+# The copies that move the bytes (a copy-done only waits for its start): their VMEM side never
+# touches HBM (`compile/report.py` counts only their HBM side).
+COPY_MOVES = frozenset({"copy", "copy-start"})
+# Async starts that can move a buffer between HBM and host memory (activation offload:
+# `compile/host_transfers.py`).
+HOST_TRANSFER_STARTS = frozenset({"dynamic-update-slice-start", "dynamic-slice-start", "copy-start"})
 
 # -- compute --------------------------------------------------------------------------------------
 
@@ -79,6 +100,9 @@ ELEMENTWISE = TRANSCENDENTAL | frozenset({
     "sign", "stochastic-convert", "subtract", "xor",
 })
 REDUCE = frozenset({"reduce", "reduce-window", "select-and-scatter", "sort", "reduce-precision"})
+# `dot` and `convolution` alone (not ragged-dot or scaled-dot): the two a matmul probe re-creates
+# from the step's optimized HLO with their attributes (`compile/matmul_probe.py`).
+DOT_CONVOLUTION = frozenset({"dot", "convolution"})
 
 # -- data movement, bookkeeping, control ----------------------------------------------------------
 
@@ -99,12 +123,29 @@ BOOKKEEPING = frozenset({
 IDS = frozenset({"partition-id", "replica-id"})
 # Views: the same tensor, the same elements, no read (followed through without a cost).
 VIEWS = frozenset({"bitcast", "opt-barrier", "domain"})
+# The same elements in the same row-major order (a bitcast too, where its layouts keep that order:
+# `evaluate.py` checks it).
+SAME_ELEMENTS = frozenset({"copy", "reshape"})
+# Instructions whose result is no new array of its own (views, tuples, literals, ids, the halves of
+# async pairs whose buffer is another's): `suggest/layout.py` looks for padding in the others.
+NO_NEW_BUFFER = frozenset({"bitcast", "get-tuple-element", "tuple", "constant", "copy-done", "copy-start",
+                           "async-done", "async-start", "after-all", "partition-id", "replica-id"})
 # Ops that move or re-type a value without computing on it: followed through when looking for the
 # op that produced a value (a softmax's exp behind a convert and a bitcast is still its exp).
 TRANSPARENT = frozenset({"bitcast", "copy", "reshape", "transpose", "convert", "copy-done", "copy-start",
                          "bitcast-convert", "opt-barrier"})
+# The subset of TRANSPARENT that keeps an integer's value, on purpose: `loops.py` follows a scalar
+# loop counter through them (bitcast-convert re-reads its bits as another type; copy-start returns a
+# tuple, not the value; a transpose or an opt-barrier does not carry a counter).
+INTEGER_TRANSPARENT = frozenset({"copy", "bitcast", "convert", "copy-done", "reshape"})
 
-CONTROL = frozenset({"while", "conditional", "call"}) | ASYNC
+# Control flow that runs its called computations in line (`parse.hlo_model.RUNS_CALLEES` is these and
+# async-start: parse/ may not import analyze/, so it spells its own).
+CONTROL_FLOW = frozenset({"while", "conditional", "call"})
+CONTROL = CONTROL_FLOW | ASYNC
+# Custom calls that reserve memory and move nothing: the TPU compiler's `AllocateBuffer` (an
+# uninitialized buffer a loop then fills in place; a v5e trace has no event for it).
+NO_WORK_CALLS = frozenset({"AllocateBuffer"})
 HOST = frozenset({"infeed", "outfeed"})
 
 

@@ -18,12 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpudiag.analyze.hlo.dataflow import Dataflow
-from tpudiag.analyze.hlo.vocabulary import MATMUL
+from tpudiag.analyze.hlo.vocabulary import MATMUL, NO_NEW_BUFFER
 from tpudiag.results.suggest import Finding
 from tpudiag.parse.hlo import HloModule
 
-_NO_BUFFER = frozenset({"bitcast", "get-tuple-element", "tuple", "constant", "copy-done", "copy-start",
-                        "async-done", "async-start", "after-all", "partition-id", "replica-id"})
 
 
 @dataclass(frozen=True)
@@ -65,7 +63,7 @@ def module_findings(module: HloModule, module_name: str, hbm_bytes_per_s: float,
     pads = []
     for comp_name in module.executed_computations:
         for instr in module.computations[comp_name].instructions:
-            if instr.opcode in _NO_BUFFER:
+            if instr.opcode in NO_NEW_BUFFER:
                 continue
             s = instr.parsed_shape
             if not s.is_array or not s.elements:
