@@ -29,7 +29,7 @@ def _rows() -> dict[tuple[str, str], dict]:
 @pytest.mark.parametrize("kernel", TRACED)
 def test_device_times_come_from_the_traces_module_spans(kernel):
     """Each variant's times are its module's spans in the chip's trace, one per timed call."""
-    from tpudiag.kernels.chip_bench import _module_runs
+    from tpudiag.capture.chip_bench import _module_runs
 
     rows = {v: r for (k, v), r in _rows().items() if k == kernel}
     assert rows
@@ -42,7 +42,7 @@ def test_device_times_come_from_the_traces_module_spans(kernel):
 
 
 def test_argument_sets_exceed_vmem_twice_within_the_budget():
-    from tpudiag.kernels.chip_bench import HBM_BUDGET, argument_sets
+    from tpudiag.capture.chip_bench import HBM_BUDGET, argument_sets
 
     vmem2 = 2 * 128 << 20
     assert argument_sets(12 << 20, vmem2) * (12 << 20) >= vmem2

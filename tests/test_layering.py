@@ -71,8 +71,10 @@ def _tpudiag_imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("path", sorted((PKG / "kernels").rglob("*.py")), ids=_rel)
 def test_kernels_build_kernels_and_drive_no_capture(path):
-    """kernels/ holds kernels, references and bench setups; compiling and benching them is api/."""
-    assert not {m for m in _tpudiag_imports(path) if m.startswith(("tpudiag.capture", "tpudiag.api"))}
+    """kernels/ holds kernels, references and bench setups, on jax alone: verifying them is parity/'s
+    (parity/kernel_cases.py), timing them on a chip capture/'s (capture/chip_bench.py)."""
+    allowed = ("tpudiag.kernels", "tpudiag.errors", "tpudiag.targets")
+    assert not {m for m in _tpudiag_imports(path) if not m.startswith(allowed)}
 
 
 @pytest.mark.parametrize("path", sorted((PKG / "parity").rglob("*.py")), ids=_rel)

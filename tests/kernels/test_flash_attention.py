@@ -16,7 +16,7 @@ import pytest
 import tpudiag
 from tpudiag.kernels import flash_attention as FA
 from tpudiag.kernels.flash_attention_bwd import tile_plan
-from tpudiag.kernels.verify import verify_spec
+from tpudiag.parity.kernel_cases import verify_spec
 
 
 def test_every_verify_case_passes():

@@ -12,7 +12,7 @@ import pytest
 import tpudiag
 from tpudiag.kernels import grouped_matmul as G
 from tpudiag.kernels import grouped_matmul_schedule as S
-from tpudiag.kernels.verify import verify_spec
+from tpudiag.parity.kernel_cases import verify_spec
 
 
 def test_every_verify_case_passes():

@@ -12,7 +12,7 @@ import pytest
 
 import tpudiag
 from tpudiag.kernels import int8_matmul as IM
-from tpudiag.kernels.verify import verify_spec
+from tpudiag.parity.kernel_cases import verify_spec
 
 
 def test_every_verify_case_passes():

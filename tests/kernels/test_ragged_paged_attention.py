@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tpudiag.kernels import ragged_paged_attention as R
-from tpudiag.kernels.verify import verify_spec
+from tpudiag.parity.kernel_cases import verify_spec
 
 SMALL = R.BlockSizes(q_block=16, q_sub=8, pages_per_block=2)
 

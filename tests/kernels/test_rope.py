@@ -14,7 +14,7 @@ import pytest
 
 import tpudiag
 from tpudiag.kernels import rope as RP
-from tpudiag.kernels.verify import verify_spec
+from tpudiag.parity.kernel_cases import verify_spec
 
 
 def test_every_verify_case_passes():

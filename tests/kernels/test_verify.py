@@ -15,7 +15,7 @@ from tpudiag.kernels import rmsnorm
 from tpudiag.kernels.spec import Tolerance
 from tpudiag.analyze.numerics import tolerance_check
 from tpudiag.results.kernels import VERIFY_SCHEMA
-from tpudiag.kernels.verify import verify_spec
+from tpudiag.parity.kernel_cases import verify_spec
 from tpudiag.report.kernels_render import render_junit
 
 FIRST = dataclasses.replace(rmsnorm.SPEC, cases=lambda: rmsnorm.SPEC.cases()[:1])

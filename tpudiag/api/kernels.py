@@ -66,7 +66,7 @@ def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path:
     attached TPU (refused in one line without one), False runs interpret mode on the CPU, None does
     the first where a TPU is attached."""
     from tpudiag.errors import InputError
-    from tpudiag.kernels.verify import attached_tpu, tpu_backend_error, verify_specs
+    from tpudiag.parity.kernel_cases import attached_tpu, tpu_backend_error, verify_specs
 
     if junit_path is not None:
         check_output_file(junit_path)  # before the cases run, not after

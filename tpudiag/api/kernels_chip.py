@@ -1,5 +1,5 @@
 """`tpudiag kernels bench` on a TPU: the on-chip timing, run in a worker process
-(kernels/chip_bench.py) before anything here loads libtpu, so that the worker holds the chip alone.
+(capture/chip_bench.py) before anything here loads libtpu, so that the worker holds the chip alone.
 
 A variant that faults the runtime ends the worker; it is a failed row carrying the worker's last
 words, and a new worker times the kernels after it. A worker is stopped when tpudiag is.
@@ -36,7 +36,7 @@ def _last_words(log: Path, since: int) -> str:
 
 def _run_worker(request: Path, results: Path, log: Path, kernels: list[str]) -> tuple[int, str]:
     """One bench worker over `kernels`; (exit code, its last words)."""
-    return run_chip_worker("tpudiag.kernels.chip_bench", request, results, log, 60 + PER_KERNEL_S * len(kernels))
+    return run_chip_worker("tpudiag.capture.chip_bench", request, results, log, 60 + PER_KERNEL_S * len(kernels))
 
 
 def run_chip_worker(module: str, request: Path, results: Path, log: Path, limit_s: float) -> tuple[int, str]:

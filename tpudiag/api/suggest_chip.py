@@ -1,6 +1,6 @@
 """`tpudiag suggest --measure`: each suggestion's bundled kernel and its plain-JAX twin timed on the
 attached TPU at the program's own matched shapes, by the chip worker of `kernels bench`
-(kernels/chip_bench.py: a process that holds the chip alone, device time from the profiler trace,
+(capture/chip_bench.py: a process that holds the chip alone, device time from the profiler trace,
 the fastest of N calls, argument sets rotated beyond VMEM).
 
 Runs before `suggest` lowers or compiles anything in this process (that loads libtpu), so that the
@@ -94,7 +94,7 @@ def _run(items: list[dict], target, calls: int, tmp: Path, progress) -> tuple[st
             progress(f"chip: timing {len(remaining)} kernel(s) and their XLA twins at the program's shapes "
                      f"({remaining[0]['kernel']} at {remaining[0]['description']} first)")
         seen = len(_read(results))
-        code, words = run_chip_worker("tpudiag.kernels.chip_bench", request, results, log,
+        code, words = run_chip_worker("tpudiag.capture.chip_bench", request, results, log,
                                       60 + PER_SUGGESTION_S * len(remaining))
         for row in _read(results)[seen:]:
             if "device" in row:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from tpudiag.errors import one_line
-from tpudiag.kernels.chip_bench import named
+from tpudiag.capture.chip_bench import named
 
 MIB = 1 << 20
 
@@ -297,7 +297,7 @@ def time_host(emit, mib: int = 256, calls: int = 5) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from tpudiag.kernels.chip_bench import EXIT_NO_TPU, start_worker
+    from tpudiag.capture.chip_bench import EXIT_NO_TPU, start_worker
 
     started = start_worker(argv)
     if started is None:

@@ -1,7 +1,7 @@
 """Concrete inputs for a kernel's bench setup, for timing it on a chip: random floats and valid
 integer metadata (page tables that name distinct pages, full lengths, the token split of a ragged
 batch, group sizes that sum to the rows, labels and positions in range) at the setup's
-`ShapeDtypeStruct`s. Read by kernels/chip_bench.py; the rules per kernel are the bench setups'
+`ShapeDtypeStruct`s. Read by capture/chip_bench.py; the rules per kernel are the bench setups'
 argument orders (each kernel module's `bench`)."""
 
 from __future__ import annotations

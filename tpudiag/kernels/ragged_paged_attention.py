@@ -60,7 +60,7 @@ class BlockSizes:
     piece holds (an item computes the pieces its rows fall in; q_block is a multiple of it);
     pages_per_block: pages a KV compute block covers, as in paged_attention."""
 
-    # On a v5e chip at the bench shape (device time, `.chip`-style sweep through kernels/chip_bench):
+    # On a v5e chip at the bench shape (device time, `.chip`-style sweep through capture/chip_bench):
     # q_sub 16 -> 32 and 4 -> 8 pages a block took 1,590 -> 1,381 us; q blocks of 32 or 64 were
     # slower (1,501 and 1,420 us), 16 pages a block run out of VMEM at page_size 128.
     q_block: int = 128

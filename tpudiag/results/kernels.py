@@ -50,7 +50,7 @@ def uncounted_variants(figures: dict[str, VariantFigures]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class ChipTime(Model):
-    """One variant timed on the chip (kernels/chip_bench.py): device time per call, from the trace."""
+    """One variant timed on the chip (capture/chip_bench.py): device time per call, from the trace."""
 
     variant: str
     status: str  # "ok" | "failed"

@@ -100,7 +100,7 @@ def kernel_row(name: str, shape: str, blocks: str | None, jax_name: str | None, 
 
 
 def chip_time(row: dict) -> ChipTime:
-    """A variant's row from kernels/chip_bench.py as the model."""
+    """A variant's row from capture/chip_bench.py as the model."""
     return ChipTime(row["variant"], "ok" if row.get("status") == "ok" else "failed", row.get("error"),
                     int(row.get("calls", 0)), row.get("buffers"), row.get("min_us"), row.get("median_us"),
                     row.get("wall_us"), row.get("first_call_s"))

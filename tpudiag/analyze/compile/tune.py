@@ -122,7 +122,7 @@ def verified_point(point: TunePoint, result) -> TunePoint:
 
 
 def with_chip_times(tune: KernelTune, device: str, rows: dict[int, dict]) -> KernelTune:
-    """`tune` with each point's on-chip time (kernels/chip_bench.py rows by point index), ranked by
+    """`tune` with each point's on-chip time (capture/chip_bench.py rows by point index), ranked by
     its fastest call; the chip's winner, and whether the static winner is the same point."""
     import dataclasses
 

@@ -1,5 +1,5 @@
 """Time bench variants on the attached TPU by device time: the worker `tpudiag kernels bench` starts
-on a machine with a TPU (`python -m tpudiag.kernels.chip_bench REQUEST.json RESULTS.jsonl`).
+on a machine with a TPU (`python -m tpudiag.capture.chip_bench REQUEST.json RESULTS.jsonl`).
 
 For each kernel of the request, each variant of its bench setup (ours, XLA's, JAX's own) is jitted
 under its own name, called once (the compile) and once per argument set (warm-up), then called

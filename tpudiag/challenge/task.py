@@ -1,0 +1,112 @@
+"""A challenge task: its directory (task.json, the reference file, the ground truth file) read into
+a `Task`, and the rubric every task is graded by. Reads task directories; runs nothing.
+
+task.json keys: name, title, function (the name a solution defines), statement, reference
+(`FILE.py:FUNC` in the directory), attribution, ground_truth (`FILE.py:FUNC`, optional), public (an
+input spec, as `tpudiag validate --inputs`), hidden (a list of specs, used only at grading), dtypes,
+forbidden (dotted names a solution may not import or use besides the reference file).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpudiag.errors import InputError
+
+TASKS_DIR = Path(__file__).parent / "tasks"
+
+# Every criterion, its points, and what it checks. Speed is not scored without a TPU: a CPU has no
+# figure of the TPU's time, and interpret mode's time says nothing about a kernel's.
+RUBRIC = (
+    ("correctness", 70, "the parity rule of `tpudiag validate` (float64 truth, the reference's own error as the "
+                        "yardstick) on fresh seeds, at the public and the hidden shapes, regimes normal, "
+                        "large_logits, tiny and zero_rows"),
+    ("determinism", 10, "two calls on the same input, each from a freshly loaded module, return the same bits"),
+    ("integrity", 20, "the source neither imports nor calls the reference nor reads files nor calls back to the "
+                      "host; no state kept between calls (A, B, A from one module); the output changes when the "
+                      "input does"),
+    ("speed", 0, "static: not timed without a TPU"),
+)
+# Regimes of the correctness check: large magnitudes, a scale that changes from row to row, rows of
+# zeros (an eps in the wrong place divides by zero there), and the baseline.
+REGIMES = ("normal", "large_logits", "tiny", "zero_rows")
+TIME_LIMIT_S = 600  # the solution's whole grading process; a hang past it fails the grade
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    title: str
+    function: str
+    statement: str
+    reference: str  # FILE.py:FUNC, relative to the directory
+    attribution: str
+    ground_truth: str | None
+    public: str
+    hidden: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    forbidden: tuple[str, ...]
+    directory: Path
+
+    @property
+    def reference_path(self) -> Path:
+        return self.directory / self.reference.partition(":")[0]
+
+    @property
+    def reference_function(self) -> str:
+        return self.reference.partition(":")[2]
+
+    def function_of(self, text: str) -> tuple[Path, str]:
+        """`FILE.py:FUNC` of this directory -> (its path, FUNC)."""
+        file, _, func = text.partition(":")
+        return self.directory / file, func
+
+
+def bundled_names() -> list[str]:
+    return sorted(p.parent.name for p in TASKS_DIR.glob("*/task.json"))
+
+
+def find_task(name_or_dir: str | Path, extra_dirs=()) -> Task:
+    """A bundled task by name, a task directory, or a task named NAME under one of `extra_dirs`;
+    else an InputError with the known names (one line, exit 2)."""
+    path = Path(name_or_dir)
+    if (path / "task.json").is_file():
+        return load_task(path)
+    for root in (TASKS_DIR, *map(Path, extra_dirs)):
+        if (root / str(name_or_dir) / "task.json").is_file():
+            return load_task(root / str(name_or_dir))
+    known = [t.name for t in list_tasks(extra_dirs)]
+    raise InputError(f"unknown task {str(name_or_dir)!r}; the tasks are {', '.join(known)}")
+
+
+def list_tasks(extra_dirs=()) -> list[Task]:
+    """The bundled tasks, then those under each of `extra_dirs` (a task directory or a folder of them)."""
+    out = [load_task(TASKS_DIR / n) for n in bundled_names()]
+    for d in map(Path, extra_dirs):
+        if (d / "task.json").is_file():
+            out.append(load_task(d))
+        else:
+            out += [load_task(p.parent) for p in sorted(d.glob("*/task.json"))]
+    return out
+
+
+def load_task(directory: Path) -> Task:
+    directory = Path(directory)
+    source = directory / "task.json"
+    try:
+        doc = json.loads(source.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{source}: not a task file ({e})") from None
+    missing = [k for k in ("name", "function", "statement", "reference", "public") if not doc.get(k)]
+    if missing:
+        raise InputError(f"{source}: missing {', '.join(missing)}")
+    task = Task(name=doc["name"], title=doc.get("title", doc["name"]), function=doc["function"],
+                statement=doc["statement"], reference=doc["reference"], attribution=doc.get("attribution", ""),
+                ground_truth=doc.get("ground_truth"), public=doc["public"], hidden=tuple(doc.get("hidden", ())),
+                dtypes=tuple(doc.get("dtypes", ())), forbidden=tuple(doc.get("forbidden", ())),
+                directory=directory.resolve())
+    if ":" not in task.reference or not task.reference_path.is_file():
+        raise InputError(f"{directory}: the reference {task.reference} is missing")
+    return task

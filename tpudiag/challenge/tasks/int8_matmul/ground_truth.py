@@ -1,0 +1,10 @@
+"""The int8_matmul task's ground truth: tpudiag's Pallas kernel (tpudiag.kernels.int8_matmul), in
+interpret mode off a TPU."""
+
+import jax
+
+from tpudiag.kernels.int8_matmul import int8_matmul as _kernel
+
+
+def int8_matmul(x, w, scales):
+    return _kernel(x, w, scales, interpret=jax.default_backend() != "tpu")
