@@ -5,7 +5,7 @@ once; nothing is compiled for the static profile, so a sweep of tens of points t
 
 A POINT is `field=v;field=v` (the kernel's default block sizes with those fields replaced), the
 index of one of its block candidates, or `xla` / `jax` (its bench's comparison variants). Each
-point is timed as `tpudiag kernels bench --on-chip` times a variant (kernels/chip_bench.py: device
+point is timed as `tpudiag kernels bench --on-chip` times a variant (capture/chip_bench.py: device
 time from the trace, 5 calls, argument sets rotated beyond twice VMEM) and written to OUT.jsonl as
 it finishes, with the point's block sizes. `tpudiag kernels tune --on-chip` is the product's sweep;
 this script is for many kernels in one short device session.
@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    from tpudiag.kernels.chip_bench import time_functions
+    from tpudiag.capture.chip_bench import time_functions
     from tpudiag.kernels.registry import get_spec
     from tpudiag.targets import resolve_target
 

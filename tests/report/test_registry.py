@@ -36,6 +36,7 @@ EXPECTED = {
     "tpudiag.plan": ("terminal", "md", "json"),
     "tpudiag.targets": ("terminal", "json"),
     "tpudiag.calibration": ("terminal", "md", "json"),
+    "tpudiag.challenge": ("terminal", "md", "json"),
 }
 
 

@@ -13,6 +13,7 @@ which keeps state fails integrity alone, not every criterion at once.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import inspect
 import itertools
@@ -104,8 +105,9 @@ def correctness(task, solution: Path, seed: int) -> dict:
     def candidate(*args, **kwargs):  # a fresh module per call: state is integrity's business, not this one's
         return load_fresh(solution, task.function)(*args, **kwargs)
 
-    candidate.__signature__ = inspect.signature(load_fresh(solution, task.function))
-    cand = side(candidate, "candidate")
+    probe = side(load_fresh(solution, task.function), "candidate")  # its kind: JAX, or NumPy, or PyTorch
+    candidate.__signature__ = inspect.signature(probe.fn)
+    cand = dataclasses.replace(side(candidate, "candidate"), kind=probe.kind, label=f"{solution.name}:{task.function}")
     failures, shapes = [], []
     for where, spec in [("public", task.public)] + [("hidden", h) for h in task.hidden]:
         specs = inp.parse_spec(spec)

@@ -14,7 +14,7 @@ import sys
 
 import click
 
-from tpudiag.cli import calibrate, kernels, read, run, suggest, validate  # noqa: F401  (register the commands)
+from tpudiag.cli import calibrate, challenge, kernels, read, run, suggest, validate  # noqa: F401  (register the commands)
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed, ProgramFailed, Terminated, TpudiagError
 

@@ -1,0 +1,77 @@
+"""`tpudiag challenge list|show|grade|new`: kernel-port tasks graded for correctness, determinism and
+integrity (tpudiag/challenge/). Options in, one challenge call, a renderer out; a grade short of
+full marks is `GateFailed` (exit 1). docs/challenges.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tpudiag.cli.common import emit, output_format, output_options
+from tpudiag.cli.group import cli
+from tpudiag.errors import GateFailed
+
+_TASKS_OPTION = click.option("--tasks", "task_dirs", multiple=True, type=click.Path(path_type=Path, file_okay=False),
+                             help="Also a task directory (or a folder of them) besides the bundled tasks.")
+
+
+@cli.group()
+def challenge():
+    """Kernel-port tasks: a statement, a reference, public and hidden shapes, and a grader."""
+
+
+@challenge.command("list")
+@_TASKS_OPTION
+def list_(task_dirs):
+    """The tasks, one line each."""
+    from tpudiag.challenge.task import list_tasks
+    from tpudiag.report.challenge_render import list_lines
+
+    click.echo("\n".join(list_lines(list_tasks(task_dirs))))
+
+
+@challenge.command()
+@_TASKS_OPTION
+@click.argument("name")
+def show(task_dirs, name):
+    """NAME's statement, reference (with attribution), public shapes, dtypes and rubric."""
+    from tpudiag.challenge.task import RUBRIC, find_task
+    from tpudiag.report.challenge_render import show_lines
+
+    click.echo("\n".join(show_lines(find_task(name, task_dirs), RUBRIC)))
+
+
+@challenge.command()
+@_TASKS_OPTION
+@click.option("--seed", type=int, default=None, help="Seed of the inputs (default: a fresh one, printed).")
+@click.option("--time-limit", "time_limit_s", type=click.FloatRange(1, None), default=None,
+              help="Seconds the solution's grading may take (default 600); past it the grade fails.")
+@output_options("tpudiag.challenge/1")
+@click.argument("name")
+@click.argument("solution", type=click.Path(path_type=Path, dir_okay=False))
+def grade(task_dirs, seed, time_limit_s, as_json, as_md, no_color, width, name, solution):
+    """Grade SOLUTION.py on task NAME (a bundled name or a task directory). Exit 1 short of full marks."""
+    from tpudiag.challenge.grade import grade as run_grade
+    from tpudiag.challenge.task import TIME_LIMIT_S, find_task
+
+    task = find_task(name, task_dirs)
+    result = run_grade(task, solution, seed=seed, time_limit_s=time_limit_s or TIME_LIMIT_S)
+    emit(result, output_format(as_json, as_md), no_color=no_color, width=width)
+    if not result.ok:
+        why = result.error or f"failed: {', '.join(result.failed)}"
+        raise GateFailed(f"challenge {task.name}: {result.score} of {result.max_score} points ({why})")
+
+
+@challenge.command()
+@click.option("--reference", required=True, metavar="FILE.py:FUNC", help="The reference function.")
+@click.option("--shapes", required=True, metavar="SPEC", help='The public inputs, e.g. "x=f32[8,512] w=f32[512]".')
+@click.option("--hidden", multiple=True, metavar="SPEC", help="Hidden inputs, used only at grading (repeatable).")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+def new(reference, shapes, hidden, directory):
+    """Scaffold a task directory DIRECTORY from a reference function and its input shapes."""
+    from tpudiag.challenge.scaffold import scaffold
+
+    out = scaffold(directory, reference, shapes, hidden=hidden)
+    click.echo(f"wrote {out}/task.json, reference.py, solution.py (grade: tpudiag challenge grade {out} "
+               f"{out}/solution.py)")
