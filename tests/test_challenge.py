@@ -28,8 +28,17 @@ def run_main(args, capsys):
     return e.value.code, out, err
 
 
-@pytest.mark.parametrize("name", ["int8_matmul", "rmsnorm_residual", "rope"])
-def test_each_ground_truth_scores_full_marks(name):
+# The first three run on both jax legs; the others alternate between them (a grade takes 5-24 s on a
+# 2-core runner), so each leg grades six and every task is graded once in CI.
+GROUND_TRUTHS = {"int8_matmul": None, "rmsnorm_residual": None, "rope": None, "sampling": "oldest_leg",
+                 "cross_entropy": "newest_leg", "flash_attention": "oldest_leg", "int4_matmul": "newest_leg",
+                 "fp8_matmul": "oldest_leg", "grouped_matmul": "newest_leg"}
+
+
+@pytest.mark.parametrize("name", sorted(GROUND_TRUTHS))
+def test_each_ground_truth_scores_full_marks(name, request):
+    if GROUND_TRUTHS[name]:
+        request.getfixturevalue(GROUND_TRUTHS[name])
     task = find_task(name)
     result = grade(task, task.function_of(task.ground_truth)[0])
     assert result.error is None
@@ -87,7 +96,7 @@ def test_a_hanging_solution_fails_on_the_time_limit():
 def test_list_show_and_unknown_names(capsys):
     rc, out, _ = run_main(["challenge", "list"], capsys)
     assert rc == 0 and [line.split()[0] for line in out.splitlines()] == bundled_names()
-    assert len(bundled_names()) >= 3
+    assert len(bundled_names()) >= 9
     rc, out, _ = run_main(["challenge", "show", "rope"], capsys)
     assert rc == 0 and "attribution:" in out and "q=f32[2,32,4,128]" in out and "correctness   70 points" in out
     assert "[1,37,3,96]" not in out  # hidden shapes stay hidden

@@ -31,7 +31,7 @@ def _worker(tmp_path, argv, func="step", calls=3):
     return proc, json.loads(out.read_text())
 
 
-def test_a_real_step_runs_and_is_timed_call_by_call(tmp_path):
+def test_a_real_step_runs_and_is_timed_call_by_call(tmp_path, oldest_leg):
     proc, doc = _worker(tmp_path, TINY)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(doc["step_s"]) == 3 and all(t > 0 for t in doc["step_s"])

@@ -68,7 +68,7 @@ def test_the_worker_request_has_the_matched_shapes(sampler):
         assert built.xla is not None and f"k={r.shapes['top_k']}" in built.description
 
 
-def test_a_training_steps_attention_is_timed_forward_and_backward():
+def test_a_training_steps_attention_is_timed_forward_and_backward(newest_leg):
     """The scanned layers' attention (B*H 64, S 2048, D 64, its gradient among the ops): the kernel
     and its XLA twin both forward and backward, at those shapes."""
     from tpudiag.api.suggest import suggest_run

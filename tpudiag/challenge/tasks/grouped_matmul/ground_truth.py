@@ -1,0 +1,14 @@
+"""The grouped_matmul task's ground truth: tpudiag's Pallas kernel (tpudiag.kernels.grouped_matmul),
+in interpret mode off a TPU, with 64-row tiles, 32-row compute slices and 128 x 128 K/N blocks so
+that a few hundred rows make several tiles and tiles span group boundaries."""
+
+import jax
+
+from tpudiag.kernels.grouped_matmul import BlockSizes
+from tpudiag.kernels.grouped_matmul import grouped_matmul as _kernel
+
+_BLOCKS = BlockSizes(block_m=64, block_k=128, block_n=128, compute_m=32)
+
+
+def grouped_matmul(lhs, rhs, group_sizes):
+    return _kernel(lhs, rhs, group_sizes, block_sizes=_BLOCKS, interpret=jax.default_backend() != "tpu")
