@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from tpudiag.challenge.integrity import check_source
-from tpudiag.challenge.result import SCHEMA, ChallengeResult, Criterion
+from tpudiag.results.challenge import SCHEMA, ChallengeResult, Criterion
 from tpudiag.challenge.task import RUBRIC, TIME_LIMIT_S, Task
 from tpudiag.errors import InputError
 
