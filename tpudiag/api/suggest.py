@@ -77,7 +77,8 @@ def suggest_run(run, target_text: str | None = None, *, static_profile: bool = T
     bounds = {i: roofline_bound(c, target.chip) for i, c in enumerate(cands)}
     worth = [i for i, c in enumerate(cands) if include_all or c.share >= DEFAULT_SUGGEST_CONFIG.min_share]
     timed = _on_chip(cands, worth, target, chip)  # first: the chip worker must hold the TPU alone
-    prices = _price(cands, worth, target, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress)
+    prices = _price(cands, worth, target, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress,
+                    calibration=calibration)
     findings = findings_for(report, modules, cands, target.chip.hbm_bytes_per_s)
     measured, notes, per_step = None, [], None
     if profiled:
@@ -163,7 +164,8 @@ def _suggest_measured(handle, prof, target_text, *, static_profile, jobs, limits
     bounds = {i: roofline_bound(c, target.chip) for i, c in enumerate(cands)}
     worth = [i for i, c in enumerate(cands) if include_all or c.share >= DEFAULT_SUGGEST_CONFIG.min_share]
     timed = _on_chip(cands, worth, target, chip_opts or {})  # first: the chip worker must hold the TPU alone
-    prices = _price(cands, worth, target, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress)
+    prices = _price(cands, worth, target, static_profile=static_profile, jobs=jobs, limits=limits, progress=progress,
+                    calibration=calibration)
     findings = findings_for(report, modules, cands, target.chip.hbm_bytes_per_s)
     measured = {}
     for o in prof.ops:
@@ -227,9 +229,13 @@ def _executions_per_step(section) -> dict | None:
             if m.executions_per_step is not None and names.count(m.name) == 1}
 
 
-def _price(cands, indices, target, *, static_profile, jobs, limits, progress) -> dict:
-    """{candidate index: Price}: each distinct kernel setup lowered and compiled once."""
+def _price(cands, indices, target, *, static_profile, jobs, limits, progress, calibration: bool = True) -> dict:
+    """{candidate index: Price}: each distinct kernel setup lowered and compiled once; with
+    `calibration`, kernel ops priced from floors move to the share of the peak they reached on the chip
+    (the calibration tpudiag ships for the target's chip, where it ships one)."""
+    from tpudiag.analyze.compile.calibrated import flash_kernel_delta
     from tpudiag.analyze.compile.kernel_bench import op_floor_cycles
+    from tpudiag.api.calibrate import shipped
     from tpudiag.analyze.suggest.build import Price
     from tpudiag.api.pipeline import compile_inputs
     from tpudiag.capture.lower import lower_for_tpu
@@ -253,6 +259,7 @@ def _price(cands, indices, target, *, static_profile, jobs, limits, progress) ->
         setups[key] = s
     if not setups:
         return prices
+    cal = shipped(target.chip.name) if calibration else None
     with tempfile.TemporaryDirectory(prefix="tpudiag-suggest-") as tmp:
         inputs, failed = [], {}
         for n, (key, s) in enumerate(setups.items()):
@@ -281,8 +288,13 @@ def _price(cands, indices, target, *, static_profile, jobs, limits, progress) ->
                                   snippet=s.snippet, description=s.description)
             else:
                 floor = sum(op_floor_cycles(op, rep.target) for op in m.ops) / rep.target.clock_hz
-                prices[i] = Price(s.kernel, m.totals.estimated_s, static_ok=m.static_profile == "ok",
-                                  snippet=s.snippet, description=s.description, floor_s=floor or None)
+                shapes = cands[i].match.shapes
+                added, note = (flash_kernel_delta(m.ops, cal, target.chip, getattr(shapes, "head_dim", 0) or 128,
+                                                  getattr(shapes, "q_len", 0) or 2048)
+                               if cal is not None else (0.0, None))
+                prices[i] = Price(s.kernel, m.totals.estimated_s + added, static_ok=m.static_profile == "ok",
+                                  snippet=s.snippet, description=s.description, floor_s=floor or None,
+                                  calibrated=note)
     return prices
 
 

@@ -28,6 +28,7 @@ from tpudiag.kernels.flash_attention_bwd import (
     LANES, MASK_VALUE, NN, NT, compiler_params, dispatch_tile, flash_attention_bwd, last_kv_block, lanes,
     pair_count, visible)
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
+LOG2E = math.log2(math.e)
 from tpudiag.kernels.tiling import block_bytes, mxu_precision, precise_log, round_up
 
 
@@ -139,7 +140,7 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
                 k, v = k_ref[sub.c0:sub.c0 + sub.nc, :], v_ref[sub.c0:sub.c0 + sub.nc, :]
                 # bf16 x bf16 -> f32 on the MXU; scale in f32 (scaling bf16 q would round it by 2^-9).
                 s = lax.dot_general(q, k, NT, precision=mxu_precision(q, k),
-                                    preferred_element_type=jnp.float32) * sm_scale  # [nr, nc]
+                                    preferred_element_type=jnp.float32) * (sm_scale * LOG2E)  # [nr, nc]
                 if sub.masked:  # -inf, not a finite stand-in: exp gives exact zeros and l, acc stay 0
                     q_pos = q_start + chunk.r0 + lax.broadcasted_iota(jnp.int32, s.shape, 0)
                     k_pos = k_start + sub.c0 + lax.broadcasted_iota(jnp.int32, s.shape, 1)
@@ -148,7 +149,7 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
                 m_cur = jnp.max(s, axis=1, keepdims=True)
                 m_next = jnp.maximum(m_cur, MASK_VALUE) if m is None else jnp.maximum(m, m_cur)
                 m_next = jnp.broadcast_to(m_next, (chunk.nr, LANES))
-                p = jnp.exp(s - lanes(m_next, sub.nc))  # f32 exp on the EUP
+                p = jnp.exp2(s - lanes(m_next, sub.nc))  # f32 on the EUP; s is in base-2 units
                 # p in the input dtype for the MXU (bf16 at full rate); the sum over keys stays f32.
                 pv = lax.dot_general(p.astype(v.dtype), v, NN, precision=mxu_precision(v),
                                      preferred_element_type=jnp.float32)
@@ -156,7 +157,7 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
                 if m is None:
                     l, acc = jnp.broadcast_to(row_sum, (chunk.nr, LANES)), pv
                 else:
-                    alpha = jnp.exp(m - m_next)
+                    alpha = jnp.exp2(m - m_next)
                     l = alpha * l + row_sum
                     acc = acc * lanes(alpha, acc.shape[1]) + pv
                 m = m_next
@@ -179,7 +180,7 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
             return
         # +inf log-sum-exp on empty rows: the backward's exp(s - lse) is then exactly 0 there. One
         # XLU transpose per query block stores it lane-dense [1, bq] for the backward.
-        lse = jnp.where(l == 0.0, jnp.inf, m_ref[...] + precise_log(l_safe))
+        lse = jnp.where(l == 0.0, jnp.inf, m_ref[...] / LOG2E + precise_log(l_safe))
         lse_ref[...] = lse.T[:1, :]
 
 

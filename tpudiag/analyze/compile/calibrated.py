@@ -142,3 +142,46 @@ def _note(rule: str, rows: list, cal) -> str:
     shown = ", ".join(f"{name} {s * 1e3:+.3g} ms" for name, s in top)
     return (f"calibration ({cal.chip}, measured {cal.date}): {len(rows)} {_RULES[rule]}, {added * 1e3:+.4g} ms per step"
             f" (most: {shown})")
+
+
+def flash_kernel_delta(ops, calibration, chip, head_dim: int, seq: int) -> tuple[float, str | None]:
+    """(seconds to add to a compiled module of the bundled flash attention's estimate, a note) where
+    its kernel ops were priced from roofline floors: each at the share of the bf16 peak it reached on
+    the chip at the nearest measured head dim and sequence (the rule `calibrate_ops` applies to an
+    estimate's ops). Ops the static profile timed keep their cycles."""
+    added, shares = 0.0, []
+    names = _flash_names(ops, calibration)
+    for o in ops:
+        kernel = names.get(o.name)
+        timed = o.cycles_source in ("static_profile", "matmul_probe", "kernel_probe") and o.estimated_cycles
+        if kernel is None or timed or o.flops <= 0:
+            continue
+        share = calibration.kernel_share(kernel, head_dim, seq, chip.peak_bf16_flops_per_s)
+        if share is None:
+            continue
+        s = max(o.flops / (chip.peak_bf16_flops_per_s * share[0]), o.estimated_s)
+        added += (s - o.estimated_s) * o.runs
+        shares.append(f"{kernel} {share[0]:.0%}")
+    if not shares:
+        return 0.0, None
+    return added, (f"its kernel ops at the share of the bf16 peak they reached on a {calibration.chip} "
+                   f"({', '.join(shares)}; head dim {head_dim}, sequence {seq})")
+
+
+def _flash_names(ops, calibration) -> dict[str, str]:
+    """{op name: flash kernel} of a module compiled from the flash attention alone. A module lowered
+    without debug information names its custom calls `name.N`: there the kernels are told apart by
+    their FLOPs, whose order (forward < dQ < dK/dV: 4, 6 and 8 FLOPs per pair and head dim) the
+    calibration's own cost estimates give."""
+    named = {o.name: k for o in ops if (k := _kernel_of(o)) is not None}
+    if named:
+        return named
+    calls = sorted((o for o in ops if o.opcode == "custom-call" and o.flops > 0), key=lambda o: o.flops)
+    costs = next((m.work.get("cost_flops") for m in calibration.measurements
+                  if m.group == "kernel" and m.work.get("cost_flops")), None) or {}
+    order = sorted((k for k in costs if k in FLASH_KERNELS), key=lambda k: costs[k])
+    if len(calls) == 1:
+        return {calls[0].name: "flash_attention_fwd"}
+    if order and len(calls) == len(order):
+        return {o.name: k for o, k in zip(calls, order)}
+    return {}

@@ -66,10 +66,28 @@ class Candidate:
 def _instances(module, pms) -> tuple:
     """The shapes of each instance among matches merged at one source line: two layers, or RoPE's q
     and k, are two instances (the kernel runs twice); a gradient matched apart from its forward
-    reads the same data (its detector names it: `PatternMatch.instance`) and is the same instance."""
+    reads the same data (its detector names it: `PatternMatch.instance`) and is the same instance.
+    A gradient in another loop than its forward (a scan over layers: the backward loop recomputes
+    the forward's scores from its own copies of q and k) reads other instructions; it is the
+    gradient of a forward instance of its shapes where there is one, since the kernel is priced
+    forward and backward together."""
     seen: dict = {}
+    gradients = []
     for pm in pms:
-        seen.setdefault(pm.instance or pm.anchors[0], pm.shapes)
+        if any(is_gradient(module.instruction(o)) for o in pm.ops):
+            gradients.append(pm)
+        else:
+            seen.setdefault(pm.instance or pm.anchors[0], pm.shapes)
+    forward_shapes, folded = list(seen.values()), set()
+    for pm in gradients:
+        key = pm.instance or pm.anchors[0]
+        if key in seen or key in folded:
+            continue
+        if pm.shapes in forward_shapes:
+            forward_shapes.remove(pm.shapes)  # this forward instance's gradient
+            folded.add(key)
+            continue
+        seen[key] = pm.shapes
     return tuple(seen.values())
 
 
@@ -161,6 +179,7 @@ class Price:
     snippet: str | None = None
     description: str | None = None
     floor_s: float | None = None  # the compiled kernel's roofline floor at these shapes (one run, one instance)
+    calibrated: str | None = None  # how the chip's calibration moved kernel_s, where it did
 
 
 def _confidence(c: Candidate, p: Price, basis: str, fig=None, xla_basis: str = "static") -> tuple[str, str]:
@@ -180,6 +199,8 @@ def _confidence(c: Candidate, p: Price, basis: str, fig=None, xla_basis: str = "
                                    "roofline floors (the module's static profile did not run)")
     if basis == "compiled":
         kern = "static cycles" if p.static_ok else "roofline floors (its static profile did not run)"
+        if p.calibrated:
+            kern += "; " + p.calibrated
         level = "high" if (c.static_ok or c.measured) and p.static_ok else "medium"
         why = f"{xla}; the kernel, compiled at these shapes for the same target, from {kern}"
     elif basis == "roofline_bound":
