@@ -172,3 +172,55 @@ def _only_on_leg(newest: bool, why: str) -> None:
     major, minor = (int(x) for x in md.version("jax").split(".")[:2])
     if ((major, minor) >= (0, 11)) != newest and not os.environ.get("TPUDIAG_ALL_LEGS"):
         pytest.skip(f"{why}; TPUDIAG_ALL_LEGS=1 runs it")
+
+
+# CI runs the suite twice side by side on 2 cores, once per end of the jax range. The slowest tests
+# (tests/legs.txt: seconds and test id, measured on one leg by `.ci/split_legs.py`) run on one leg
+# each, the slowest first on whichever leg has less so far, so each leg takes about half their time.
+# A test not listed runs on both, and so does one already bound to a leg (the `oldest_leg` /
+# `newest_leg` fixtures, a `skipif`, or a jax-version check in its body), which splitting could
+# otherwise skip on both. TPUDIAG_ALL_LEGS=1 runs every test on either leg.
+LEGS_FILE = Path(__file__).resolve().parent / "legs.txt"
+_LEG_CHECKS = ("oldest_leg", "newest_leg", "getfixturevalue", 'version("jax")', "jax.__version__", "_only_on_leg")
+
+
+def _recorded_seconds() -> dict[str, float]:
+    if not LEGS_FILE.is_file():
+        return {}
+    out = {}
+    for line in LEGS_FILE.read_text().splitlines():
+        seconds, _, nodeid = line.partition(" ")
+        if nodeid and not line.startswith("#"):
+            out[nodeid] = float(seconds)
+    return out
+
+
+def _bound_to_a_leg(item) -> bool:
+    import inspect
+
+    if {"oldest_leg", "newest_leg"} & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("skipif"):
+        return True
+    try:
+        source = inspect.getsource(item.function)
+    except (AttributeError, OSError, TypeError):
+        return True
+    return any(check in source for check in _LEG_CHECKS)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("TPUDIAG_ALL_LEGS"):
+        return
+    import importlib.metadata as md
+
+    on_newest = _series(md.version("jax")) >= (0, 11)
+    seconds = _recorded_seconds()
+    split = sorted((it for it in items if it.nodeid in seconds and not _bound_to_a_leg(it)),
+                   key=lambda it: (-seconds[it.nodeid], it.nodeid))
+    load = [0.0, 0.0]  # oldest, newest
+    for item in split:
+        newest = load[1] < load[0]
+        load[newest] += seconds[item.nodeid]
+        if newest != on_newest:
+            other = "newest (jax >= 0.11)" if newest else "oldest (jax 0.10)"
+            item.add_marker(pytest.mark.skip(reason=f"runs on CI's {other} leg only, to halve CI's time "
+                                                    "(tests/legs.txt); TPUDIAG_ALL_LEGS=1 runs it"))
