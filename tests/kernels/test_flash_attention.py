@@ -24,7 +24,8 @@ def test_every_verify_case_passes():
     assert res.ok, res.summary()
     assert {c.dtype for c in res.cases} == {"float32", "bfloat16"}
     grads = [c for c in res.cases if any(k.what.startswith("grad[2]") for k in c.checks)]
-    assert len(grads) == 3  # q, k and v gradients in three of the five cases
+    assert len(grads) == 4  # q, k and v gradients in four of the seven cases (one with a sliding window)
+    assert any("sliding window" in c.label for c in grads)
 
 
 def _naive(q, k, v, lengths, causal, scale):
@@ -120,6 +121,28 @@ def _z(*shape, dtype=jnp.float32):
 def test_shape_errors_are_value_errors_before_tracing(q, k, v, lens, match):
     with pytest.raises(ValueError, match=match):
         FA.flash_attention(q, k, v, lens, interpret=True)
+
+
+@pytest.mark.parametrize("kw", [dict(causal=False, window=64), dict(causal=True, window=0), dict(causal=True, window=2.5)])
+def test_a_window_is_a_positive_int_on_causal_attention(kw):
+    with pytest.raises(ValueError, match="window must be a positive int with causal=True"):
+        FA.flash_attention(_z(1, 2, 128, 64), _z(1, 2, 128, 64), _z(1, 2, 128, 64), interpret=True, **kw)
+
+
+def test_the_reference_window_matches_a_naive_float64_loop():
+    """Query i sees keys i - window < j <= i: the naive loop with the band cut out by hand."""
+    rng = np.random.default_rng(3)
+    q, k, v = rng.normal(size=(1, 2, 9, 8)), rng.normal(size=(1, 1, 9, 8)), rng.normal(size=(1, 1, 9, 8))
+    want = np.zeros_like(q)
+    for hi in range(2):
+        for i in range(9):
+            keys = np.arange(max(0, i - 2), i + 1)  # window 3
+            s = q[0, hi, i] @ k[0, 0, keys].T * 0.3
+            p = np.exp(s - s.max())
+            want[0, hi, i] = (p / p.sum()) @ v[0, 0, keys]
+    with jax.enable_x64():
+        got = FA.reference(*(jnp.asarray(x) for x in (q, k, v)), causal=True, sm_scale=0.3, window=3)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
 
 
 def test_aot_compile_for_v5e_lowers_forward_and_backward_through_mosaic(tmp_path):

@@ -60,24 +60,26 @@ def _flash_attention(shapes, notes) -> AtShapes | str:
     if d % 64 or sq % 128:
         return f"flash_attention needs head_dim a multiple of 64 and a sequence a multiple of 128 (D{d} S{sq})"
     mask = getattr(shapes, "mask", "none")
-    if mask not in ("none", "causal") or mask == "causal" and shapes.mask_offset:
-        return (f"flash_attention masks causally (query i sees keys j <= i) or not at all; this attention's mask is "
-                f"{_MASK_WORDS.get(mask, mask)}, which the kernel would drop or change")
+    if mask not in ("none", "causal", "window") or mask in ("causal", "window") and shapes.mask_offset:
+        return (f"flash_attention masks causally (query i sees keys j <= i), within a sliding window, or not at all; "
+                f"this attention's mask is {_MASK_WORDS.get(mask, mask)}, which the kernel would drop or change")
     dt = "bf16"  # the kernel reads bf16 Q, K, V with an f32 softmax
     q = jax.ShapeDtypeStruct((1, bh, sq, d), _jnp(dt))
-    causal = mask == "causal"
+    causal = mask in ("causal", "window")
+    window = shapes.mask_window if mask == "window" else None
 
     def fn(q, k, v):
-        return flash_attention(q, k, v, causal=causal)
+        return flash_attention(q, k, v, causal=causal, window=window)
 
+    args = f"causal={causal}" + (f", window={window}" if window else "")
     snippet = ("from tpudiag.kernels.flash_attention import flash_attention\n"
                f"# q [B, H, {sq}, {d}] bf16; k, v [B, KVH, {sk}, {d}] bf16 (KVH divides H); here B*H = {bh}\n"
-               f"out = flash_attention(q, k, v, causal={causal})  # -> [B, H, {sq}, {d}]")
+               f"out = flash_attention(q, k, v, {args})  # -> [B, H, {sq}, {d}]")
     def xla(q, k, v):
-        return xla_attention(q, k, v, causal=causal)
+        return xla_attention(q, k, v, causal=causal, window=window)
 
-    return AtShapes("flash_attention", (q, q, q), fn, snippet, f"B1 H{bh} S{sq} D{d} bf16{' causal' if causal else ''}",
-                    xla=xla)
+    shown = (" causal" if causal else "") + (f" window {window}" if window else "")
+    return AtShapes("flash_attention", (q, q, q), fn, snippet, f"B1 H{bh} S{sq} D{d} bf16{shown}", xla=xla)
 
 
 def _paged_attention(shapes, notes) -> AtShapes | str:

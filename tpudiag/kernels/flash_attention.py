@@ -111,7 +111,7 @@ def check_shapes(q, k, v, kv_lengths=None) -> None:
 
 
 def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, dyn_len, skv, block_q, block_k,
-                num_q, num_k, compute_q, compute_k, save_lse):
+                num_q, num_k, compute_q, compute_k, save_lse, window=0):
     """One query block of one head against one key block; the grid's last axis walks key blocks.
 
     m (running max) and l (running sum) are kept lane-broadcast [block_q, 128] so that rescaling
@@ -120,7 +120,7 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
     b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     length = lens_ref[b] if dyn_len else skv
     q_start, k_start = i * block_q, j * block_k
-    may_cut = dyn_len or skv != num_k * block_k
+    may_cut = dyn_len or skv != num_k * block_k or bool(window)
 
     if may_cut:  # a row's first visible key may come late: start from neutral statistics
         @pl.when(j == 0)
@@ -144,7 +144,7 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
                 if sub.masked:  # -inf, not a finite stand-in: exp gives exact zeros and l, acc stay 0
                     q_pos = q_start + chunk.r0 + lax.broadcasted_iota(jnp.int32, s.shape, 0)
                     k_pos = k_start + sub.c0 + lax.broadcasted_iota(jnp.int32, s.shape, 1)
-                    s = jnp.where(visible(q_pos, k_pos, length, causal), s, -jnp.inf)
+                    s = jnp.where(visible(q_pos, k_pos, length, causal, window), s, -jnp.inf)
                 # The running max is floored at the finite MASK_VALUE, so s - m is never -inf - -inf.
                 m_cur = jnp.max(s, axis=1, keepdims=True)
                 m_next = jnp.maximum(m_cur, MASK_VALUE) if m is None else jnp.maximum(m, m_cur)
@@ -165,7 +165,7 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
 
     dispatch_tile(run, q_start=q_start, k_start=k_start, length=length, block_q=block_q, block_k=block_k,
                   num_q=num_q, num_k=num_k, compute_q=compute_q, compute_k=compute_k, causal=causal,
-                  may_cut=may_cut, key_block=None if may_cut else j)
+                  may_cut=may_cut, key_block=None if may_cut else j, window=window)
 
     @pl.when(j == num_k - 1)
     def _finish():
@@ -185,7 +185,7 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
 
 
 def _forward(q, k, v, lens, *, sm_scale, causal, dyn_len, skv, block_q, block_k, compute_q, compute_k, interpret,
-             save_lse):
+             save_lse, window=0):
     """Padded inputs -> (o [B, H, Sq, D], lse [B, H, 1, Sq] f32 or None); keys at or past `skv` are padding."""
     bsz, heads, sq, d = q.shape
     kv_heads, skv_pad = k.shape[1], k.shape[2]
@@ -200,7 +200,7 @@ def _forward(q, k, v, lens, *, sm_scale, causal, dyn_len, skv, block_q, block_k,
     q_spec = pl.BlockSpec((None, None, block_q, d), lambda b, h, i, j, lens_ref: (b, h, i, 0))
     kv_spec = pl.BlockSpec((None, None, block_k, d), kv_map)
     lse_spec = pl.BlockSpec((None, None, 1, block_q), lambda b, h, i, j, lens_ref: (b, h, 0, i))
-    pairs = pair_count(sq, skv, causal) * bsz * heads
+    pairs = pair_count(sq, skv, causal, window) * bsz * heads
     # Minimum HBM traffic: q, k, v read once, o (and lse) written once.
     nbytes = 2 * q.size * q.dtype.itemsize + 2 * k.size * k.dtype.itemsize + save_lse * bsz * heads * sq * 4
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
@@ -210,7 +210,7 @@ def _forward(q, k, v, lens, *, sm_scale, causal, dyn_len, skv, block_q, block_k,
         functools.partial(_fwd_kernel, sm_scale=sm_scale, causal=causal, dyn_len=dyn_len, skv=skv,
                           block_q=block_q, block_k=block_k, num_q=nq, num_k=nk,
                           compute_q=math.gcd(compute_q, block_q), compute_k=math.gcd(compute_k, block_k),
-                          save_lse=save_lse),
+                          save_lse=save_lse, window=window),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1, grid=(bsz, heads, nq, nk),
             in_specs=[q_spec, kv_spec, kv_spec],
@@ -259,25 +259,29 @@ class _Config:
     skv: int  # true key length; keys past it (block padding) are masked
     blocks: tuple  # BlockSizes.resolved()
     interpret: bool
+    window: int = 0  # sliding window (causal): query i sees keys i - window < j <= i; 0 = none
 
     def fwd(self) -> dict:
         bq, bk, cq, ck = self.blocks[0]
         return dict(sm_scale=self.sm_scale, causal=self.causal, dyn_len=self.dyn_len, skv=self.skv,
-                    block_q=bq, block_k=bk, compute_q=cq, compute_k=ck, interpret=self.interpret)
+                    block_q=bq, block_k=bk, compute_q=cq, compute_k=ck, interpret=self.interpret, window=self.window)
 
     def bwd(self) -> dict:
         return dict(sm_scale=self.sm_scale, causal=self.causal, dyn_len=self.dyn_len, skv=self.skv,
-                    blocks=self.blocks[1], interpret=self.interpret)
+                    blocks=self.blocks[1], interpret=self.interpret, window=self.window)
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "sm_scale", "block_sizes", "interpret"))
+@functools.partial(jax.jit, static_argnames=("causal", "sm_scale", "block_sizes", "interpret", "window"))
 def flash_attention(q, k, v, kv_lengths=None, *, causal: bool = False, sm_scale: float | None = None,
-                    block_sizes: BlockSizes | None = None, interpret=False):
+                    block_sizes: BlockSizes | None = None, interpret=False, window: int | None = None):
     """softmax(q @ k.T * sm_scale [masked]) @ v with flash-attention tiling; differentiable in q, k, v.
 
     q [B, H, Sq, D]; k, v [B, KVH, Skv, D] with H % KVH == 0; kv_lengths [B] ints or None;
-    sm_scale defaults to 1/sqrt(D). Returns [B, H, Sq, D] in q's dtype."""
+    sm_scale defaults to 1/sqrt(D); `window` (with causal=True): a sliding window, query i sees keys
+    i - window < j <= i (Mistral's `sliding_window`). Returns [B, H, Sq, D] in q's dtype."""
     check_shapes(q, k, v, kv_lengths)
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1 or not causal):
+        raise ValueError(f"window must be a positive int with causal=True, got window={window!r}, causal={causal}")
     bsz, _, sq, d = q.shape
     skv = k.shape[2]
     blocks = (block_sizes or BlockSizes()).resolved(sq, skv)
@@ -290,7 +294,7 @@ def flash_attention(q, k, v, kv_lengths=None, *, causal: bool = False, sm_scale:
         lens = jnp.clip(kv_lengths.astype(jnp.int32), 0, skv)
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(d)
     pad = lambda x, n: x if x.shape[2] == n else jnp.pad(x, ((0, 0), (0, 0), (0, n - x.shape[2]), (0, 0)))
-    cfg = _Config(scale, bool(causal), kv_lengths is not None, skv, blocks, interpret)
+    cfg = _Config(scale, bool(causal), kv_lengths is not None, skv, blocks, interpret, window or 0)
     out = _attention(pad(q, sq_pad), pad(k, skv_pad), pad(v, skv_pad), lens, cfg)
     return out[:, :, :sq] if sq_pad != sq else out
 
@@ -298,8 +302,9 @@ def flash_attention(q, k, v, kv_lengths=None, *, causal: bool = False, sm_scale:
 # ---------------------------------------------------------------------------------------- reference
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "sm_scale"))  # one compile, not one per op
-def reference(q, k, v, kv_lengths=None, *, causal: bool = False, sm_scale: float | None = None):
+@functools.partial(jax.jit, static_argnames=("causal", "sm_scale", "window"))  # one compile, not one per op
+def reference(q, k, v, kv_lengths=None, *, causal: bool = False, sm_scale: float | None = None,
+              window: int | None = None):
     """Plain JAX attention with the kernel's masking rules. Scores and softmax in f32 (float64 when
     given float64), p rounded to v's dtype before the second matmul as the kernel does; rows with
     no visible key give 0."""
@@ -313,6 +318,8 @@ def reference(q, k, v, kv_lengths=None, *, causal: bool = False, sm_scale: float
     ok = jnp.ones((1, 1, sq, skv), bool)
     if causal:
         ok = ok & (jnp.arange(skv)[None, :] <= jnp.arange(sq)[:, None])
+    if window:
+        ok = ok & (jnp.arange(skv)[None, :] > jnp.arange(sq)[:, None] - window)
     if kv_lengths is not None:
         ok = ok & (jnp.arange(skv)[None, None, None, :] < kv_lengths[:, None, None, None])
     s = jnp.where(ok, s, -jnp.inf)
@@ -324,12 +331,15 @@ def reference(q, k, v, kv_lengths=None, *, causal: bool = False, sm_scale: float
     return out.astype(q.dtype)
 
 
-def xla_attention(q, k, v, *, causal: bool = True):
+def xla_attention(q, k, v, *, causal: bool = True, window: int | None = None):
     """Attention as a user writes it without a kernel: f32 scores, mask, f32 softmax, einsum (MHA)."""
     d, sq, skv = q.shape[-1], q.shape[2], k.shape[2]
     s = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(d)
     if causal:
-        s = jnp.where(jnp.tril(jnp.ones((sq, skv), bool)), s, -jnp.inf)
+        keep = jnp.tril(jnp.ones((sq, skv), bool))
+        if window:
+            keep = keep & ~jnp.tril(jnp.ones((sq, skv), bool), -window)
+        s = jnp.where(keep, s, -jnp.inf)
     p = jax.nn.softmax(s, axis=-1)
     return jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), v)
 
@@ -372,6 +382,11 @@ def cases() -> list[Case]:
         Case("f32 large logits (|q.k| * scale ~ 1e4, exact integers), causal, S=200",
              _case_args(1, 2, 2, 200, 200, 64, jnp.float32, q_scale=1e4, exact_logits=True),
              {"causal": True, "block_sizes": b128}, "float32"),
+        Case("f32 sliding window of 100 keys, causal, GQA 4:2, S=300 (the band crosses tiles of 128; "
+             "tiles before it skipped)", _case_args(1, 4, 2, 300, 300, 64, jnp.float32),
+             {"causal": True, "window": 100, "block_sizes": b128}, "float32", grad=True, grad_argnums=qkv),
+        Case("bf16 sliding window of 257 keys, causal, default blocks, S=640",
+             _case_args(1, 2, 1, 640, 640, 64, jnp.bfloat16), {"causal": True, "window": 257}, "bfloat16"),
         Case("bf16 large logits (|q.k| * scale ~ 1e4), causal, default blocks, S=256, D=128",
              _case_args(1, 2, 2, 256, 256, 128, jnp.bfloat16, q_scale=1e4), {"causal": True}, "bfloat16"),
     ]

@@ -46,12 +46,15 @@ def lanes(x, n: int):
     return jnp.broadcast_to(x[:, :1], (x.shape[0], n))
 
 
-def visible(q_pos, k_pos, length, causal: bool):
+def visible(q_pos, k_pos, length, causal: bool, window: int = 0):
     """Which (query, key) pairs attend: the key exists (k_pos < length) and, when causal, is not in
-    the future (k_pos <= q_pos). Positions are absolute and broadcastable."""
+    the future (k_pos <= q_pos); with a `window`, it is also one of the query's last `window`
+    positions (k_pos > q_pos - window). Positions are absolute and broadcastable."""
     ok = k_pos < length
     if causal:
         ok = jnp.logical_and(ok, k_pos <= q_pos)
+    if window:
+        ok = jnp.logical_and(ok, k_pos > q_pos - window)
     return ok
 
 
@@ -107,7 +110,7 @@ def tile_plan(d: int | None, rows: int, cols: int, row_chunk: int, col_chunk: in
 
 def dispatch_tile(run, *, q_start, k_start, length, block_q: int, block_k: int, num_q: int, num_k: int,
                   compute_q: int, compute_k: int, causal: bool, may_cut: bool, keys_on_rows: bool = False,
-                  key_block=None):
+                  key_block=None, window: int = 0):
     """Emit `run(plan, first)` once per distinct static tile shape and pick one with grid predicates.
 
     Tiles past the key length (`may_cut`: key padding or kv_lengths) take a fully masked plan; with
@@ -117,7 +120,11 @@ def dispatch_tile(run, *, q_start, k_start, length, block_q: int, block_k: int, 
 
     `key_block` (the forward's key-block grid index): without may_cut every query row sees key 0, so
     the step at key block 0 covers all rows and runs with first=True, writing its running statistics
-    instead of rescaling zero-initialised ones."""
+    instead of rescaling zero-initialised ones.
+
+    With a sliding `window` (causal), a tile whose keys all lie before the window of its first query
+    is skipped, and every other live tile takes the fully masked plan: the band's two edges cross
+    tiles at offsets that the tile plans do not enumerate."""
     rows, cols = (block_k, block_q) if keys_on_rows else (block_q, block_k)
     row_chunk, col_chunk = (compute_k, compute_q) if keys_on_rows else (compute_q, compute_k)
     plan = functools.partial(tile_plan, rows=rows, cols=cols, row_chunk=row_chunk, col_chunk=col_chunk,
@@ -126,6 +133,11 @@ def dispatch_tile(run, *, q_start, k_start, length, block_q: int, block_k: int, 
     d = q_start - k_start
     diag = sorted({i * block_q - j * block_k for i in range(num_q) for j in range(num_k)}
                   & set(range(-block_q + 1, block_k - 1)))
+    if window:
+        live = jnp.logical_and(jnp.logical_and(d > -block_q, k_start < length),
+                               k_start + block_k > q_start - window + 1)
+        pl.when(live)(lambda: run(plan(None, masked=True), False))
+        return
     if may_cut:
         live = jnp.logical_and(d > -block_q, k_start < length) if causal else k_start < length
         cut = k_start + block_k > length
@@ -161,8 +173,10 @@ def dispatch_tile(run, *, q_start, k_start, length, block_q: int, block_k: int, 
             pl.when(pred)(body)
 
 
-def pair_count(sq: int, skv: int, causal: bool) -> int:
+def pair_count(sq: int, skv: int, causal: bool, window: int = 0) -> int:
     """Visible (query, key) pairs per head at full lengths: the useful work for the cost estimate."""
+    if window:  # query i sees keys max(0, i - window + 1) .. min(i, skv - 1)
+        return sum(max(0, min(i, skv - 1) - max(0, i - window + 1) + 1) for i in range(sq))
     if not causal:
         return sq * skv
     full = max(0, min(sq, skv))
@@ -197,7 +211,7 @@ def last_kv_block(q_last, length, block_k: int, num_k: int, causal: bool):
 
 def _dkv_kernel(lens_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
                 dk_acc_ref, dv_acc_ref, *, sm_scale, causal, dyn_len, skv, block_q, block_k, num_q,
-                num_k, compute_q, compute_k):
+                num_k, compute_q, compute_k, window=0):
     """One key block against one query block of one query head of the group; the grid's last axis
     walks (head in group, query block) and dK/dV accumulate in f32 VMEM scratch across it.
 
@@ -226,7 +240,7 @@ def _dkv_kernel(lens_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_re
                 if sub.masked:
                     k_pos = k_start + chunk.r0 + lax.broadcasted_iota(jnp.int32, st.shape, 0)
                     q_pos = q_start + sub.c0 + lax.broadcasted_iota(jnp.int32, st.shape, 1)
-                    st = jnp.where(visible(q_pos, k_pos, length, causal), st, MASK_VALUE)
+                    st = jnp.where(visible(q_pos, k_pos, length, causal, window), st, MASK_VALUE)
                 # lse is +inf on fully masked rows, so their probabilities (and gradients) are exactly 0.
                 pt = jnp.exp(st - lse_ref[:, cols])  # f32 exp: a bf16 exp loses 3 digits near 1
                 dv = dv + lax.dot_general(pt.astype(do.dtype), do, NN, precision=mxu_precision(do),
@@ -241,7 +255,7 @@ def _dkv_kernel(lens_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_re
 
     dispatch_tile(run, q_start=q_start, k_start=k_start, length=length, block_q=block_q, block_k=block_k,
                   num_q=num_q, num_k=num_k, compute_q=compute_q, compute_k=compute_k, causal=causal,
-                  may_cut=dyn_len or skv != num_k * block_k, keys_on_rows=True)
+                  may_cut=dyn_len or skv != num_k * block_k, keys_on_rows=True, window=window)
 
     @pl.when(t == pl.num_programs(3) - 1)
     def _finish():
@@ -254,7 +268,7 @@ def _dkv_kernel(lens_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_re
 
 def _dq_kernel(lens_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dq_acc_ref, lse_col_ref,
                delta_col_ref, *, sm_scale, causal, dyn_len, skv, block_q, block_k, num_q, num_k, compute_q,
-               compute_k):
+               compute_k, window=0):
     """One query block against one key block; dQ accumulates in f32 VMEM across the key blocks.
 
     Queries are on sublanes here, so lse and delta (stored lane-dense [1, block_q]) are turned into
@@ -285,7 +299,7 @@ def _dq_kernel(lens_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref
                 if sub.masked:
                     q_pos = q_start + chunk.r0 + lax.broadcasted_iota(jnp.int32, s.shape, 0)
                     k_pos = k_start + sub.c0 + lax.broadcasted_iota(jnp.int32, s.shape, 1)
-                    s = jnp.where(visible(q_pos, k_pos, length, causal), s, MASK_VALUE)
+                    s = jnp.where(visible(q_pos, k_pos, length, causal, window), s, MASK_VALUE)
                 p = jnp.exp(s - lanes(lse, sub.nc))
                 dp = lax.dot_general(do, v, NT, precision=mxu_precision(do, v), preferred_element_type=jnp.float32)
                 ds = p * (dp - lanes(delta, sub.nc))
@@ -295,7 +309,7 @@ def _dq_kernel(lens_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref
 
     dispatch_tile(run, q_start=q_start, k_start=k_start, length=length, block_q=block_q, block_k=block_k,
                   num_q=num_q, num_k=num_k, compute_q=compute_q, compute_k=compute_k, causal=causal,
-                  may_cut=dyn_len or skv != num_k * block_k)
+                  may_cut=dyn_len or skv != num_k * block_k, window=window)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -305,9 +319,9 @@ def _dq_kernel(lens_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref
 # ---------------------------------------------------------------------------------------- driver
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "causal", "dyn_len", "skv", "blocks", "interpret"))
+@functools.partial(jax.jit, static_argnames=("sm_scale", "causal", "dyn_len", "skv", "blocks", "interpret", "window"))
 def flash_attention_bwd(q, k, v, lens, o, lse, do, *, sm_scale: float, causal: bool, dyn_len: bool, skv: int,
-                        blocks: tuple[int, int, int, int, int, int], interpret=False):
+                        blocks: tuple[int, int, int, int, int, int], interpret=False, window: int = 0):
     """dQ, dK, dV for padded inputs: q/o/do [B, H, Sq, D], k/v [B, KVH, Skv_pad, D], lens [B] int32
     (read only when dyn_len), lse [B, H, 1, Sq] f32 (+inf on fully masked rows); keys at or past
     `skv` are padding. Sq and Skv_pad are multiples of the blocks.
@@ -318,9 +332,9 @@ def flash_attention_bwd(q, k, v, lens, o, lse, do, *, sm_scale: float, causal: b
     bq_kv, bk_kv, bq_q, bk_q, cq, ck = blocks
     # delta_i = sum_d dO_id * O_id = sum_j P_ij dP_ij: one fused XLA reduction over [B, H, Sq, D].
     delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)[:, :, None, :]  # [B, H, 1, Sq]
-    pairs = pair_count(sq, skv, causal) * bsz * heads
+    pairs = pair_count(sq, skv, causal, window) * bsz * heads
     in_bytes = sum(x.size * x.dtype.itemsize for x in (q, k, v, do)) + 2 * lse.size * 4
-    common = dict(sm_scale=sm_scale, causal=causal, dyn_len=dyn_len, skv=skv)
+    common = dict(sm_scale=sm_scale, causal=causal, dyn_len=dyn_len, skv=skv, window=window)
 
     # dK/dV: grid (B, KVH, key blocks, group * query blocks); the whole group's query heads are
     # summed in VMEM, so GQA needs no [B, H, Skv, D] partials and no reduction afterwards.
