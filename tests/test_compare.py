@@ -423,3 +423,28 @@ def test_the_same_run_twice_is_refused(capsys, tmp_path):
     assert (rc, out) == (2, "") and "BASE and CUR are the same run" in err and err.count("\n") == 1
     rc, out, _ = run_main(["compare", "--force", "--json", str(run), str(run)], capsys)
     assert rc == 0 and json.loads(out)["headline"]["verdict"] != "regression"
+
+
+def test_a_cur_that_crashed_at_import_fails_the_gate_and_a_runs_report_or_copy_is_the_same_run(tmp_path, capsys):
+    """A real run of a program that failed before jax started (so it records no backend and no
+    devices): compared with a good run of a program of the same name it was refused as "backend cpu
+    vs unknown; 1 vs 0 devices (--force compares them anyway)", exit 2; its failure is the verdict
+    (exit 5). The run against its own report.json passed (exit 0), and against a copy of itself."""
+    import shutil
+    import subprocess
+    import sys
+
+    (tmp_path / "mlp.py").write_text("import nosuch_module_for_compare  # noqa: F401\n")
+    run = tmp_path / "crashed"
+    p = subprocess.run([sys.executable, "-m", "tpudiag", "profile", "--out", str(run), str(tmp_path / "mlp.py")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and json.loads((run / "manifest.json").read_text())["status"] == "failed", p.stderr
+    rc, out, err = run_main(["compare", str(ARTIFACTS / "mlp"), str(run)], capsys)
+    assert rc == 5 and err.count("\n") == 1 and f"CUR {run} is a failed run" in err, err
+    assert "ModuleNotFoundError" in err and "FAILED RUN: CUR" in out
+    shutil.copytree(run, tmp_path / "copy")
+    for cur in (run / "report.json", tmp_path / "copy"):
+        rc, out, err = run_main(["compare", str(run), str(cur)], capsys)
+        assert (rc, out) == (2, "") and "BASE and CUR are the same run" in err and err.count("\n") == 1, err
+    rc, out, err = run_main(["compare", "--force", "--json", str(run), str(tmp_path / "copy")], capsys)
+    assert rc == 5 and json.loads(out)["run_failed"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tpudiag.api import runs
+from tpudiag.capture import rundir
 from tpudiag.errors import InputError
 
 
@@ -56,9 +57,24 @@ def compare_runs(base: Path, cur: Path, metric: str | None = None, max_regressio
     handles = [runs.open_run(p) for p in (base, cur)]
     for h in handles:  # a multi-process job is refused first: it says which process to give
         runs.refuse_job(h, "compare")
-    a, b = (h.path.resolve() for h in handles)
-    if a == b and not force:
-        raise InputError(f"{cur}: BASE and CUR are the same run ({a}); give the run to compare against as BASE "
+    (a, id_a), (b, id_b) = (_run_identity(h) for h in handles)
+    if (a == b or id_a is not None and id_a == id_b) and not force:
+        same = f"({a})" if a == b else f"({b} is a copy of {a})"
+        raise InputError(f"{cur}: BASE and CUR are the same run {same}; give the run to compare against as BASE "
                          "(--force compares a run with itself)")
     return compare_reports(load_for_compare(base), load_for_compare(cur), metric, max_regression, force,
                            base_path=str(base), cur_path=str(cur))
+
+
+def _run_identity(handle) -> tuple[Path, tuple | None]:
+    """The run directory a compare input stands for (a run's own report.json is its run), resolved,
+    and a profile run's identity from its manifest (the host, tpudiag's and the program's process
+    ids, when it started, which process of a job), which a copied run directory keeps: (path, None)
+    where there is no such manifest."""
+    path = handle.path.resolve()
+    if not handle.is_run and path.name == rundir.REPORT and rundir.is_run_dir(path.parent):
+        path = path.parent
+    manifest = handle.manifest if handle.is_run else (rundir.read_manifest(path) if rundir.is_run_dir(path) else None)
+    key = None if manifest is None else (manifest.host, manifest.pid, manifest.program_pid, manifest.started_at,
+                                         manifest.process_id)
+    return path, (None if key is None or None in key[:4] else key)

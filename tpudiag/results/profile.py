@@ -106,6 +106,9 @@ class CompileRow(Model):
     backend_compile_s: float
     total_s: float
 
+# `ProfileReport.backend` of a run that traced nothing (its program failed before jax started).
+NO_BACKEND = "unknown"
+
 
 @dataclass(frozen=True)
 class ProfileReport(Model):

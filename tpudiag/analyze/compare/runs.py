@@ -52,7 +52,7 @@ from pathlib import PurePath
 from tpudiag.analyze.compare import drift
 from tpudiag.results.compare import SCHEMA, ChangeRow, Comparison, Headline, Regression, Side
 from tpudiag.results.compile import CompileReport
-from tpudiag.results.profile import ProfileReport
+from tpudiag.results.profile import NO_BACKEND, ProfileReport
 from tpudiag.errors import ParseError, UsageError
 PROFILE_SCHEMA = "tpudiag.report/1"
 COMPILE_SCHEMA = "tpudiag.compile/1"
@@ -202,7 +202,9 @@ def _differences(b: dict, c: dict, metric: str) -> list[str]:
     pb, pc = _basename(b["program"]), _basename(c["program"])
     if pb and pc and pb != pc:
         out.append(f"program {pb} vs {pc}")
-    if b["kind"] == c["kind"] == "profile":
+    # A run that traced nothing (its program failed before jax started) records no backend and no
+    # devices: what it never recorded cannot differ, and its failure is the verdict (`run_failed`).
+    if b["kind"] == c["kind"] == "profile" and NO_BACKEND not in (b["backend"], c["backend"]):
         if b["backend"] != c["backend"]:
             out.append(f"backend {b['backend']} vs {c['backend']}")
         if b["devices"] != c["devices"]:
