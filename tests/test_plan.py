@@ -67,6 +67,57 @@ def test_a_function_the_file_does_not_define_is_refused_at_once(tmp_path):
     assert not out.exists()
 
 
+_FUNCS = """import jax
+from functools import partial
+LEARNING_RATE = 1e-2
+BATCH, D_IN = 128, (512, "x")
+NAMES: list = ["a"]
+def main(): pass
+def needs_kw(argv, mesh, *, extra): pass
+def step(argv: "list[str]", mesh: "Mesh" = UNDEFINED_AT_DEF_TIME, *rest) -> dict: pass
+@jax.jit
+def jitted(x): pass
+later = partial(step)
+"""
+
+
+@pytest.mark.parametrize("func,says", [
+    ("LEARNING_RATE", "LEARNING_RATE is not a function (float value); plan calls LEARNING_RATE(argv, mesh)"),
+    ("BATCH", "BATCH is not a function (int value)"),
+    ("NAMES", "NAMES is not a function (list value)"),
+    ("jax", "jax is a module, not a function"),
+    ("main", "main() cannot be called as main(argv, mesh): too many positional arguments"),
+    ("needs_kw", "needs_kw(argv, mesh, *, extra) cannot be called as needs_kw(argv, mesh): missing a required"),
+    ("nosuch", "no function 'nosuch' at its module level"),
+])
+def test_a_func_that_cannot_be_the_step_is_refused_before_any_candidate(tmp_path, func, says):
+    """FILE.py:CONSTANT, a module or a def of the wrong arity passed the old check (a name bound at
+    the module level) and plan ran every candidate, each failing alike, to say "no candidate fits"
+    (exit 1). Read from the file, never run: exit 2, one line, no run directory."""
+    from tpudiag.api.plan import check_func
+    from tpudiag.errors import InputError
+
+    (tmp_path / "funcs.py").write_text(_FUNCS)
+    with pytest.raises(InputError) as e:
+        check_func(tmp_path / "funcs.py", func)
+    assert str(e.value).startswith(f"{tmp_path / 'funcs.py'}: ") and says in str(e.value)
+    if func == "LEARNING_RATE":  # and the command says it the same way, at once
+        res = _plan(f"{tmp_path / 'funcs.py'}:{func}", "--target", "v5e:2x2", "--out", str(tmp_path / "r"),
+                    timeout=120)
+        assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and says in res.stderr
+        assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("func", ["step", "jitted", "later", "partial"])
+def test_what_only_running_the_file_can_tell_is_left_to_the_estimate_worker(tmp_path, func):
+    """A def that takes (argv, mesh) (its annotations and defaults never evaluated), a decorated def,
+    a computed value and an imported name pass the static check."""
+    from tpudiag.api.plan import check_func
+
+    (tmp_path / "funcs.py").write_text(_FUNCS)
+    check_func(tmp_path / "funcs.py", func)
+
+
 @pytest.mark.parametrize("args,says", [
     (["--mesh-axes", "fsdp,expert"], "takes no mesh axis 'expert' (it takes: fsdp, tensor)"),
     (["--mesh-axes", "fsdp,fsdp"], "an axis is given twice"),

@@ -80,17 +80,76 @@ def declared_remat(path: Path) -> tuple[str, ...]:
     return tuple(k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
 
 
-def defines(path: Path, func: str) -> bool:
-    """FUNC is defined (or assigned) at the module level of `path`, read without running it."""
-    tree = ast.parse(path.read_text(), str(path))
+def check_func(path: Path, func: str) -> None:
+    """FUNC, read without running `path`, is what estimate calls as FUNC(argv, mesh): bound at the
+    module level (a def, an assignment, an import), not a literal value nor a module, and a plain def
+    takes (argv, mesh). What cannot be told without running it (a decorated def, an imported name, a
+    computed value) is left to the estimate worker. An InputError names the file and the problem,
+    before any candidate runs: each would fail the same way (plan FILE.py:CONSTANT ran them all, then
+    said "no candidate fits")."""
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (SyntaxError, UnicodeDecodeError, OSError) as e:
+        raise InputError(f"{path}: cannot be read as Python ({one_line(e, 200)})") from None
+    bound = None  # the last module-level statement binding FUNC
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == func:
-            return True
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == func for t in node.targets):
-            return True
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == func for a in node.names):
-            return True
-    return False
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == func:
+            bound = node
+        elif isinstance(node, ast.Assign) and any(_binds(t, func) for t in node.targets):
+            bound = node
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == func:
+            bound = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                (a.asname or a.name.split(".")[0]) == func for a in node.names):
+            bound = node
+    if bound is None:
+        raise InputError(f"{path}: no function {func!r} at its module level")
+    calls = f"plan calls {func}(argv, mesh)"
+    if isinstance(bound, ast.Import):
+        raise InputError(f"{path}: {func} is a module, not a function; {calls}")
+    if isinstance(bound, (ast.Assign, ast.AnnAssign)) and bound.value is not None:
+        try:
+            value = ast.literal_eval(bound.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return  # computed: only running it tells
+        target = bound.target if isinstance(bound, ast.AnnAssign) else next(t for t in bound.targets
+                                                                            if _binds(t, func))
+        if isinstance(target, (ast.Tuple, ast.List)):  # `BATCH, D_IN = 128, 512`: FUNC's own element
+            names = [t.id if isinstance(t, ast.Name) else None for t in target.elts]
+            if func not in names or not isinstance(value, (tuple, list)) or len(value) != len(names):
+                return
+            value = value[names.index(func)]
+        raise InputError(f"{path}: {func} is not a function ({type(value).__name__} value); {calls}")
+    if isinstance(bound, (ast.FunctionDef, ast.AsyncFunctionDef)) and not bound.decorator_list:
+        _check_signature(path, func, bound)
+
+
+def _binds(target, name: str) -> bool:
+    """An assignment target binds `name` (`name = ...`, or `a, name = ...`)."""
+    if isinstance(target, ast.Name):
+        return target.id == name
+    return isinstance(target, (ast.Tuple, ast.List)) and any(_binds(t, name) for t in target.elts)
+
+
+def _check_signature(path: Path, func: str, node) -> None:
+    """A plain def FUNC binds (argv, mesh): checked on a stub with its parameters (defaults None, no
+    annotations), as the estimate worker checks the real function with `inspect.signature`."""
+    import inspect
+
+    args = ast.parse(f"def f({ast.unparse(node.args)}): pass").body[0].args
+    for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
+        if a is not None:
+            a.annotation = None
+    args.defaults = [ast.Constant(None) for _ in args.defaults]
+    args.kw_defaults = [None if d is None else ast.Constant(None) for d in args.kw_defaults]
+    stub = ast.Module([ast.FunctionDef("stub", args, [ast.Pass()], [], None, lineno=1)], [])
+    scope: dict = {}
+    exec(compile(ast.fix_missing_locations(stub), str(path), "exec"), scope)  # the parameters alone: no code of FILE
+    try:
+        inspect.signature(scope["stub"]).bind([], None)
+    except TypeError as e:
+        raise InputError(f"{path}: {func}({ast.unparse(node.args)}) cannot be called as {func}(argv, mesh): "
+                         f"{e}") from None
 
 
 # MaxText's remat policies searched by a plain plan (its `remat_policy` names).
@@ -182,8 +241,8 @@ def plan(entry: str, target_text: str, argv=(), out: Path | None = None, *, mesh
 
     path, _func = parse_entry(entry)
     maxtext = maxtext_model(entry) is not None
-    if not maxtext and not defines(path, _func):
-        raise InputError(f"{path}: no function {_func!r} at its module level")
+    if not maxtext:
+        check_func(path, _func)
     declared = maxtext_axes() if maxtext else declared_axes(path)
     if mesh_axes is None:
         mesh_axes = "fsdp,tensor" if maxtext else ",".join(declared or ("fsdp",))
