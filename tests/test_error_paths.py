@@ -195,6 +195,42 @@ def test_an_out_of_range_number_is_one_line(capsys):
     assert err.rstrip().endswith("(see tpudiag kernels bench --help)")
 
 
+@pytest.mark.parametrize("args,option,value", [
+    (["compile", "--target", "v5e", "--timeout", "nan", RUN], "--timeout", "nan"),
+    (["compile", "--target", "v5e", "--static-memory", "inf", RUN], "--static-memory", "inf"),
+    (["compile", "--target", "v5e", "--compile-timeout", "nan", RUN], "--compile-timeout", "nan"),
+    (["kernels", "bench", "--target", "v5e", "--static-memory", "1e999", "rmsnorm"], "--static-memory", "1e999"),
+    (["profile", "--processes", "2", "--process-timeout", "nan", MLP], "--process-timeout", "nan"),
+    (["validate", f"{MLP}:forward", f"{MLP}:forward", "--inputs", "x=f32[2]", "--k", "nan"], "--k", "nan"),
+    (["validate", f"{MLP}:forward", f"{MLP}:forward", "--inputs", "x=f32[2]", "--floor-eps", "inf"], "--floor-eps",
+     "inf"),
+])
+def test_a_number_that_is_not_finite_is_one_line(tmp_path, capsys, monkeypatch, args, option, value):
+    """nan passes every range check: `--timeout nan` was a limit that never fired and `--compile-timeout
+    nan` was taken, `--static-memory inf` ended in an internal error (exit 70), `validate --k nan`
+    failed a correct port. Now each is refused at the door, and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run_main(args, capsys)
+    command = " ".join(args[:2]) if args[0] == "kernels" else args[0]
+    _refused(rc, out, err, f"Invalid value for '{option}': '{value}' is not a finite number. "
+                           f"(see tpudiag {command} --help)")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [["profile", "nosuch.py"], ["profile", "--steps", "0", MLP],
+                                  ["estimate", "--target", "v5e", f"{MLP}:nosuch"],
+                                  ["estimate", "--target", "v5e", f"{MLP}:LEARNING_RATE"]])
+def test_a_command_refused_after_claiming_its_default_run_directory_leaves_nothing(tmp_path, args):
+    """Without --out, the run directory is claimed first (an atomic mkdir, for runs started in the
+    same second); a command refused after that (estimate learns of a bad FUNC from its lowering
+    worker) left an empty tpudiag-runs/<timestamp>-<name>/ behind. Now nothing is left."""
+    p = subprocess.run([sys.executable, "-m", "tpudiag", *args], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    last = p.stderr.strip().splitlines()[-1]  # (estimate says "lowering ..." first)
+    assert p.returncode == 2 and last.startswith("tpudiag: error: ") and "Traceback" not in p.stderr, p.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_reason_cut_at_a_semicolon_goes_on_to_the_next_line():
     from tpudiag.errors import one_line
 

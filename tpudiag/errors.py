@@ -74,10 +74,21 @@ class SchemaError(TpudiagError):
     exit_code = 4
 
 
-class Terminated(TpudiagError):
-    """tpudiag itself was stopped by SIGTERM while writing a run (the run is marked failed)."""
+class Terminated(BaseException):
+    """tpudiag itself was stopped by SIGTERM (or SIGHUP: its terminal closed); the run it was writing
+    is marked failed, and it exits 128 + the signal's number (143, 129).
 
-    exit_code = 143
+    A BaseException, as KeyboardInterrupt is, and not a `TpudiagError`: code that turns a failure
+    into a result (`except Exception` around a kernel case, a validate regime, jax's own fallbacks)
+    must not swallow a stop. As an Exception, one SIGTERM in `tpudiag validate` was caught as a failed
+    case and the command went on for 7 s more (`kernels verify`: 30 s)."""
+
+    def __init__(self, signum: int = 15):
+        import signal
+
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+        super().__init__(f"terminated by signal {signal.Signals(self.signum).name}")
 
 
 class GateFailed(TpudiagError):

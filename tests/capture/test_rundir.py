@@ -1,6 +1,6 @@
 """The run-directory lifecycle (`capture.rundir.RunDir`): fresh directory, manifest `running` at once,
-then `ok`/`failed` with a reason, also when an exception, Ctrl-C or SIGTERM escapes; and a real
-`tpudiag compile` stopped by SIGTERM in the middle of its work."""
+then `ok`/`failed` with a reason, also when an exception, Ctrl-C or SIGTERM escapes; claimed by one
+run only; and a real `tpudiag compile` stopped by a signal in the middle of its work."""
 
 from __future__ import annotations
 
@@ -82,6 +82,34 @@ def test_never_over_an_existing_run(tmp_path):
     assert (tmp_path / "run" / "keep.txt").read_text() == "mine" and not (tmp_path / "run" / rundir.MANIFEST).exists()
 
 
+def _claim(path: Path, start, results) -> None:
+    start.wait()
+    try:
+        rundir.create_run_dir(path, rundir.PROFILE_SUBDIRS)
+        results.put("claimed")
+    except InputError as e:
+        results.put(str(e))
+
+
+def test_runs_given_one_out_at_the_same_moment_get_it_once(tmp_path):
+    """Eight processes released at once create one --out: exactly one gets it, the others are told in
+    one line. Both passed the emptiness check before (it and the subdirectories' mkdir were not one
+    step), so two runs could write one directory."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    start, results = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_claim, args=(tmp_path / "run", start, results)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    start.set()
+    for p in procs:
+        p.join(60)
+    got = sorted(results.get(timeout=10) for _ in procs)
+    assert got.count("claimed") == 1, got
+    assert all("already exists" in g or "claimed this directory" in g for g in got if g != "claimed"), got
+
+
 def _workers_of(run) -> list[int]:
     """Live processes whose command line names the run directory (its compile workers)."""
     pids = []
@@ -96,11 +124,12 @@ def _workers_of(run) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_real_compile_stopped_by_a_signal_ends_its_workers_and_says_so(tmp_path, signum):
-    """`tpudiag compile` of a JAX IR dump (four modules, one compile worker at a time): SIGTERM or
-    Ctrl-C while a TPU compile worker runs. The worker is killed with tpudiag (none is left), the run
-    says `failed` with the signal instead of staying `running`, and no module is reported as a
+    """`tpudiag compile` of a JAX IR dump (four modules, one compile worker at a time): SIGTERM,
+    Ctrl-C or SIGHUP (a closed terminal) while a TPU compile worker runs. The worker is killed with
+    tpudiag (none is left), the run says `failed` with the signal instead of staying `running` (with
+    SIGHUP it did: Python's default killed tpudiag on the spot), and no module is reported as a
     compiler abort."""
     run = tmp_path / "run"
     env = dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=str(ROOT))
@@ -115,11 +144,12 @@ def test_a_real_compile_stopped_by_a_signal_ends_its_workers_and_says_so(tmp_pat
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     m = _manifest(run)
-    code = 143 if signum == signal.SIGTERM else 130
+    code = 130 if signum == signal.SIGINT else 128 + signum
     assert proc.returncode == code and m["status"] == "failed" and m["exit_code"] == code, err.decode()
-    if signum == signal.SIGTERM:
-        assert m["reason"] == "tpudiag failed: terminated by signal SIGTERM"
-        assert err.decode().strip().splitlines()[-1] == "tpudiag: error: terminated by signal SIGTERM"
+    if signum != signal.SIGINT:
+        name = signal.Signals(signum).name
+        assert m["reason"] == f"tpudiag failed: terminated by signal {name}"
+        assert err.decode().strip().splitlines()[-1] == f"tpudiag: error: terminated by signal {name}"
     else:
         assert m["reason"] == "interrupted (Ctrl-C)"
         assert err.decode().strip().splitlines()[-1] == "tpudiag: interrupted"

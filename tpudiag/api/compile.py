@@ -83,6 +83,10 @@ def compile_target(target_text: str, input_path, args=(), out=None, *, static_pr
             source = {**source, "shadow_run": {"exit_code": shadow.exit_code, "status": shadow.status,
                                                "reason": shadow.reason}}
             rd.update(source=source)
+            if shadow.stop_signal is not None:  # stopped by the user, not failed: compile nothing more
+                from tpudiag.capture.workers import stop_exception
+
+                raise stop_exception(shadow.stop_signal)
             inputs = ir_dump_modules(run / rundir.SHADOW_DIR / rundir.IR_DIR)
             if not inputs:
                 reason = shadow.reason or "the program compiled no jax computation"

@@ -73,8 +73,9 @@ def empty_trace():
     """A trace with no events: what a report of a run that traced nothing is built on."""
     from tpudiag.parse import frames
     from tpudiag.parse.xplane import Trace
+    from tpudiag.results.profile import NO_BACKEND
 
-    return Trace(path="", hostname="", backend="unknown", start_time_ns=0, window_ns=0,
+    return Trace(path="", hostname="", backend=NO_BACKEND, start_time_ns=0, window_ns=0,
                  ops=frames.empty_frame(frames.OPS), steps=frames.empty_frame(frames.STEPS),
                  host=frames.empty_frame(frames.HOST), compile=frames.empty_frame(frames.HOST), devices=(),
                  jax_version=None)
@@ -253,14 +254,19 @@ def profile(script, args=(), out=None, *, steps=None, skip=0, python_trace=False
 
     With `target` (a TPU name such as "v5e"), the run's own jitted computations are then compiled
     for that TPU into RUN/tpu/ and the report gains its `tpu_estimate` section (`profile --target`);
-    not when the program failed. `progress` is called with None when that compile starts, then with
-    each compiled module. `while_waiting` runs in a thread while the program runs.
+    not when the program failed; a program that a signal stopped and that still exited 0 raises that
+    stop instead. `progress` is called with None when that compile starts, then with each compiled
+    module. `while_waiting` runs in a thread while the program runs.
     """
     script = Path(script)
     run = check_run_dir(Path(out) if out else rundir.default_run_dir(script))  # before the program runs
     cap = run_program(script, list(args), run, steps=steps, skip=skip, python_trace=python_trace,
                       program_stdout=program_stdout, program_stderr=program_stderr, while_waiting=while_waiting)
     result = finish_capture(cap)
+    if target and cap.stop_signal is not None and cap.exit_code == 0:  # it caught the user's stop: no compile
+        from tpudiag.capture.workers import stop_exception
+
+        raise stop_exception(cap.stop_signal)
     if target and cap.exit_code == 0:
         from tpudiag.api.compile import shadow_compile_run
 

@@ -13,17 +13,25 @@ the parent, so they are in force when jax first loads here.
 
 from __future__ import annotations
 
-import json
-import os
-import runpy
 import signal
-import sys
-import time
-import traceback
-from pathlib import Path
 
-from tpudiag.parent_death import die_with_parent
-from tpudiag.errors import one_line
+# A stop that comes while this bootstrap still imports (before `main` can act on it) is only noted
+# here, first thing, then acted on by `main`: Python's own Ctrl-C handler printed a traceback of the
+# bootstrap's imports. (Until this line runs, a Ctrl-C still meets Python's default.)
+_EARLY_STOPS: list[int] = []
+for _s in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(_s, lambda signum, _frame: _EARLY_STOPS.append(signum))
+
+import json  # noqa: E402
+import os  # noqa: E402
+import runpy  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from tpudiag.parent_death import die_with_parent  # noqa: E402
+from tpudiag.errors import one_line  # noqa: E402
 
 
 class _Recorder:
@@ -301,18 +309,44 @@ def _join_cluster(distributed: dict) -> None:
     jsd.initialize = jd.initialize = jax.distributed.initialize = initialize
 
 
-_PROGRAM = {"running": True, "late_signal": None}
+# `status`: capture/child.json, set while the bootstrap sets up (importing jax, starting the
+# profiler); None once the program starts.
+_PROGRAM = {"running": True, "late_signal": None, "stop": None, "status": None}
 
 
 def _stop_program(signum: int, _frame) -> None:
     """While the program runs: SIGINT raises KeyboardInterrupt in it, SIGTERM exits it (code 143).
-    After it has ended (tpudiag then writes the trace), the signal is only noted."""
+    After it has ended (tpudiag then writes the trace), the signal is only noted. Before it started
+    (jax still importing), the bootstrap records the stop and leaves at once, without a traceback
+    of its own."""
+    if _PROGRAM["status"] is not None:
+        code = 130 if signum == signal.SIGINT else 128 + signal.SIGTERM
+        why = "interrupted (SIGINT / Ctrl-C)" if signum == signal.SIGINT else "terminated (SIGTERM)"
+        _PROGRAM["status"].write_text(json.dumps({"exit_code": code, "reason": f"{why} before the program started",
+                                                  "exception": None}, indent=2, sort_keys=True) + "\n")
+        os._exit(code)
     if not _PROGRAM["running"]:
         _PROGRAM["late_signal"] = signum
         return
+    _PROGRAM["stop"] = signum
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     sys.exit(128 + signal.SIGTERM)
+
+
+def _redeliver_dropped_stop(unraisable) -> None:
+    """A stop raised inside a gc callback (jax's `_xla_gc_callback`, run during imports too) is dropped
+    by Python with an "Exception ignored" traceback, and the program went on as if never stopped:
+    a Ctrl-C 3 s into `tpudiag compile SCRIPT` was lost so, and the compile ran to its end. The
+    signal is handled again shortly instead (`workers.redeliver`); anything else goes to the previous
+    hook."""
+    from tpudiag.capture.workers import redeliver
+
+    stop = _PROGRAM["stop"]
+    if stop is not None and _PROGRAM["running"] and isinstance(unraisable.exc_value, (KeyboardInterrupt, SystemExit)):
+        redeliver(stop)
+        return
+    _redeliver_dropped_stop.previous(unraisable)
 
 
 def main() -> None:
@@ -325,8 +359,13 @@ def main() -> None:
     # SIGINT and SIGTERM stop the program (SIGTERM as an orderly exit, not a kill, so that the trace
     # is written); once the program has ended they are only noted, so that one arriving while its
     # error is formatted or its trace written cannot cut that short.
+    _PROGRAM["status"] = run / "capture" / "child.json"
     signal.signal(signal.SIGTERM, _stop_program)
     signal.signal(signal.SIGINT, _stop_program)
+    if _EARLY_STOPS:
+        _stop_program(_EARLY_STOPS[0], None)  # leaves: the program has not started
+    _redeliver_dropped_stop.previous = sys.unraisablehook
+    sys.unraisablehook = _redeliver_dropped_stop
 
     recorder = _Recorder(run / "capture" / "monitoring.jsonl")
     import jax.monitoring
@@ -357,6 +396,7 @@ def main() -> None:
     if spec.get("trace", True):
         calibration.append(calibrate())
     t0 = time.time_ns()
+    _PROGRAM["status"] = None  # the program starts: a stop now raises in it
     try:
         try:
             # runpy sets sys.argv[0] to its argument: pass the path as the user gave it (as `python x.py` would).

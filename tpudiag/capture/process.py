@@ -341,9 +341,11 @@ class ProgramProcess:
 
 @dataclass
 class CtrlC:
-    """How many times Ctrl-C reached tpudiag while signals were forwarded."""
+    """How many times Ctrl-C reached tpudiag while signals were forwarded, and the first signal that
+    was forwarded (SIGINT, SIGTERM or SIGHUP: the user stopped the program; None: nothing was)."""
 
     count: int = 0
+    first: int | None = None
 
 
 @contextmanager
@@ -360,6 +362,8 @@ def forwarding_signals(deliver: Callable[[int], object], whom: str, *,
     def forward(signum, _frame):
         if not active():
             return
+        if ctrl_c.first is None:
+            ctrl_c.first = signum
         if signum == signal.SIGINT:
             ctrl_c.count += 1
             signum = _CTRL_C_ESCALATION[min(ctrl_c.count, 3) - 1]

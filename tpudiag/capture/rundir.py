@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from tpudiag.errors import InputError, ParseError, Terminated, TpudiagError, one_line
+from tpudiag.errors import InputError, ParseError, TpudiagError, one_line
 from tpudiag.results.manifest import SCHEMA as MANIFEST_SCHEMA
 from tpudiag.results.manifest import Manifest
 from tpudiag.outputs import refuse_existing_run
@@ -75,11 +75,13 @@ def default_run_dir(script: Path, root: Path = Path("tpudiag-runs"), now: _dt.da
     now = now or _dt.datetime.now()
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", script.stem) or "program"
     base = root / f"{now:%Y%m%d-%H%M%S}-{stem}"
+    made_root = not root.exists()
     n = 1
     while True:
         candidate = base if n == 1 else base.with_name(f"{base.name}-{n}")
         try:
             candidate.mkdir(parents=True)
+            _claim(candidate, root if made_root else None)
             return candidate
         except FileExistsError:
             n += 1
@@ -87,14 +89,49 @@ def default_run_dir(script: Path, root: Path = Path("tpudiag-runs"), now: _dt.da
             return candidate
 
 
+# Default run directories claimed by this process and not yet entered by a `RunDir`, each with the
+# tpudiag-runs directory the claim created (or None): a command refused after the claim (a script
+# that does not exist, an estimate's FUNC the worker refuses, a Ctrl-C while it lowers) leaves
+# nothing, not an empty directory (`release_unused_claims`, at exit and on tpudiag's error paths).
+_CLAIMED: dict[Path, Path | None] = {}
+
+
+def _claim(path: Path, made_root: Path | None) -> None:
+    if not _CLAIMED:
+        import atexit
+
+        atexit.register(release_unused_claims)
+    _CLAIMED[path] = made_root
+
+
+def release_unused_claims() -> None:
+    """Remove the claimed default run directories no run was written into (still empty)."""
+    for path, made_root in list(_CLAIMED.items()):
+        _CLAIMED.pop(path, None)
+        for d in (path, made_root):
+            try:
+                if d is not None:
+                    d.rmdir()  # only if empty: whatever is in it stays
+            except OSError:
+                pass
+
+
 PROFILE_SUBDIRS = (TRACE_DIR, HLO_DIR, IR_DIR, CAPTURE_DIR)
 COMPILE_SUBDIRS = (MODULES_DIR,)
 
 
 def create_run_dir(path: Path, subdirs: tuple[str, ...] = PROFILE_SUBDIRS) -> Path:
-    """Create a fresh run directory. An existing non-empty directory is never reused (runs are never overwritten)."""
+    """Create a fresh run directory. An existing non-empty directory is never reused (runs are never
+    overwritten). The run is claimed by an atomic mkdir of its first subdirectory: of two runs given
+    the same --out at the same moment, both pass the emptiness check, and only one may write there."""
     refuse_existing_run(path)
-    for sub in subdirs:
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        (path / subdirs[0]).mkdir()
+    except FileExistsError:
+        raise InputError(f"{path}: another run claimed this directory at the same moment; tpudiag never "
+                         "shares a run (choose another --out)") from None
+    for sub in subdirs[1:]:
         (path / sub).mkdir(parents=True, exist_ok=True)
     return path
 
@@ -169,7 +206,7 @@ class RunDir:
             rd.finish(ok, exit_code=..., reason=...)
 
     On leaving, the manifest gets `wall_s` and a final `status`: what `finish` said; `failed` with
-    the exception's one-line reason (and its `exit_code`, 130 for Ctrl-C, 143 for SIGTERM) when one
+    the exception's one-line reason (and its `exit_code`, 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP) when one
     escapes (unless `finish` already recorded that tpudiag error); `ok` when the block ended without
     calling `finish`. SIGTERM is turned into the
     `Terminated` error while the block runs (main thread only), so a killed tpudiag still leaves a
@@ -195,10 +232,14 @@ class RunDir:
 
     def __enter__(self) -> RunDir:
         create_run_dir(self.path, self.subdirs)
+        _CLAIMED.pop(self.path, None)  # the claim is used
         self._t0 = time.perf_counter()
         self._write()
+        from tpudiag.capture import workers
+
+        workers.on_forced_stop(id(self), self._forced)
         if threading.current_thread() is threading.main_thread():
-            self._previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
+            self._previous_sigterm = signal.signal(signal.SIGTERM, workers.on_stop_signal)  # kills the workers too
         return self
 
     def update(self, **fields) -> None:
@@ -216,21 +257,36 @@ class RunDir:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
         from tpudiag.capture import workers
 
+        workers.on_forced_stop(id(self), None)
+        stopped = workers.stopping()
         workers.reset()  # a stop inside the block has been handled: its workers are gone
         if exc is not None and not (self._finished and isinstance(exc, TpudiagError)):
             # An error the block already recorded with `finish` keeps that status and reason.
-            if isinstance(exc, KeyboardInterrupt):
-                code, reason = 130, "interrupted (Ctrl-C)"
-            else:
-                code = getattr(exc, "exit_code", 1)
-                reason = f"tpudiag failed: {one_line(exc, 284, typed=False)}"
-            self.manifest.update(status="failed", exit_code=code, reason=reason)
+            if isinstance(exc, KeyboardInterrupt) and stopped and workers.stopped_by() in (signal.SIGTERM,
+                                                                                           signal.SIGHUP):
+                exc = workers.stop_exception()  # a thread's KeyboardInterrupt ended a SIGTERM's stop first
+            self._fail(exc)
         elif not self._finished:
             self.manifest.update(status="ok", exit_code=0, reason=None)
         if self.manifest.get("wall_s") is None:  # a command may record a narrower wall time itself
             self.manifest["wall_s"] = round(time.perf_counter() - self._t0, 6)
         self._write()
         return False
+
+    def _fail(self, exc: BaseException) -> None:
+        if isinstance(exc, KeyboardInterrupt):
+            code, reason = 130, "interrupted (Ctrl-C)"
+        else:
+            code = getattr(exc, "exit_code", 1)
+            reason = f"tpudiag failed: {one_line(exc, 284, typed=False)}"
+        self.manifest.update(status="failed", exit_code=code, reason=reason)
+
+    def _forced(self, stop: BaseException) -> None:
+        """A stop the main thread could not raise in time (`workers.FORCE_AFTER_S`): recorded here, from
+        the stop watch thread, as the block's end would have recorded it."""
+        self._fail(stop)
+        self.manifest["wall_s"] = round(time.perf_counter() - self._t0, 6)
+        self._write()
 
     def write_json(self, name: str, doc: dict) -> Path:
         write_json_atomic(self.path / name, doc)
@@ -242,10 +298,3 @@ class RunDir:
 
     def _write(self) -> None:
         write_json_atomic(self.path / MANIFEST, self.manifest)
-
-
-def _raise_terminated(signum, _frame):
-    from tpudiag.capture.workers import stop_all
-
-    stop_all()
-    raise Terminated(f"terminated by signal {signal.Signals(signum).name}")

@@ -27,6 +27,9 @@ class CaptureResult:
     exit_code: int
     status: str  # "ok" | "failed"
     reason: str | None
+    # The signal reaching tpudiag that was passed on to the program (SIGINT, SIGTERM, SIGHUP), or None:
+    # the user stopped the run, and a command that would go on (`compile SCRIPT`) stops too.
+    stop_signal: int | None = None
 
 
 def run_program(
@@ -78,7 +81,8 @@ def run_program(
     with ProgramProcess(rd, spec, cenv, stdout=program_stdout, stderr=program_stderr) as proc:
         if while_waiting:
             threading.Thread(target=while_waiting, daemon=True).start()
-        with forwarding_signals(proc.send_signal, "the program", active=proc.running):
+        with forwarding_signals(proc.send_signal, "the program", active=proc.running) as forwarded:
             proc.wait()
         exit_code, reason = proc.finish()
-    return CaptureResult(run_dir=given, exit_code=exit_code, status=rd.manifest["status"], reason=reason)
+    return CaptureResult(run_dir=given, exit_code=exit_code, status=rd.manifest["status"], reason=reason,
+                         stop_signal=forwarded.first)

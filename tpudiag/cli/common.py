@@ -7,12 +7,25 @@ Renderers live in `report/`; this module only names the format and says where th
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
 import click
 
 from tpudiag.errors import UsageError
+
+
+class FiniteFloat(click.FloatRange):
+    """click's FloatRange that also refuses nan and inf (one line, as every bad option): nan passes
+    every range check, so `--timeout nan` was a limit that never fired, and `--static-memory inf`
+    ended in an internal error (int(inf)); `validate --k nan` failed a correct port."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
 
 
 # The width of a console whose output is not a terminal (piped, redirected, CI logs) and was given
@@ -87,7 +100,7 @@ def output_options(schema: str):
 
 
 def ci_options(f):
-    f = click.option("--max-artifact-mb", type=click.FloatRange(0, min_open=True), default=None,
+    f = click.option("--max-artifact-mb", type=FiniteFloat(0, min_open=True), default=None,
                      help="With --ci: the most tpudiag-artifacts.tar.gz may weigh, compressed, in MB "
                           "(default 50); what does not fit is left out and listed in its BUNDLE.txt.")(f)
     f = click.option("--ci", is_flag=True,
@@ -276,11 +289,11 @@ def static_profile_options(timeout_default: float):
     """`--timeout` and `--static-memory`: the limits of one module's static-profile attempt, past
     which it is compiled again without the profile (`static_limits` turns them into `Limits`)."""
     def deco(f):
-        f = click.option("--static-memory", "static_memory_gib", type=click.FloatRange(0.1), default=8,
+        f = click.option("--static-memory", "static_memory_gib", type=FiniteFloat(0.1), default=8,
                          show_default=True,
                          help="GiB of memory one module's static profile may use before it is dropped (it grows "
                               "with sequence length: a 1024-token attention block needs more than 8).")(f)
-        f = click.option("--timeout", "timeout_s", type=click.FloatRange(0.01), default=timeout_default,
+        f = click.option("--timeout", "timeout_s", type=FiniteFloat(0.01), default=timeout_default,
                          show_default=True,
                          help="CPU seconds the static profile of a module with up to 9 matmuls may take; a "
                               "module with more gets proportionally more, up to 6x. A busy machine does not "
@@ -301,7 +314,7 @@ def static_limits(static_cpu_s: float, static_memory_gib: float, compile_timeout
 
 def compile_timeout_option(f):
     """`--compile-timeout`: the CPU seconds one module's plain compile may take."""
-    return click.option("--compile-timeout", "compile_timeout_s", type=click.FloatRange(1), default=None,
+    return click.option("--compile-timeout", "compile_timeout_s", type=FiniteFloat(1), default=None,
                         help="CPU seconds one module's compile (without the static profile) may take "
                              "(default: 300 s for up to 9 matmuls, proportionally more for a larger module, "
                              "up to 6000 s).")(f)
@@ -312,7 +325,7 @@ def step_compile_timeout_option(help_text: str):
     1800 by default. Not `compile_timeout_option`'s default (300 s per 9 matmuls, up to 20x) on
     purpose: a step lowered for a slice is one large module, and a 32-layer 8B step for 256 chips
     compiles for minutes on a 2-core machine; a fixed, stated figure is what a user can plan for."""
-    return click.option("--compile-timeout", "compile_timeout_s", type=click.FloatRange(1), default=1800,
+    return click.option("--compile-timeout", "compile_timeout_s", type=FiniteFloat(1), default=1800,
                         show_default=True, help=help_text)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import (cache_options, calibration_choice, calibration_options, check_outputs, check_versions,
-                                ci_budget, ci_options,
+from tpudiag.cli.common import (FiniteFloat, cache_options, calibration_choice, calibration_options, check_outputs,
+                                check_versions, ci_budget, ci_options,
                                 compile_timeout_option, debug_on, emit, force_option, output_format, output_options,
                                 program_args, progress, selection, selection_options, static_limits,
                                 static_profile_options, step_compile_timeout_option, use_cache_options,
@@ -72,7 +72,7 @@ class PassThroughCommand(click.Command):
                    "collectives through gloo) and report their collectives across processes.")
 @click.option("--devices-per-process", type=click.IntRange(1, 512), default=None,
               help="With --processes: CPU devices each process gets (--xla_force_host_platform_device_count).")
-@click.option("--process-timeout", type=click.FloatRange(0, min_open=True), default=None,
+@click.option("--process-timeout", type=FiniteFloat(0, min_open=True), default=None,
               help="With --processes: seconds the job may run; then every process is stopped (exit 124).")
 @click.option("--coordinator-port", type=click.IntRange(1, 65535), default=None,
               help="With --processes: the coordinator's port (default: a free one; a taken one is retried).")
@@ -157,10 +157,10 @@ def profile(out, steps, skip, python_trace, processes, devices_per_process, proc
     if fmt == "text":
         from tpudiag.report.next_steps import TERMS, next_steps
 
-        steps = next_steps(report, str(script), tuple(args))
-        if steps:
+        lines = next_steps(report, str(script), tuple(args), steps, skip)
+        if lines:
             click.echo("\nNext:")
-            for line in steps:
+            for line in lines:
                 click.echo(f"  - {line}")
             click.echo(f"Terms: {TERMS}")
 
@@ -356,4 +356,7 @@ def plan(target_text, mesh_axes, search, jobs, ray_address, out, compile_timeout
                         calibration=calibration_choice(calibration_file, no_calibration), measure=measure)
     emit(doc, fmt, no_color=no_color, width=width)
     if doc.status != "ok":
+        reasons = {c.reason for c in doc.candidates}
+        if len(reasons) == 1 and all(c.status == "failed" for c in doc.candidates):  # one cause: say it
+            raise GateFailed(f"plan: every candidate failed: {reasons.pop()} (run directory {run})")
         raise GateFailed(f"plan: no candidate fits {doc.target['topology']} (run directory {run})")

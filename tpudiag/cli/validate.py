@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import check_outputs, emit, force_option, output_format, output_options
+from tpudiag.cli.common import FiniteFloat, check_outputs, emit, force_option, output_format, output_options
 from tpudiag.capture import workers
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed
@@ -27,9 +27,9 @@ from tpudiag.errors import GateFailed
 @click.option("--allow-nondeterminism", is_flag=True,
               help="Skip the bit-for-bit check of two runs of the candidate (for kernels that document it).")
 @click.option("--no-shrink", is_flag=True, help="Do not look for a smaller failing case.")
-@click.option("--k", "k", type=float, default=None,
+@click.option("--k", "k", type=FiniteFloat(), default=None,
               help="The candidate may be K times as far from float64 as the reference (default 2).")
-@click.option("--floor-eps", type=float, default=None,
+@click.option("--floor-eps", type=FiniteFloat(), default=None,
               help="Plus this many eps of the output dtype, normwise (default 4).")
 @click.option("--bind", "bind", multiple=True, metavar="INPUT=PARAM",
               help="Pass the input INPUT to the candidate's parameter PARAM (inputs are bound by name to both "
