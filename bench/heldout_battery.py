@@ -117,6 +117,17 @@ def first_line(*texts: str) -> str:
     return ""
 
 
+def last_line(text: str) -> str:
+    """The last line of stderr: tpudiag's verdict or error, after the program's own output."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:110] if lines else ""
+
+
+def shown_line(code, out: str, err: str) -> str:
+    """What a user reads first: stdout's first line, or on failure stderr's last (the one-line error)."""
+    return (last_line(err) or first_line(out)) if code else first_line(out, err)
+
+
 def record(case: str, cmd, code, seconds: float, line: str, problems: list[str]) -> None:
     shown = cmd if isinstance(cmd, str) else shlex.join(str(c) for c in cmd)
     shown = shown.replace(str(REPO) + "/", "").replace(str(Path(sys.executable).parent) + "/", "")
@@ -145,7 +156,7 @@ def check(case, args, cwd, *, want: int | tuple = 0, one_line: bool | None = Non
         problems.append(f"{secs:.0f} s > {max_s:.0f} s")
     if no_new and (new := set(no_new.iterdir()) - before):
         problems.append(f"left {', '.join(p.name for p in new)}")
-    record(case, ["tpudiag", *args], code, secs, first_line(err if code else out, out), problems)
+    record(case, ["tpudiag", *args], code, secs, shown_line(code, out, err), problems)
     return out, err
 
 
@@ -248,8 +259,8 @@ def signal_case(case, args, cwd, run: Path, sig, *, when, want_code, reason_has:
         problems.append("'aborted' or a traceback on stderr")
     shown = shell if shell else ["tpudiag", *args, f"<{signal.Signals(sig).name} {t_sig - t0:.1f}s"
                                                     f"{' x2' if twice else ''}>"]
-    line = first_line(err, out) if not program_s else f"program ended {program_took:.1f} s after the signal; " \
-                                                      + first_line(err, out)
+    line = shown_line(code, out, err) if not program_s else \
+        f"program ended {program_took:.1f} s after the signal; " + shown_line(code, out, err)
     record(case, shown, code, took, line, problems)
 
 
@@ -417,7 +428,7 @@ def signals(w: Path) -> None:
         code, secs, out, err = run([*TPUDIAG, "report", case], d)
         status = manifest(d / case).get("status")
         record(case, ["tpudiag", *cmd, "<kill -9>", "; tpudiag report", case], proc.returncode,
-               time.monotonic() - t0, first_line(err, out),
+               time.monotonic() - t0, shown_line(code, out, err),
                ([f"left running: {left[0]}"] if left else []) + ([] if status == "failed" else [f"manifest {status}"]))
     for case, cmd, sig, code, at in (
             ("S13", ["kernels", "verify", "rope"], signal.SIGTERM, 143, 3.0),
@@ -437,7 +448,7 @@ def signals(w: Path) -> None:
         problems = ([] if proc.returncode == code else [f"exit {proc.returncode}, wanted {code}"]) + \
             ([f"took {took:.1f} s"] if took > STOP_S else []) + (["traceback"] if "Traceback" in err else [])
         record(case, ["tpudiag", *cmd, f"<{signal.Signals(sig).name} {at:.0f}s>"], proc.returncode, took,
-               first_line(err, out), problems)
+               shown_line(proc.returncode, out, err), problems)
     signal_case("S17", ["profile", "--target", "v5e", "--no-cache", "--out", "S17", bf16], d, d / "S17" / "tpu",
                 signal.SIGINT, when=worker_of(d / "S17" / "tpu"), want_code=130, reason_has="interrupted")
 
@@ -508,9 +519,11 @@ def main() -> int:
         CLASSES[c.strip()](w)
     failed = [r for r in ROWS if r["verdict"] != "ok"]
     print(f"\n{len(ROWS) - len(failed)} of {len(ROWS)} cases ok in {time.monotonic() - t0:.0f} s\n")
-    print("| case | command | exit | s | verdict |\n|---|---|---:|---:|---|")
+    print("| case | command | exit | s | output (stdout's first line; on failure stderr's last) | verdict |\n"
+          "|---|---|---:|---:|---|---|")
     for r in ROWS:
-        print(f"| {r['case']} | `{r['command'][:120]}` | {r['exit']} | {r['seconds']} | {r['verdict']} |")
+        line = r["first_line"][:90].replace("|", "\\|").replace("`", "'")
+        print(f"| {r['case']} | `{r['command'][:110]}` | {r['exit']} | {r['seconds']} | {line} | {r['verdict']} |")
     if a.json:
         a.json.write_text(json.dumps(ROWS, indent=2) + "\n")
     return 1 if failed else 0
