@@ -95,7 +95,6 @@ def _same(a: list, b: list) -> bool:
 
 
 def correctness(task, solution: Path, seed: int) -> dict:
-    from tpudiag.challenge.task import REGIMES
     from tpudiag.parity import inputs as inp
     from tpudiag.parity.harness import validate_pair
     from tpudiag.parity.sides import load_function, side
@@ -113,17 +112,19 @@ def correctness(task, solution: Path, seed: int) -> dict:
         specs = inp.parse_spec(spec)
         shapes.append(where)
         try:
-            result = validate_pair(ref, cand, generator=_generator(specs), regimes=REGIMES, determinism=False,
-                                   seed=seed, shrink_failures=False, inputs_text=spec)
+            result = validate_pair(ref, cand, generator=_generator(specs), regimes=task.regimes, determinism=False,
+                                   seed=seed, shrink_failures=False, inputs_text=spec, grad=task.grad)
         except Exception as e:  # the harness refused the pair at these shapes (an output of another shape)
             failures.append(f"{where} {spec}: {' '.join(str(e).split())[:300]}")
             continue
         for case in result.failures:
             failures.append(f"{where} [{case.regime}] {case.inputs}: {' '.join(case.why.split())[:300]}")
-    n = len(shapes) * len(REGIMES)
+    n = len(shapes) * len(task.regimes)
     if failures:
         return {"ok": False, "why": f"{len(failures)} of {n} case(s) failed; " + "; ".join(failures[:3])}
-    return {"ok": True, "why": f"{n} case(s) pass ({len(task.hidden)} hidden shape(s), regimes {', '.join(REGIMES)})"}
+    graded = "values and gradients" if task.grad else "values"
+    return {"ok": True, "why": f"{n} case(s) pass, {graded} ({len(task.hidden)} hidden shape(s), regimes "
+                               f"{', '.join(task.regimes)})"}
 
 
 def dynamic_checks(task, solution: Path, seed: int) -> dict:

@@ -4,7 +4,10 @@ a `Task`, and the rubric every task is graded by. Reads task directories; runs n
 task.json keys: name, title, function (the name a solution defines), statement, reference
 (`FILE.py:FUNC` in the directory), attribution, ground_truth (`FILE.py:FUNC`, optional), public (an
 input spec, as `tpudiag validate --inputs`), hidden (a list of specs, used only at grading), dtypes,
-forbidden (dotted names a solution may not import or use besides the reference file).
+forbidden (dotted names a solution may not import or use besides the reference file), grad
+(optional, false: true grades the gradients of every floating input too), regimes (optional: the
+correctness regimes, `REGIMES` by default; a task that replaces one says why in its statement),
+speed (optional: the input spec speed is measured at; the public one by default).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpudiag.errors import InputError
+from tpudiag.parity import inputs as inp
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 
@@ -49,6 +53,9 @@ class Task:
     dtypes: tuple[str, ...]
     forbidden: tuple[str, ...]
     directory: Path
+    grad: bool = False  # the gradients of every floating input are graded too (validate --grad)
+    regimes: tuple[str, ...] = REGIMES
+    speed: str | None = None  # the input spec speed is measured at (None: the public one)
 
     @property
     def reference_path(self) -> Path:
@@ -106,7 +113,13 @@ def load_task(directory: Path) -> Task:
                 statement=doc["statement"], reference=doc["reference"], attribution=doc.get("attribution", ""),
                 ground_truth=doc.get("ground_truth"), public=doc["public"], hidden=tuple(doc.get("hidden", ())),
                 dtypes=tuple(doc.get("dtypes", ())), forbidden=tuple(doc.get("forbidden", ())),
-                directory=directory.resolve())
+                directory=directory.resolve(), grad=bool(doc.get("grad", False)),
+                regimes=tuple(doc.get("regimes") or REGIMES), speed=doc.get("speed"))
+    unknown = [r for r in task.regimes if r not in ("zero_rows", *inp.REGIMES)]
+    if unknown:
+        raise InputError(f"{source}: unknown regime {', '.join(unknown)}")
+    if task.speed:
+        inp.parse_spec(task.speed)
     if ":" not in task.reference or not task.reference_path.is_file():
         raise InputError(f"{directory}: the reference {task.reference} is missing")
     return task

@@ -94,10 +94,11 @@ def _kind(fn: Callable) -> str:
     used = [env[n] for n in (code.co_names if code else ()) if n in env]
     used += [c.cell_contents for c in (getattr(target, "__closure__", None) or ()) if _filled(c)]
     names = _frameworks(used)
-    if not names & {"jax", "torch"}:
+    if not names & {"jax", "torch"}:  # its module's names (its globals where the module is not registered)
         mod = sys.modules.get(getattr(target, "__module__", "") or "")
-        names = _frameworks(list(vars(mod).values()) if mod else [])
-    if "jax" in names or hasattr(fn, "lower"):  # jax.jit objects have .lower
+        names = _frameworks(list(vars(mod).values()) if mod else list(env.values()))
+    # jax.jit objects have .lower; a jax.custom_vjp or custom_jvp object is JAX whatever it wraps
+    if "jax" in names or hasattr(fn, "lower") or type(fn).__module__.split(".")[0] == "jax":
         return "jax"
     if "torch" in names:
         return "torch"

@@ -54,6 +54,8 @@ def show_lines(task, rubric) -> list[str]:
            f"function:    {task.function}", f"reference:   {task.reference}",
            f"attribution: {task.attribution}", f"public:      {task.public}",
            f"hidden:      {len(task.hidden)} shape set(s), used only at grading",
+           f"regimes:     {', '.join(task.regimes)}" + ("; gradients graded too" if task.grad else ""),
+           f"speed at:    {task.speed or task.public}",
            f"dtypes:      {', '.join(task.dtypes)}",
            f"ground truth: {task.ground_truth or '(none)'}", "", "rubric:"]
     out += [f"  {name:<12} {points:>3} points  {what}" for name, points, what in rubric]

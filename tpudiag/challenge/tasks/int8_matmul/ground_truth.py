@@ -6,5 +6,6 @@ import jax
 from tpudiag.kernels.int8_matmul import int8_matmul as _kernel
 
 
-def int8_matmul(x, w, scales):
-    return _kernel(x, w, scales, interpret=jax.default_backend() != "tpu")
+def int8_matmul(x, w, scales, interpret=None):
+    interpret = jax.default_backend() != "tpu" if interpret is None else interpret
+    return _kernel(x, w, scales, interpret=interpret)

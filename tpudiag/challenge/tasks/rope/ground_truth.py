@@ -6,5 +6,6 @@ import jax
 from tpudiag.kernels.rope import rope as _kernel
 
 
-def rope(q, k, positions):
-    return _kernel(q, k, positions, theta=10000.0, interpret=jax.default_backend() != "tpu")
+def rope(q, k, positions, interpret=None):
+    interpret = jax.default_backend() != "tpu" if interpret is None else interpret
+    return _kernel(q, k, positions, theta=10000.0, interpret=interpret)
