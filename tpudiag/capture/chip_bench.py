@@ -100,10 +100,11 @@ def time_points(spec, chip, points: list, candidates: bool, calls: int, rotate_b
 
 
 def time_functions(kernel: str, items: list, calls: int, rotate_bytes: int, emit, trace_dir: Path | None,
-                   inputs: str | None = None) -> None:
+                   inputs: str | None = None, arg_sets=None) -> None:
     """Time each (label, function, ShapeDtypeStructs) of `items` on the chip with inputs for kernel
-    `kernel` (kernels/bench_inputs.py; by the rule `inputs` where given), all in one trace; `emit` a
-    row per label."""
+    `kernel` (kernels/bench_inputs.py; by the rule `inputs` where given; `arg_sets(r)` gives argument
+    set r itself where given: a challenge task's own draws), all in one trace; `emit` a row per
+    label."""
     import jax
 
     from tpudiag.kernels.bench_inputs import bench_inputs, nbytes
@@ -114,7 +115,8 @@ def time_functions(kernel: str, items: list, calls: int, rotate_bytes: int, emit
         emit({**row, "status": "running"})
         try:
             k = argument_sets(nbytes(sds), rotate_bytes)
-            sets = [bench_inputs(inputs or kernel, sds, jax.random.key(r)) for r in range(k)]
+            sets = [arg_sets(r) if arg_sets is not None else bench_inputs(inputs or kernel, sds, jax.random.key(r))
+                    for r in range(k)]
             name = f"tpudiag_bench_{kernel}_{label}"
             jf = jax.jit(named(fn, name))
             t = time.perf_counter()

@@ -21,18 +21,39 @@ from tpudiag.parity import inputs as inp
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 
-# Every criterion, its points, and what it checks. Speed is not scored without a TPU: a CPU has no
-# figure of the TPU's time, and interpret mode's time says nothing about a kernel's.
+# Every criterion, its points, and what it checks.
 RUBRIC = (
-    ("correctness", 70, "the parity rule of `tpudiag validate` (float64 truth, the reference's own error as the "
+    ("correctness", 60, "the parity rule of `tpudiag validate` (float64 truth, the reference's own error as the "
                         "yardstick) on fresh seeds, at the public and the hidden shapes, regimes normal, "
-                        "large_logits, tiny and zero_rows"),
+                        "large_logits, tiny and zero_rows (a task may replace one; `show` says), gradients too "
+                        "where the task has them"),
     ("determinism", 10, "two calls on the same input, each from a freshly loaded module, return the same bits"),
     ("integrity", 20, "the source neither imports nor calls the reference nor reads files nor calls back to the "
                       "host; no state kept between calls (A, B, A from one module); the output changes when the "
                       "input does"),
-    ("speed", 0, "static: not timed without a TPU"),
+    ("speed", 10, "on the TPU when one is attached, else the static profile of an AOT compile for v5e: half for "
+                  "no slower than XLA's version (the reference jitted), half for 80% of the ground truth's speed; "
+                  "measured only for a solution that passes correctness and integrity"),
 )
+
+
+@dataclass(frozen=True)
+class SpeedRule:
+    """How the speed criterion's points are earned (docs/challenges.md, "Speed")."""
+
+    # The share of the points for being no slower than XLA's version of the task (the reference
+    # jitted). Where even the ground truth is slower than XLA at the measured shapes (small shapes,
+    # a kernel's fixed costs), the bar is the ground truth's time: what has been reached.
+    xla_share: float = 0.5
+    # The rest for reaching this share of the ground truth's speed (its time / the solution's).
+    of_ground_truth: float = 0.8
+    # Chip times move by a few percent between runs of the same executable (the fastest of 20
+    # calls); a solution within this factor of a bar meets it. Static cycles are deterministic.
+    chip_noise: float = 1.05
+
+
+SPEED_RULE = SpeedRule()
+
 # Regimes of the correctness check: large magnitudes, a scale that changes from row to row, rows of
 # zeros (an eps in the wrong place divides by zero there), and the baseline.
 REGIMES = ("normal", "large_logits", "tiny", "zero_rows")

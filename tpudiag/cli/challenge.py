@@ -1,5 +1,5 @@
-"""`tpudiag challenge list|show|grade|new`: kernel-port tasks graded for correctness, determinism and
-integrity (tpudiag/challenge/). Options in, one challenge call, a renderer out; a grade short of
+"""`tpudiag challenge list|show|grade|new`: kernel-port tasks graded for correctness, determinism,
+integrity and speed (tpudiag/challenge/). Options in, one challenge call, a renderer out; a grade short of
 full marks is `GateFailed` (exit 1). docs/challenges.md."""
 
 from __future__ import annotations
@@ -47,16 +47,20 @@ def show(task_dirs, name):
 @click.option("--seed", type=int, default=None, help="Seed of the inputs (default: a fresh one, printed).")
 @click.option("--time-limit", "time_limit_s", type=click.FloatRange(1, None), default=None,
               help="Seconds the solution's grading may take (default 600); past it the grade fails.")
-@output_options("tpudiag.challenge/1")
+@click.option("--no-speed", "no_speed", is_flag=True,
+              help="Do not measure speed (quick grading): it is not scored and its points are left out.")
+@output_options("tpudiag.challenge/2")
 @click.argument("name")
 @click.argument("solution", type=click.Path(path_type=Path, dir_okay=False))
-def grade(task_dirs, seed, time_limit_s, as_json, as_md, no_color, width, name, solution):
-    """Grade SOLUTION.py on task NAME (a bundled name or a task directory). Exit 1 short of full marks."""
+def grade(task_dirs, seed, time_limit_s, no_speed, as_json, as_md, no_color, width, name, solution):
+    """Grade SOLUTION.py on task NAME (a bundled name or a task directory). Exit 1 short of full marks.
+    Speed is timed on the TPU when one is attached, else read from the static profile of an AOT
+    compile for v5e."""
     from tpudiag.challenge.grade import grade as run_grade
     from tpudiag.challenge.task import TIME_LIMIT_S, find_task
 
     task = find_task(name, task_dirs)
-    result = run_grade(task, solution, seed=seed, time_limit_s=time_limit_s or TIME_LIMIT_S)
+    result = run_grade(task, solution, seed=seed, time_limit_s=time_limit_s or TIME_LIMIT_S, speed=not no_speed)
     emit(result, output_format(as_json, as_md), no_color=no_color, width=width)
     if not result.ok:
         why = result.error or f"failed: {', '.join(result.failed)}"

@@ -1,4 +1,4 @@
-"""Terminal and Markdown renderers of `tpudiag.challenge/1` (a grade), and the plain text of
+"""Terminal and Markdown renderers of `tpudiag.challenge/2` (a grade), and the plain text of
 `tpudiag challenge list` and `show`. They compute nothing."""
 
 from __future__ import annotations
