@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tpudiag.report.markdown import _esc
@@ -30,7 +31,7 @@ def render_grade(result, console: Console) -> None:
     for col in ("criterion", "points", "status", "why"):
         table.add_column(col, overflow="fold")
     for row in _rows(result):
-        table.add_row(*row)
+        table.add_row(*map(escape, row))  # as written: "[normal]" in a why is a regime, not markup
     console.print(table)
 
 
