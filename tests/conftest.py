@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,9 @@ def pytest_collection_modifyitems(config, items):
             other = "newest (jax >= 0.11)" if newest else "oldest (jax 0.10)"
             item.add_marker(pytest.mark.skip(reason=f"runs on CI's {other} leg only, to halve CI's time "
                                                     "(tests/legs.txt); TPUDIAG_ALL_LEGS=1 runs it"))
+
+
+def as_in_a_terminal():
+    """A `preexec_fn`: SIGHUP at its default, as in a terminal session. CI and `nohup` start processes
+    with it ignored, which a child inherits (and `nohup tpudiag ...` is meant to outlive a hangup)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)

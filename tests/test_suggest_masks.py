@@ -1,7 +1,7 @@
 """Attention masks, read from the optimized HLO XLA:CPU compiles for small attentions written here in
 the ways model code writes them: the mask's own ops are evaluated, so each spelling gives its kind
-(none, causal, a window with its width, one from the inputs, other), and the snippet is causal only
-where the program is."""
+(none, causal, a window with its width, one from the inputs, other), and the snippet keeps the mask
+(causal, or causal with the window's width) or prices nothing."""
 
 from __future__ import annotations
 
@@ -78,6 +78,8 @@ def test_the_snippet_keeps_the_mask_or_prices_nothing(name):
     kind = KINDS[name][0]
     if kind in ("none", "causal"):
         assert f"causal={kind == 'causal'}" in setup.snippet
+    elif kind == "window":  # a sliding window flash_attention takes: causal with its width
+        assert f"causal=True, window={KINDS[name][1]}" in setup.snippet
     else:  # a mask flash_attention cannot express: a reason, never a snippet that drops it
         assert isinstance(setup, str) and "would drop or change" in setup
 

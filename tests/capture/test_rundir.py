@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ARTIFACTS, ROOT
+from tests.conftest import ARTIFACTS, ROOT, as_in_a_terminal
 from tpudiag.capture import rundir
 from tpudiag.capture.rundir import RunDir
 from tpudiag.errors import InputError, ProgramFailed, Terminated
@@ -135,7 +135,7 @@ def test_a_real_compile_stopped_by_a_signal_ends_its_workers_and_says_so(tmp_pat
     env = dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "tpudiag", "compile", "--target", "v5e", "--jobs", "1", "--out",
                              str(run), str(ARTIFACTS / "decoder" / "ir")], env=env, cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=as_in_a_terminal)
     deadline = time.monotonic() + 120
     while not _workers_of(run) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.02)  # a compile worker is running

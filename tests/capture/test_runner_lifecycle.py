@@ -16,21 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROGRAMS, ROOT
+from tests.conftest import PROGRAMS, ROOT, as_in_a_terminal
 
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-
-
-def _as_in_a_terminal():
-    """SIGHUP at its default, as in a terminal session: CI and `nohup` start processes with it ignored,
-    which the program then inherits (and `nohup tpudiag ...` is meant to keep the program alive)."""
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _start(run: Path, program: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tpudiag", "profile", "--out", str(run), str(program), *args],
                             env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, preexec_fn=_as_in_a_terminal)
+                            start_new_session=True, preexec_fn=as_in_a_terminal)
 
 
 def _manifest(run: Path) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, as_in_a_terminal
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux signals and /proc")
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
@@ -59,7 +59,7 @@ def test_a_stop_dropped_inside_a_gc_callback_is_raised_again(sig, raised):
     `kernels verify` went on to the end of its case (30 s after a SIGTERM). Now it is raised again
     at once, and `Terminated` (SIGTERM, SIGHUP) is not an Exception for `except Exception` to eat."""
     p = subprocess.run([sys.executable, "-c", _STOPPED_IN_GC.format(sig=sig, guard=GUARD_S)], env=ENV,
-                       capture_output=True, text=True, timeout=GUARD_S + 30)
+                       capture_output=True, text=True, timeout=GUARD_S + 30, preexec_fn=as_in_a_terminal)
     assert p.stdout.splitlines() == ["went on", f"stopped by {raised}"], p.stdout + p.stderr
     assert p.returncode == 3 and "Exception ignored" not in p.stderr, p.stderr
 
@@ -95,7 +95,8 @@ def test_a_stop_the_main_thread_cannot_raise_is_forced_by_the_stop_watch(tmp_pat
     from tpudiag.capture.workers import FORCE_AFTER_S
 
     proc = subprocess.Popen([sys.executable, "-c", _WAITS_IN_C, str(tmp_path / "run")],
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_in_a_terminal)
     _wait_for(proc, "ready")
     time.sleep(0.5)  # from its print into its read
     proc.send_signal(sig)
@@ -133,7 +134,7 @@ print("never stopped", flush=True)
 
 def _tpudiag(args, cwd) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tpudiag", *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=as_in_a_terminal)
 
 
 def _wait_for(proc: subprocess.Popen, text: str) -> None:

@@ -1,6 +1,7 @@
 """Flash attention: its verify cases (interpret mode against the reference and float64, gradients of q, k, v),
 the reference against a naive float64 loop, the static tile plans against a brute-force visibility map, fully
-masked rows (exact zeros out and back), the errors raised before tracing, and one AOT compile for v5e of the
+masked rows (exact zeros out and back), dominant keys' gradients as accurate as XLA's, the errors raised
+before tracing, and one AOT compile for v5e of the
 forward and both backward kernels proving they lower through Mosaic with their CostEstimate bytes."""
 
 from __future__ import annotations
@@ -91,6 +92,36 @@ def test_fully_masked_rows_give_exact_zeros_and_zero_gradients():
         assert np.all(np.asarray(g[0]) == 0.0) and np.all(np.isfinite(np.asarray(g)))
     assert np.all(np.asarray(grads[1][1, :, 50:]) == 0.0)  # keys past the length get no gradient
     assert np.abs(np.asarray(grads[1][1, :, :50])).max() > 1e-3
+
+
+def test_outlier_scores_keep_the_backward_as_accurate_as_xla():
+    """Rows where one key dominates (q and k with 1% of entries x100, |s| up to 1e4): the backward's
+    probability for that key is exactly 1, as the forward's, so dV stays within 2x the float32
+    reference's error against float64. With the scale applied before subtracting the max, XLA:CPU
+    fused s * c - m into an FMA and dV came out 23x the reference's error."""
+    rng = np.random.default_rng(0)
+
+    def outliers(*shape):
+        x = rng.standard_normal(shape)
+        return np.where(rng.random(shape) < 0.01, 100 * x, x)
+
+    q, k, v, ct = (outliers(1, 1, 256, 64) for _ in range(4))
+    bs = FA.BlockSizes(128, 128, 128, 128, compute_q_bwd=128, compute_k_bwd=128)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    _, vjp = jax.vjp(lambda v: FA.flash_attention(f32(q), f32(k), v, causal=True, block_sizes=bs, interpret=True), f32(v))
+    _, vjp_ref = jax.vjp(lambda v: FA.reference(f32(q), f32(k), v, causal=True), f32(v))
+    (dv,), (dv_ref,) = vjp(f32(ct)), vjp_ref(f32(ct))
+    s = np.where(np.tril(np.ones((256, 256), bool)), q[0, 0] @ k[0, 0].T / 8.0, -np.inf)
+    p = np.exp(s - s.max(1, keepdims=True))
+    dv64 = (p / p.sum(1, keepdims=True)).T @ ct[0, 0]
+    err = lambda x: np.linalg.norm(np.asarray(x, np.float64)[0, 0] - dv64) / np.linalg.norm(dv64)
+    assert err(dv) <= 2 * err(dv_ref), (err(dv), err(dv_ref))
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("inf")])
+def test_sm_scale_is_positive(scale):
+    with pytest.raises(ValueError, match="sm_scale must be a positive finite number"):
+        FA.flash_attention(_z(1, 2, 128, 64), _z(1, 2, 128, 64), _z(1, 2, 128, 64), sm_scale=scale, interpret=True)
 
 
 @pytest.mark.parametrize("kw,match", [

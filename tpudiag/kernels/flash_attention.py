@@ -25,10 +25,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.flash_attention_bwd import (
-    LANES, MASK_VALUE, NN, NT, compiler_params, dispatch_tile, flash_attention_bwd, last_kv_block, lanes,
-    pair_count, visible)
+    LANES, LOG2E, MASK_VALUE, NN, NT, compiler_params, dispatch_tile, flash_attention_bwd, last_kv_block,
+    lanes, pair_count, visible)
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-LOG2E = math.log2(math.e)
 from tpudiag.kernels.tiling import block_bytes, mxu_precision, precise_log, round_up
 
 
@@ -138,9 +137,9 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
             m, l, acc = (None, None, None) if first else (m_ref[rows, :], l_ref[rows, :], acc_ref[rows, :])
             for sub in chunk.subs:
                 k, v = k_ref[sub.c0:sub.c0 + sub.nc, :], v_ref[sub.c0:sub.c0 + sub.nc, :]
-                # bf16 x bf16 -> f32 on the MXU; scale in f32 (scaling bf16 q would round it by 2^-9).
+                # bf16 x bf16 -> f32 on the MXU; unscaled (the scale multiplies s - m, see LOG2E).
                 s = lax.dot_general(q, k, NT, precision=mxu_precision(q, k),
-                                    preferred_element_type=jnp.float32) * (sm_scale * LOG2E)  # [nr, nc]
+                                    preferred_element_type=jnp.float32)  # [nr, nc]
                 if sub.masked:  # -inf, not a finite stand-in: exp gives exact zeros and l, acc stay 0
                     q_pos = q_start + chunk.r0 + lax.broadcasted_iota(jnp.int32, s.shape, 0)
                     k_pos = k_start + sub.c0 + lax.broadcasted_iota(jnp.int32, s.shape, 1)
@@ -149,7 +148,7 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
                 m_cur = jnp.max(s, axis=1, keepdims=True)
                 m_next = jnp.maximum(m_cur, MASK_VALUE) if m is None else jnp.maximum(m, m_cur)
                 m_next = jnp.broadcast_to(m_next, (chunk.nr, LANES))
-                p = jnp.exp2(s - lanes(m_next, sub.nc))  # f32 on the EUP; s is in base-2 units
+                p = jnp.exp2((s - lanes(m_next, sub.nc)) * (sm_scale * LOG2E))  # f32 on the EUP
                 # p in the input dtype for the MXU (bf16 at full rate); the sum over keys stays f32.
                 pv = lax.dot_general(p.astype(v.dtype), v, NN, precision=mxu_precision(v),
                                      preferred_element_type=jnp.float32)
@@ -157,7 +156,7 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
                 if m is None:
                     l, acc = jnp.broadcast_to(row_sum, (chunk.nr, LANES)), pv
                 else:
-                    alpha = jnp.exp2(m - m_next)
+                    alpha = jnp.exp2((m - m_next) * (sm_scale * LOG2E))
                     l = alpha * l + row_sum
                     acc = acc * lanes(alpha, acc.shape[1]) + pv
                 m = m_next
@@ -178,9 +177,12 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
         o_ref[...] = (acc_ref[...] * lanes(inv, acc_ref.shape[1])).astype(o_ref.dtype)
         if not save_lse:  # inference: the backward's statistic is not needed
             return
-        # +inf log-sum-exp on empty rows: the backward's exp(s - lse) is then exactly 0 there. One
-        # XLU transpose per query block stores it lane-dense [1, bq] for the backward.
-        lse = jnp.where(l == 0.0, jnp.inf, m_ref[...] / LOG2E + precise_log(l_safe))
+        # The log-sum-exp in the unscaled scores' units, m + log(l) / sm_scale: the backward's
+        # exp2((s - lse) * sm_scale * log2 e) is then the forward's probability over l, and exactly
+        # 1 for a key that dominates its row (l = 1). +inf on empty rows: the backward's
+        # probabilities are exactly 0 there. One XLU transpose per query block stores it lane-dense
+        # [1, bq] for the backward.
+        lse = jnp.where(l == 0.0, jnp.inf, m_ref[...] + precise_log(l_safe) * (1.0 / sm_scale))
         lse_ref[...] = lse.T[:1, :]
 
 
@@ -277,7 +279,7 @@ def flash_attention(q, k, v, kv_lengths=None, *, causal: bool = False, sm_scale:
     """softmax(q @ k.T * sm_scale [masked]) @ v with flash-attention tiling; differentiable in q, k, v.
 
     q [B, H, Sq, D]; k, v [B, KVH, Skv, D] with H % KVH == 0; kv_lengths [B] ints or None;
-    sm_scale defaults to 1/sqrt(D); `window` (with causal=True): a sliding window, query i sees keys
+    sm_scale (positive) defaults to 1/sqrt(D); `window` (with causal=True): a sliding window, query i sees keys
     i - window < j <= i (Mistral's `sliding_window`). Returns [B, H, Sq, D] in q's dtype."""
     check_shapes(q, k, v, kv_lengths)
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1 or not causal):
@@ -293,6 +295,8 @@ def flash_attention(q, k, v, kv_lengths=None, *, causal: bool = False, sm_scale:
     else:
         lens = jnp.clip(kv_lengths.astype(jnp.int32), 0, skv)
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(d)
+    if not (math.isfinite(scale) and scale > 0):  # the running max is taken over unscaled scores
+        raise ValueError(f"sm_scale must be a positive finite number, got {sm_scale!r}")
     pad = lambda x, n: x if x.shape[2] == n else jnp.pad(x, ((0, 0), (0, 0), (0, n - x.shape[2]), (0, 0)))
     cfg = _Config(scale, bool(causal), kv_lengths is not None, skv, blocks, interpret, window or 0)
     out = _attention(pad(q, sq_pad), pad(k, skv_pad), pad(v, skv_pad), lens, cfg)

@@ -1,7 +1,8 @@
 """Flash attention backward: the dK/dV and dQ Pallas TPU kernels, and the tiling helpers the forward
 (`flash_attention.py`) shares with them.
 
-Reads q, k, v, dO and the forward's per-row log-sum-exp (`lse`) and `delta = rowsum(dO * O)`;
+Reads q, k, v, dO and the forward's per-row log-sum-exp (`lse`, in the units of the unscaled scores
+s = q . k: a row's probabilities are exp(sm_scale * (s - lse))) and `delta = rowsum(dO * O)`;
 returns dQ, dK, dV in the input dtypes. Scores are recomputed block by block from the saved `lse`,
 so no [S, S] matrix ever reaches HBM. It does not run the forward, and it does not check shapes
 (the public wrapper in `flash_attention.py` does both); `interpret` passes through to pallas_call.
@@ -27,8 +28,16 @@ from tpudiag.kernels.tiling import block_bytes, mxu_precision, vmem_limit
 
 # A large finite negative. The forward floors its running max at it, so s - m is never -inf - -inf
 # (NaN) in a row with no visible key so far; the backward writes it into masked scores, where
-# exp(MASK_VALUE - lse) is exactly 0.
+# exp2((MASK_VALUE - lse) * sm_scale * log2 e) is exactly 0.
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+# Scores are kept as the dot gives them (s = q . k, unscaled) and probabilities computed as
+# exp2((s - m) * sm_scale * log2 e), forward and backward alike. exp2 is the chip's exponential
+# (exp(x) compiles to exp2(x * log2 e), a second multiply per score), so the scale and the change
+# of base are one multiply. The multiply follows the subtraction: a dominant key's s - m is exactly 0
+# and its probability exactly 1. Scaled first (s * c - m), a compiler may fuse the two into one
+# FMA whose unrounded product differs from the rounded max by up to half an ulp of s (XLA:CPU
+# does: probabilities 1 - 8e-5 at s = 2,500, the backward's dV 16x the reference's error).
+LOG2E = math.log2(math.e)
 LANES = 128  # a vreg is 8 sublanes x 128 lanes: row statistics are kept lane-broadcast to 128
 
 NT = (((1,), (1,)), ((), ()))  # a @ b.T: the MXU takes the transposed operand without an XLU transpose
@@ -236,13 +245,13 @@ def _dkv_kernel(lens_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_re
                 cols = slice(sub.c0, sub.c0 + sub.nc)
                 q, do = q_ref[cols, :], do_ref[cols, :]
                 st = lax.dot_general(k, q, NT, precision=mxu_precision(k, q),
-                                     preferred_element_type=jnp.float32) * sm_scale  # [keys, queries]
+                                     preferred_element_type=jnp.float32)  # [keys, queries], unscaled
                 if sub.masked:
                     k_pos = k_start + chunk.r0 + lax.broadcasted_iota(jnp.int32, st.shape, 0)
                     q_pos = q_start + sub.c0 + lax.broadcasted_iota(jnp.int32, st.shape, 1)
                     st = jnp.where(visible(q_pos, k_pos, length, causal, window), st, MASK_VALUE)
                 # lse is +inf on fully masked rows, so their probabilities (and gradients) are exactly 0.
-                pt = jnp.exp(st - lse_ref[:, cols])  # f32 exp: a bf16 exp loses 3 digits near 1
+                pt = jnp.exp2((st - lse_ref[:, cols]) * (sm_scale * LOG2E))  # f32: bf16 loses 3 digits near 1
                 dv = dv + lax.dot_general(pt.astype(do.dtype), do, NN, precision=mxu_precision(do),
                                           preferred_element_type=jnp.float32)
                 dpt = lax.dot_general(v, do, NT, precision=mxu_precision(v, do), preferred_element_type=jnp.float32)
@@ -295,12 +304,12 @@ def _dq_kernel(lens_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref
                 cols = slice(sub.c0, sub.c0 + sub.nc)
                 k, v = k_ref[cols, :], v_ref[cols, :]
                 s = lax.dot_general(q, k, NT, precision=mxu_precision(q, k),
-                                    preferred_element_type=jnp.float32) * sm_scale  # [queries, keys]
+                                    preferred_element_type=jnp.float32)  # [queries, keys], unscaled
                 if sub.masked:
                     q_pos = q_start + chunk.r0 + lax.broadcasted_iota(jnp.int32, s.shape, 0)
                     k_pos = k_start + sub.c0 + lax.broadcasted_iota(jnp.int32, s.shape, 1)
                     s = jnp.where(visible(q_pos, k_pos, length, causal, window), s, MASK_VALUE)
-                p = jnp.exp(s - lanes(lse, sub.nc))
+                p = jnp.exp2((s - lanes(lse, sub.nc)) * (sm_scale * LOG2E))
                 dp = lax.dot_general(do, v, NT, precision=mxu_precision(do, v), preferred_element_type=jnp.float32)
                 ds = p * (dp - lanes(delta, sub.nc))
                 dq = dq + lax.dot_general(ds.astype(k.dtype), k, NN, precision=mxu_precision(k),
