@@ -112,15 +112,24 @@ def test_a_hanging_solution_fails_on_the_time_limit():
 
 
 def test_list_show_and_unknown_names(capsys):
-    rc, out, _ = run_main(["challenge", "list"], capsys)
-    assert rc == 0 and [line.split()[0] for line in out.splitlines()] == bundled_names()
-    assert len(bundled_names()) >= 13
+    rc, out, _ = run_main(["challenge", "list", "--json"], capsys)
+    doc = json.loads(out)
+    assert rc == 0 and doc["schema"] == "tpudiag.challenge-tasks/1"
+    assert [t["name"] for t in doc["tasks"]] == bundled_names() and len(bundled_names()) >= 13
+    rc, out, _ = run_main(["challenge", "list", "--width", "80"], capsys)  # wrapped to the width asked
+    assert rc == 0 and max(map(len, out.splitlines())) <= 80 and "sliding_window_attention" in out
     rc, out, _ = run_main(["challenge", "show", "rope"], capsys)
     assert rc == 0 and "attribution:" in out and "q=f32[2,32,4,128]" in out and "correctness   60 points" in out
     assert "speed at:" in out and "q=f32[1,1024,16,128]" in out
     assert "[1,37,3,96]" not in out  # hidden shapes stay hidden
+    rc, out, _ = run_main(["challenge", "show", "--json", "rope"], capsys)
+    doc = json.loads(out)
+    assert doc["task"]["hidden_sets"] == 2 and "[1,37,3,96]" not in out
+    assert [r["points"] for r in doc["rubric"]] == [60, 10, 20, 10]
     rc, _, err = run_main(["challenge", "show", "nope"], capsys)
     assert rc == 2 and err.count("\n") == 1 and "rmsnorm_residual, rope, rope_interleaved" in err
+    rc, _, err = run_main(["challenge", "grade", "--time-limit", "nan", "rope", "x.py"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and "'nan' is not a finite number" in err
 
 
 def test_a_task_without_its_reference_is_one_line_exit_2(tmp_path, capsys):
@@ -148,8 +157,8 @@ def test_new_scaffolds_a_task_that_list_shows_and_grade_grades(tmp_path, capsys)
     rc, out, _ = run_main(["challenge", "new", str(root / "softplus"), "--reference", f"{ref}:scaled_softplus",
                            "--shapes", "x=f32[8,256] w=f32[256]", "--hidden", "x=f32[5,200] w=f32[200]"], capsys)
     assert rc == 0 and (root / "softplus" / "task.json").is_file()
-    rc, out, _ = run_main(["challenge", "list", "--tasks", str(root)], capsys)
-    assert rc == 0 and any(line.startswith("softplus ") for line in out.splitlines())
+    rc, out, _ = run_main(["challenge", "list", "--json", "--tasks", str(root)], capsys)
+    assert rc == 0 and "softplus" in [t["name"] for t in json.loads(out)["tasks"]]
     rc, out, err = run_main(["challenge", "grade", "--json", "--no-speed", "--tasks", str(root), "softplus",
                              str(root / "softplus" / "solution.py")], capsys)
     doc = json.loads(out)

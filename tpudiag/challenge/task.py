@@ -92,6 +92,16 @@ class Task:
         return self.directory / file, func
 
 
+def task_doc(task: Task) -> dict:
+    """A task as `challenge list --json` and `show --json` print it: its statement and sources, the
+    number of hidden shape sets (never the shapes)."""
+    return {"name": task.name, "title": task.title, "function": task.function, "statement": task.statement,
+            "reference": task.reference, "attribution": task.attribution, "ground_truth": task.ground_truth,
+            "public": task.public, "hidden_sets": len(task.hidden), "dtypes": list(task.dtypes),
+            "regimes": list(task.regimes), "grad": task.grad, "speed": task.speed or task.public,
+            "directory": str(task.directory)}
+
+
 def bundled_names() -> list[str]:
     return sorted(p.parent.name for p in TASKS_DIR.glob("*/task.json"))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from tpudiag.cli.common import emit, output_format, output_options
+from tpudiag.cli.common import FiniteFloat, emit, output_format, output_options
 from tpudiag.cli.group import cli
 from tpudiag.errors import GateFailed
 
@@ -23,29 +23,32 @@ def challenge():
 
 @challenge.command("list")
 @_TASKS_OPTION
-def list_(task_dirs):
-    """The tasks, one line each."""
-    from tpudiag.challenge.task import list_tasks
-    from tpudiag.report.challenge_render import list_lines
+@output_options("tpudiag.challenge-tasks/1")
+def list_(task_dirs, as_json, as_md, no_color, width):
+    """The tasks, one row each."""
+    from tpudiag.challenge.task import list_tasks, task_doc
 
-    click.echo("\n".join(list_lines(list_tasks(task_dirs))))
+    doc = {"schema": "tpudiag.challenge-tasks/1", "tasks": [task_doc(t) for t in list_tasks(task_dirs)]}
+    emit(doc, output_format(as_json, as_md), no_color=no_color, width=width)
 
 
 @challenge.command()
 @_TASKS_OPTION
+@output_options("tpudiag.challenge-task/1")
 @click.argument("name")
-def show(task_dirs, name):
+def show(task_dirs, as_json, as_md, no_color, width, name):
     """NAME's statement, reference (with attribution), public shapes, dtypes and rubric."""
-    from tpudiag.challenge.task import RUBRIC, find_task
-    from tpudiag.report.challenge_render import show_lines
+    from tpudiag.challenge.task import RUBRIC, find_task, task_doc
 
-    click.echo("\n".join(show_lines(find_task(name, task_dirs), RUBRIC)))
+    rubric = [{"criterion": c, "points": p, "what": w} for c, p, w in RUBRIC]
+    doc = {"schema": "tpudiag.challenge-task/1", "task": task_doc(find_task(name, task_dirs)), "rubric": rubric}
+    emit(doc, output_format(as_json, as_md), no_color=no_color, width=width)
 
 
 @challenge.command()
 @_TASKS_OPTION
 @click.option("--seed", type=int, default=None, help="Seed of the inputs (default: a fresh one, printed).")
-@click.option("--time-limit", "time_limit_s", type=click.FloatRange(1, None), default=None,
+@click.option("--time-limit", "time_limit_s", type=FiniteFloat(1, None), default=None,
               help="Seconds the solution's grading may take (default 600); past it the grade fails.")
 @click.option("--no-speed", "no_speed", is_flag=True,
               help="Do not measure speed (quick grading): it is not scored and its points are left out.")

@@ -1,5 +1,5 @@
-"""Terminal and Markdown renderers of `tpudiag.challenge/2` (a grade), and the plain text of
-`tpudiag challenge list` and `show`. They compute nothing."""
+"""Terminal and Markdown renderers of `tpudiag.challenge/2` (a grade), `tpudiag.challenge-tasks/1`
+(`challenge list`) and `tpudiag.challenge-task/1` (`challenge show`). They compute nothing."""
 
 from __future__ import annotations
 
@@ -45,19 +45,45 @@ def render_grade_md(result) -> str:
     return "\n".join(lines) + "\n"
 
 
-def list_lines(tasks) -> list[str]:
-    width = max((len(t.name) for t in tasks), default=0)
-    return [f"{t.name:<{width}}  {t.title}  ({t.function}: {t.public})" for t in tasks]
+@renders("tpudiag.challenge-tasks", "terminal")
+def render_tasks(doc, console: Console) -> None:
+    """One row a task, wrapped to the console's width (--width, COLUMNS or the terminal's)."""
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    table.add_column("task", no_wrap=True)
+    for col in ("title", "signature and public shapes"):
+        table.add_column(col, overflow="fold")
+    for t in doc["tasks"]:
+        table.add_row(escape(t["name"]), escape(t["title"]), escape(f"{t['function']}: {t['public']}"))
+    console.print(table)
 
 
-def show_lines(task, rubric) -> list[str]:
-    out = [f"{task.name}: {task.title}", "", task.statement, "",
-           f"function:    {task.function}", f"reference:   {task.reference}",
-           f"attribution: {task.attribution}", f"public:      {task.public}",
-           f"hidden:      {len(task.hidden)} shape set(s), used only at grading",
-           f"regimes:     {', '.join(task.regimes)}" + ("; gradients graded too" if task.grad else ""),
-           f"speed at:    {task.speed or task.public}",
-           f"dtypes:      {', '.join(task.dtypes)}",
-           f"ground truth: {task.ground_truth or '(none)'}", "", "rubric:"]
-    out += [f"  {name:<12} {points:>3} points  {what}" for name, points, what in rubric]
+@renders("tpudiag.challenge-tasks", "md")
+def render_tasks_md(doc) -> str:
+    lines = ["| task | title | signature and public shapes |", "|---|---|---|"]
+    lines += [f"| {_esc(t['name'])} | {_esc(t['title'])} | {_esc(t['function'] + ': ' + t['public'])} |"
+              for t in doc["tasks"]]
+    return "\n".join(lines) + "\n"
+
+
+def _show_lines(t, rubric) -> list[str]:
+    out = [f"{t['name']}: {t['title']}", "", t["statement"], "",
+           f"function:    {t['function']}", f"reference:   {t['reference']}",
+           f"attribution: {t['attribution']}", f"public:      {t['public']}",
+           f"hidden:      {t['hidden_sets']} shape set(s), used only at grading",
+           f"regimes:     {', '.join(t['regimes'])}" + ("; gradients graded too" if t["grad"] else ""),
+           f"speed at:    {t['speed']}",
+           f"dtypes:      {', '.join(t['dtypes'])}",
+           f"ground truth: {t['ground_truth'] or '(none)'}", "", "rubric:"]
+    out += [f"  {r['criterion']:<12} {r['points']:>3} points  {r['what']}" for r in rubric]
     return out
+
+
+@renders("tpudiag.challenge-task", "terminal")
+def render_task(doc, console: Console) -> None:
+    for line in _show_lines(doc["task"], doc["rubric"]):
+        console.print(line, markup=False)
+
+
+@renders("tpudiag.challenge-task", "md")
+def render_task_md(doc) -> str:
+    return "\n".join(["```", *_show_lines(doc["task"], doc["rubric"]), "```"]) + "\n"
