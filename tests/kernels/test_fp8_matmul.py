@@ -64,6 +64,23 @@ def test_quantization_clips_instead_of_making_nan():
     np.testing.assert_allclose(np.asarray(scale)[:, 0], [1.0, 2.0 / 448, 1e30 / 448], rtol=1e-6)
 
 
+def test_rows_at_float32s_smallest_normals_stay_finite_and_match_xla():
+    """amax / 448 of a row at float32's smallest normals is subnormal, which XLA:CPU and the TPU
+    flush to 0: x / 0 made the row inf and its output NaN. The scale is floored at the smallest
+    normal; the kernel then gives XLA's own quantized matmul, bit for bit."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 256)).astype(np.float32)
+    x[:8] *= np.float32(2e-38) / np.abs(x[:8]).max(axis=1, keepdims=True)
+    x = jnp.asarray(x)
+    _, scale = f.quantize_rows_fp8(x)
+    assert np.asarray(scale).min() >= np.finfo(np.float32).tiny
+    w = jnp.asarray(rng.uniform(-448, 448, (256, 128)), jnp.float32).astype(jnp.float8_e4m3fn)
+    ws = jnp.ones((128,), jnp.float32)
+    out = f.fp8_matmul(x, w, ws, interpret=True)
+    assert np.all(np.isfinite(np.asarray(out))) and np.abs(np.asarray(out[:8])).max() > 0
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(jax.jit(f.xla_fp8_matmul)(x, w, ws)))
+
+
 def test_bad_inputs_are_refused_by_name():
     x = jnp.zeros((4, 8), jnp.bfloat16)
     w = jnp.zeros((8, 16), jnp.float8_e4m3fn)

@@ -12,10 +12,17 @@ def row_max(x):
     return jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
 
 
+# float32's smallest normal number: the least scale. amax / qmax below it is subnormal, which the
+# TPU (and XLA:CPU) flush to 0, and x / 0 quantized a row near float32's smallest normals to inf.
+_SCALE_FLOOR = float(jnp.finfo(jnp.float32).tiny)
+
+
 def scales_of(amax, qmax: float):
-    """The symmetric scales of rows whose largest magnitudes are `amax` [rows, 1]: amax / qmax, and 1
-    for a row of zeros (its quantized values are 0 either way, so nothing divides by zero)."""
-    return jnp.where(amax > 0, amax / qmax, 1.0)
+    """The symmetric scales of rows whose largest magnitudes are `amax` [rows, 1]: amax / qmax, at
+    least float32's smallest normal (such a row's quantized values then span less than the full
+    range, and stay finite), and 1 for a row of zeros (its quantized values are 0 either way, so
+    nothing divides by zero)."""
+    return jnp.where(amax > 0, jnp.maximum(amax / qmax, _SCALE_FLOOR), 1.0)
 
 
 def row_scales(x, qmax: float):
