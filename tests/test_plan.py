@@ -50,14 +50,16 @@ def test_the_bundled_step_declares_its_mesh_axes():
 
 def test_a_plain_plan_searches_the_programs_own_axes_and_remat_choices():
     """No --mesh-axes: FUNC's MESH_AXES; no --search: the keys of its REMAT dict, unless its
-    arguments fix one. On v5e:2x4 that is 4 meshes x 4 remat choices."""
+    arguments fix one. On v5e:2x4 that is 4 meshes x 8 remat choices (MaxText's, by its names)."""
     path = PROGRAMS / "llama_train.py"
-    assert declared_remat(path) == ("full", "minimal", "offload", "none")
-    assert default_space(path, [], maxtext=False) == {"remat": ["full", "minimal", "offload", "none"]}
+    remat = ["full", "minimal", "minimal_with_context", "save_dot_except_mlp", "save_qkv_proj", "minimal_offloaded",
+             "offload", "none"]
+    assert declared_remat(path) == tuple(remat)
+    assert default_space(path, [], maxtext=False) == {"remat": remat}
     assert default_space(path, ["--remat", "full"], maxtext=False) == {}
     assert default_space(PROGRAMS / "mlp.py", [], maxtext=False) == {}
     assert default_space(path, [], maxtext=True)["remat_policy"][:2] == ["full", "minimal"]
-    assert len(mesh_shapes(8, list(declared_axes(path)))) * len(default_space(path, [], False)["remat"]) == 16
+    assert len(mesh_shapes(8, list(declared_axes(path)))) * len(default_space(path, [], False)["remat"]) == 32
 
 
 def test_a_function_the_file_does_not_define_is_refused_at_once(tmp_path):

@@ -76,6 +76,24 @@ def test_rows_are_cut_and_scaled_back(step, monkeypatch):
         assert flops_whole > 0 and p.scale == int(p.scale)
 
 
+def test_output_features_are_cut_and_scaled_back(step, monkeypatch):
+    """A probe's output features are cut too (a 32B model's [8192, 28672] weight took the static
+    profile past its budget at 2048 rows), each cut a whole factor the cycles are scaled by; the cut
+    module still parses and its result has the cut width."""
+    hlo_parser = pytest.importorskip("jaxlib._hlo")
+    import tpudiag.analyze.compile.matmul_probe as mp
+
+    module, ops = step
+    whole = {p.ops: p for p in select_probes(module, ops)}
+    monkeypatch.setattr(mp, "PROBE_COLS", 128)
+    cut = [p for p in select_probes(module, ops) if p.scale > whole[p.ops].scale]
+    assert cut, "some matmul has more than 128 output features"
+    for p in cut:
+        hlo_parser.hlo_module_from_text(p.text)
+        root = next(line for line in p.text.splitlines() if "ROOT" in line)
+        assert ",128]" in root.split("=", 1)[1].split(" convolution", 1)[0] and p.scale == int(p.scale)
+
+
 def test_vmem_bytes_count_only_buffers_outside_hbm(step):
     from tpudiag.analyze.compile.memory_space import vmem_bytes
 

@@ -38,6 +38,10 @@ _DIMS = re.compile(r"^(\w+)\[([\d,]*)\](.*)$", re.S)
 # step's full rows it runs past 8 GB. A matmul's cycles are linear in its rows once they are many
 # times the MXU's 128 or 256.
 PROBE_ROWS = 2048
+# Its output features likewise, to at most this many: at 2048 rows a [8192, 28672] weight (a 32B
+# model's MLP) still took the static profile past its 45 s CPU budget on a 2-core machine, and the
+# op fell back to the convolution cost model's cycles (2.5x the chip's rate there).
+PROBE_COLS = 4096
 # The cost model whose pick a convolution fusion's `window_config` records. Other ops' window configs
 # say COST_MODEL_TYPE_INVALID, their cycles not a tiling's (some INT64_MAX: unset).
 _COST_MODEL = "COST_MODEL_TYPE_CLASSIC"
@@ -50,7 +54,7 @@ class Probe:
     text: str  # an HLO module: the matmul(s) of one fusion, alone
     ops: tuple[str, ...]  # the step's ops it stands for
     total_s: float  # their estimated time x runs in the step (the ranking)
-    scale: float = 1.0  # the step's rows over the probe's: the probe's cycles x this are the op's
+    scale: float = 1.0  # the step's work over the probe's (rows, output features): cycles x this are the op's
 
 
 def _shape(shape: str) -> str:
@@ -67,25 +71,26 @@ def _with_dims(dtype: str, dims: list[int], rest: str) -> str:
     return f"{dtype}[{','.join(map(str, dims))}]{rest}"
 
 
-def _cut_rows(mm: Instruction, lhs: str, out: str) -> tuple[str, str, float]:
-    """(lhs shape, result shape, rows cut) with a convolution's rows cut to at most PROBE_ROWS: its
-    spatial dimensions with a plain size-1 window (batch-like) to 1, then its batch dimension to
-    PROBE_ROWS where that divides it. A shape it cannot read is left whole (factor 1)."""
+def _cut_rows(mm: Instruction, lhs: str, rhs: str, out: str) -> tuple[str, str, str, float]:
+    """(lhs shape, rhs shape, result shape, work cut) with a convolution's rows cut to at most
+    PROBE_ROWS (its spatial dimensions with a plain size-1 window, batch-like, to 1, then its batch
+    dimension to PROBE_ROWS where that divides it) and its output features to PROBE_COLS where that
+    divides them. A shape it cannot read is left whole (factor 1)."""
     attrs = mm.attributes
     labels = attrs.get("dim_labels", "")
     window = attrs.get("window", "{}").strip("{}").strip()
     if mm.opcode != "convolution" or "->" not in labels or "_" not in labels:
-        return lhs, out, 1.0
+        return lhs, rhs, out, 1.0
     lhs_l, rest = labels.split("_", 1)
-    out_l = rest.split("->", 1)[1]
+    rhs_l, out_l = rest.split("->", 1)
     plain = re.fullmatch(r"size=[\dx]+", window) is not None
     sizes = [int(x) for x in window[5:].split("x")] if plain else []
     try:
-        (ldt, ld, lrest), (odt, od, orest) = _dims(lhs), _dims(out)
+        (ldt, ld, lrest), (rdt, rd, rrest), (odt, od, orest) = _dims(lhs), _dims(rhs), _dims(out)
     except (AttributeError, ValueError):
-        return lhs, out, 1.0
-    if len(ld) != len(lhs_l) or len(od) != len(out_l):
-        return lhs, out, 1.0
+        return lhs, rhs, out, 1.0
+    if len(ld) != len(lhs_l) or len(rd) != len(rhs_l) or len(od) != len(out_l):
+        return lhs, rhs, out, 1.0
     factor = 1.0
     for c in lhs_l:
         if c.isdigit() and plain and int(c) < len(sizes) and sizes[int(c)] == 1 and c in out_l:
@@ -98,7 +103,12 @@ def _cut_rows(mm: Instruction, lhs: str, out: str) -> tuple[str, str, float]:
         if n > PROBE_ROWS and n % PROBE_ROWS == 0 and od[out_l.index("b")] == n:
             ld[lhs_l.index("b")] = od[out_l.index("b")] = PROBE_ROWS
             factor *= n / PROBE_ROWS
-    return _with_dims(ldt, ld, lrest), _with_dims(odt, od, orest), factor
+    if "o" in rhs_l and "f" in out_l and int(mm.attributes.get("feature_group_count", "1")) == 1:
+        n = rd[rhs_l.index("o")]
+        if n > PROBE_COLS and n % PROBE_COLS == 0 and od[out_l.index("f")] == n:
+            rd[rhs_l.index("o")] = od[out_l.index("f")] = PROBE_COLS
+            factor *= n / PROBE_COLS
+    return _with_dims(ldt, ld, lrest), _with_dims(rdt, rd, rrest), _with_dims(odt, od, orest), factor
 
 
 def _matmuls(module: HloModule, instr: Instruction) -> list[Instruction]:
@@ -139,7 +149,7 @@ def probe_text(module: HloModule, instr: Instruction, cut: bool = False) -> str 
 
 
 def probe(module: HloModule, instr: Instruction, cut: bool = True) -> tuple[str, float] | None:
-    """(the probe's HLO text, the rows cut: its cycles times this are the op's), or None. A fusion
+    """(the probe's HLO text, the work cut: its cycles times this are the op's), or None. A fusion
     with several matmuls is probed whole (factor 1)."""
     mms = _matmuls(module, instr)
     if not mms:
@@ -155,7 +165,7 @@ def probe(module: HloModule, instr: Instruction, cut: bool = True) -> tuple[str,
             shapes.append(_shape(op.shape))
         result = _shape(mm.shape)
         if cut and len(mms) == 1 and len(shapes) == 2:
-            shapes[0], result, factor = _cut_rows(mm, shapes[0], result)
+            shapes[0], shapes[1], result, factor = _cut_rows(mm, shapes[0], shapes[1], result)
         names = []
         for sh in shapes:
             p = f"p{len(params)}"
