@@ -3,6 +3,9 @@
 listed test on one of CI's two jax legs, balancing the legs by these seconds.
 
     pytest -q --durations=0 > durations.log; python .ci/split_legs.py durations.log [more.log ...] [--min 3]
+    CI=true PYTEST_ADDOPTS=--durations=0 bash .ci/run > ci.log; python .ci/split_legs.py ci.log --min 0.5
+
+A test's seconds are those of its slowest leg (a CI log holds both, each line prefixed with its leg).
 
 Tests already bound to one leg (the `oldest_leg` / `newest_leg` fixtures, or a skip) are not listed:
 a skipped test's duration is under pytest's 0.005 s display floor.
@@ -25,12 +28,15 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    seconds: dict[str, float] = defaultdict(float)
+    seconds: dict[str, float] = defaultdict(float)  # a test's slowest leg (a log may hold both legs)
     for log in argv:
+        per_leg: dict[tuple[str, str], float] = defaultdict(float)
         for line in Path(log).read_text(errors="replace").splitlines():
-            m = re.match(r"\s*(?:\[\w+\] )?([\d.]+)s (setup|call|teardown)\s+(\S+)", line)
+            m = re.match(r"\s*(?:\[(\w+)\] )?([\d.]+)s (setup|call|teardown)\s+(\S+)", line)
             if m:
-                seconds[m.group(3)] += float(m.group(1))
+                per_leg[m.group(1) or log, m.group(4)] += float(m.group(2))
+        for (_, test), s in per_leg.items():
+            seconds[test] = max(seconds[test], s)
     rows = sorted(((s, t) for t, s in seconds.items() if s >= minimum), key=lambda r: (-r[0], r[1]))
     out = Path(__file__).resolve().parents[1] / "tests" / "legs.txt"
     out.write_text("# seconds test-id: run on one CI leg each (tests/conftest.py); written by .ci/split_legs.py\n"

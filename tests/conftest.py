@@ -179,7 +179,8 @@ def _only_on_leg(newest: bool, why: str) -> None:
 # (tests/legs.txt: seconds and test id, measured on one leg by `.ci/split_legs.py`) run on one leg
 # each, the slowest first on whichever leg has less so far, so each leg takes about half their time.
 # A test not listed runs on both, and so does one already bound to a leg (the `oldest_leg` /
-# `newest_leg` fixtures, a `skipif`, or a jax-version check in its body), which splitting could
+# `newest_leg` fixtures, a `skipif`, or a jax-version check in its body or its fixtures; those bound
+# to a known leg count toward its load before the split), which splitting could
 # otherwise skip on both. TPUDIAG_ALL_LEGS=1 runs every test on either leg.
 LEGS_FILE = Path(__file__).resolve().parent / "legs.txt"
 _LEG_CHECKS = ("oldest_leg", "newest_leg", "getfixturevalue", 'version("jax")', "jax.__version__", "_only_on_leg")
@@ -196,16 +197,29 @@ def _recorded_seconds() -> dict[str, float]:
     return out
 
 
-def _bound_to_a_leg(item) -> bool:
+def _bound_leg(item) -> str | None:
+    """The leg a test is bound to: "oldest" or "newest" (the `oldest_leg` / `newest_leg` fixtures,
+    `_only_on_leg` in the test or in one of its fixtures), "some" (a `skipif`, a jax-version check,
+    `getfixturevalue`: bound, but to which leg is only known when it runs), or None: splittable."""
     import inspect
 
-    if {"oldest_leg", "newest_leg"} & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("skipif"):
-        return True
-    try:
-        source = inspect.getsource(item.function)
-    except (AttributeError, OSError, TypeError):
-        return True
-    return any(check in source for check in _LEG_CHECKS)
+    names = set(getattr(item, "fixturenames", ()))
+    if "oldest_leg" in names or "newest_leg" in names:
+        return "oldest" if "oldest_leg" in names else "newest"
+    if item.get_closest_marker("skipif"):
+        return "some"
+    sources = []
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    for fn in [getattr(item, "function", None)] + [d[-1].func for d in defs.values() if d]:
+        try:
+            sources.append(inspect.getsource(fn))
+        except (OSError, TypeError):
+            return "some"
+    text = "\n".join(sources)
+    for leg, call in (("newest", "_only_on_leg(newest=True"), ("oldest", "_only_on_leg(newest=False")):
+        if call in text:
+            return leg
+    return "some" if any(check in text for check in _LEG_CHECKS) else None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -215,10 +229,17 @@ def pytest_collection_modifyitems(config, items):
 
     on_newest = _series(md.version("jax")) >= (0, 11)
     seconds = _recorded_seconds()
-    split = sorted((it for it in items if it.nodeid in seconds and not _bound_to_a_leg(it)),
-                   key=lambda it: (-seconds[it.nodeid], it.nodeid))
-    load = [0.0, 0.0]  # oldest, newest
-    for item in split:
+    load = [0.0, 0.0]  # oldest, newest: the bound tests' seconds first, then the split ones'
+    split = []
+    for it in items:
+        if it.nodeid not in seconds:
+            continue
+        leg = _bound_leg(it)
+        if leg is None:
+            split.append(it)
+        elif leg != "some":
+            load[leg == "newest"] += seconds[it.nodeid]
+    for item in sorted(split, key=lambda it: (-seconds[it.nodeid], it.nodeid)):
         newest = load[1] < load[0]
         load[newest] += seconds[item.nodeid]
         if newest != on_newest:

@@ -259,13 +259,15 @@ def test_a_failing_process_stops_the_job_and_keeps_the_others_traces(tmp_path):
 
 def test_a_hung_job_is_stopped_at_the_process_timeout(tmp_path):
     run = tmp_path / "job"
-    res = _tpudiag("profile", "--processes", "2", "--process-timeout", "6", "--out", str(run),
+    # 20 s: both processes must be tracing by then, on a loaded 2-core runner too (at 6 s one was
+    # still importing jax, and a process stopped before its trace starts writes none).
+    res = _tpudiag("profile", "--processes", "2", "--process-timeout", "20", "--out", str(run),
                    str(PROGRAMS / "dp_train.py"), "--", "--steps", "4", "--hang-process", "1", "--hang-step", "2")
     assert res.returncode == 124, res.stderr[-3000:]
     m = _manifest(run)
-    assert m["status"] == "failed" and "--process-timeout 6 s" in m["reason"]
+    assert m["status"] == "failed" and "--process-timeout 20 s" in m["reason"]
     for p in m["processes"]:
-        assert p["stopped_by_tpudiag"] and "still running after --process-timeout 6 s" in p["reason"]
+        assert p["stopped_by_tpudiag"] and "still running after --process-timeout 20 s" in p["reason"]
         assert p["xplane"] and (run / p["xplane"]).is_file()  # interrupted, not killed: traces written
 
 

@@ -209,8 +209,14 @@ def _claim(args):
 
     from tpudiag.capture.rundir import default_run_dir
 
+    from tpudiag.capture import rundir
+
     root, stamp = args
-    return str(default_run_dir(Path("small.py"), Path(root), datetime.datetime.fromisoformat(stamp)))
+    path = default_run_dir(Path("small.py"), Path(root), datetime.datetime.fromisoformat(stamp))
+    # A run would now enter it; this worker only names it. Dropping the claim keeps a worker that
+    # exits normally (a spawned process runs its atexit hooks) from removing the empty directory.
+    rundir._CLAIMED.pop(path, None)
+    return str(path)
 
 
 def test_runs_started_in_the_same_second_each_claim_their_own_directory(tmp_path):

@@ -31,6 +31,10 @@ from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
 from tpudiag.kernels.tiling import block_bytes, mxu_precision, precise_log, round_up
 
 
+# pallas.reciprocal moved to pallas.tpu (jax 0.12 warns at the old name; jax 0.10 has only that one).
+_reciprocal = getattr(pltpu, "reciprocal", None) or pl.reciprocal
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
     """Tile sizes: query rows and key rows per grid step, for the forward and the two backward passes.
@@ -171,7 +175,7 @@ def _fwd_kernel(lens_ref, q_ref, k_ref, v_ref, o_ref, *refs, sm_scale, causal, d
         l = l_ref[...]
         # l == 0 only on rows that never met a visible key (acc is 0 there too): output 0.
         l_safe = jnp.maximum(l, 1e-30)
-        inv = pl.reciprocal(l_safe, approx=True)  # EUP estimate (interpret mode: bf16-accurate) ...
+        inv = _reciprocal(l_safe, approx=True)  # EUP estimate (interpret mode: bf16-accurate) ...
         for _ in range(2):  # ... and two Newton steps (error squares each time): f32-accurate
             inv = inv * (2.0 - l_safe * inv)
         o_ref[...] = (acc_ref[...] * lanes(inv, acc_ref.shape[1])).astype(o_ref.dtype)
