@@ -68,21 +68,24 @@ def probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
         progress(f"timing up to {len(probes)} distinct matmul(s) with the compiler's static profile, each alone "
                  f"(at most {PROBE_BUDGET_S:.0f} s)")
     seconds, missing, skipped = {}, 0, 0
+    done: dict[str, tuple[int, str]] = {}  # probe text -> (cycles, module): two ops cut to one probe
     t0 = time.monotonic()
     for i, p in enumerate(probes):
-        if time.monotonic() - t0 > PROBE_BUDGET_S:  # the rest: the convolution cost model
+        if p.text not in done and time.monotonic() - t0 > PROBE_BUDGET_S:  # the rest: the cost model
             skipped = len(probes) - i
             break
-        path = pdir / f"probe{i:02d}-{p.key}.hlo.txt"
-        path.write_text(p.text)
-        pm = compile_alone(path, f"probe{i:02d}", "hlo", pdir, target, probe_limits)
-        cycles = max((o.estimated_cycles or 0 for o in pm.ops if o.flops > 0 and o.cycles_source == "static_profile"),
-                     default=0)
+        if p.text not in done:
+            path = pdir / f"probe{i:02d}-{p.key}.hlo.txt"
+            path.write_text(p.text)
+            pm = compile_alone(path, f"probe{i:02d}", "hlo", pdir, target, probe_limits)
+            done[p.text] = (max((o.estimated_cycles or 0 for o in pm.ops
+                                 if o.flops > 0 and o.cycles_source == "static_profile"), default=0), pm.name)
+        cycles, name = done[p.text]
         if not cycles:
             missing += 1
             continue
-        for name in p.ops:
-            seconds[name] = (round(cycles * p.scale), pm.name)
+        for op in p.ops:
+            seconds[op] = (round(cycles * p.scale), name)
     report, note = probed_matmuls(report, seconds, len(probes), missing, skipped, PROBE_BUDGET_S)
     return report, note, frozenset(seconds)
 

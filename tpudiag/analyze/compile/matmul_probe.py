@@ -38,9 +38,9 @@ _DIMS = re.compile(r"^(\w+)\[([\d,]*)\](.*)$", re.S)
 # step's full rows it runs past 8 GB. A matmul's cycles are linear in its rows once they are many
 # times the MXU's 128 or 256.
 PROBE_ROWS = 2048
-# Its output features likewise, to at most this many: at 2048 rows a [8192, 28672] weight (a 32B
-# model's MLP) still took the static profile past its 45 s CPU budget on a 2-core machine, and the
-# op fell back to the convolution cost model's cycles (2.5x the chip's rate there).
+# Its output and contracted features likewise, to at most this many: at 2048 rows a [8192, 28672]
+# weight (a 32B model's MLP) still took the static profile past its 45 s CPU budget on a 2-core
+# machine, and the op fell back to the convolution cost model's cycles (2.5x the MXU rate there).
 PROBE_COLS = 4096
 # The cost model whose pick a convolution fusion's `window_config` records. Other ops' window configs
 # say COST_MODEL_TYPE_INVALID, their cycles not a tiling's (some INT64_MAX: unset).
@@ -75,7 +75,8 @@ def _cut_rows(mm: Instruction, lhs: str, rhs: str, out: str) -> tuple[str, str, 
     """(lhs shape, rhs shape, result shape, work cut) with a convolution's rows cut to at most
     PROBE_ROWS (its spatial dimensions with a plain size-1 window, batch-like, to 1, then its batch
     dimension to PROBE_ROWS where that divides it) and its output features to PROBE_COLS where that
-    divides them. A shape it cannot read is left whole (factor 1)."""
+    divides them, and its contracted (input) features likewise. A shape it cannot read is left whole
+    (factor 1)."""
     attrs = mm.attributes
     labels = attrs.get("dim_labels", "")
     window = attrs.get("window", "{}").strip("{}").strip()
@@ -107,6 +108,10 @@ def _cut_rows(mm: Instruction, lhs: str, rhs: str, out: str) -> tuple[str, str, 
         n = rd[rhs_l.index("o")]
         if n > PROBE_COLS and n % PROBE_COLS == 0 and od[out_l.index("f")] == n:
             rd[rhs_l.index("o")] = od[out_l.index("f")] = PROBE_COLS
+            factor *= n / PROBE_COLS
+        n = rd[rhs_l.index("i")] if "i" in rhs_l else 0  # the contracted features, likewise
+        if n > PROBE_COLS and n % PROBE_COLS == 0 and "f" in lhs_l and ld[lhs_l.index("f")] == n:
+            rd[rhs_l.index("i")] = ld[lhs_l.index("f")] = PROBE_COLS
             factor *= n / PROBE_COLS
     return _with_dims(ldt, ld, lrest), _with_dims(rdt, rd, rrest), _with_dims(odt, od, orest), factor
 
