@@ -37,6 +37,8 @@ EXPECTED = {
     "tpudiag.targets": ("terminal", "json"),
     "tpudiag.calibration": ("terminal", "md", "json"),
     "tpudiag.challenge": ("terminal", "md", "json"),
+    "tpudiag.challenge-tasks": ("terminal", "md", "json"),
+    "tpudiag.challenge-task": ("terminal", "md", "json"),
 }
 
 
