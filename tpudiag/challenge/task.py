@@ -102,6 +102,12 @@ def task_doc(task: Task) -> dict:
             "directory": str(task.directory)}
 
 
+def task_card(task: Task) -> dict:
+    """`challenge show --json`: the task (`task_doc`) and the rubric it is graded by."""
+    rubric = [{"criterion": c, "points": p, "what": w} for c, p, w in RUBRIC]
+    return {"schema": "tpudiag.challenge-task/1", "task": task_doc(task), "rubric": rubric}
+
+
 def bundled_names() -> list[str]:
     return sorted(p.parent.name for p in TASKS_DIR.glob("*/task.json"))
 

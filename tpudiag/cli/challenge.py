@@ -38,11 +38,9 @@ def list_(task_dirs, as_json, as_md, no_color, width):
 @click.argument("name")
 def show(task_dirs, as_json, as_md, no_color, width, name):
     """NAME's statement, reference (with attribution), public shapes, dtypes and rubric."""
-    from tpudiag.challenge.task import RUBRIC, find_task, task_doc
+    from tpudiag.challenge.task import find_task, task_card
 
-    rubric = [{"criterion": c, "points": p, "what": w} for c, p, w in RUBRIC]
-    doc = {"schema": "tpudiag.challenge-task/1", "task": task_doc(find_task(name, task_dirs)), "rubric": rubric}
-    emit(doc, output_format(as_json, as_md), no_color=no_color, width=width)
+    emit(task_card(find_task(name, task_dirs)), output_format(as_json, as_md), no_color=no_color, width=width)
 
 
 @challenge.command()

@@ -54,7 +54,7 @@ class Probe:
     text: str  # an HLO module: the matmul(s) of one fusion, alone
     ops: tuple[str, ...]  # the step's ops it stands for
     total_s: float  # their estimated time x runs in the step (the ranking)
-    scale: float = 1.0  # the step's work over the probe's (rows, output features): cycles x this are the op's
+    scale: float = 1.0  # the step's work over the probe's (rows, features cut): cycles x this are the op's
 
 
 def _shape(shape: str) -> str:
