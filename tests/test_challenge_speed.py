@@ -84,3 +84,37 @@ def test_the_speed_rule_without_a_ground_truth_or_anything_to_compare():
     assert speed_verdict(_speed(110, 100, None), 10, False)[:2] == (0, "fail")
     got, status, why = speed_verdict(_speed(110, None, None), 10, False)
     assert (got, status) == (0, "not scored") and "nothing to compare" in why
+
+
+CHIP_GRADES = Path(__file__).parent.parent / "fixtures" / "tpu-v5e" / "challenge_grades"
+
+
+@pytest.mark.parametrize("doc", sorted(CHIP_GRADES.glob("*.json")), ids=lambda p: p.stem)
+def test_every_ground_truth_graded_on_the_chip_earns_the_speed_points(doc):
+    """The v5e's grades of the ground truths (fixtures/tpu-v5e/challenge_grades, real chip times),
+    scored again with the ground truth's figure the solution's: the same program, one executable,
+    whose runs the chip timer now gives both variants. A ground truth slower than XLA at its speed
+    shape sets the bar itself."""
+    from tpudiag.challenge.grade import speed_figures
+
+    result = ChallengeResult.from_dict(json.loads(doc.read_text()), doc.name)
+    speed = result.criterion("speed")
+    m = speed.speed
+    assert m.basis == "chip" and m.target == "TPU v5 lite" and m.unit == "us"
+    assert all(c.status == "pass" for c in result.criteria if c.name != "speed")
+    by = {f.variant: f.to_dict() for f in m.figures}
+    assert by["ground_truth"]["error"].startswith("on the chip: the trace holds no run")
+    by["ground_truth"].update(status="ok", error=None, min_us=by["solution"]["min_us"],
+                              median_us=by["solution"]["median_us"])
+    figures = tuple(SpeedFigure.from_dict(v, "figure", v["variant"]) for v in by.values())
+    task = find_task(doc.stem)
+    again = speed_figures(task, m.target, "v5e", m.inputs, figures)
+    awarded, status, why = speed_verdict(again, speed.points, True)
+    assert (awarded, status) == (speed.points, "pass"), why
+    assert again.vs_ground_truth == 1.0
+    if again.reference < again.solution:
+        assert "no slower than the ground truth (slower than XLA here)" in why
+    if again.of_floor > 1:  # MLA decode: the compiler's byte counts overstate a paged cache's reads
+        assert "which the solution beat: no bound here" in why and "% of it" not in why
+    else:
+        assert f"(solution at {100 * again.of_floor:.0f}% of it)" in why

@@ -41,6 +41,20 @@ def test_device_times_come_from_the_traces_module_spans(kernel):
         assert row["wall_us"] > row["min_us"]  # the wall clock per call includes the host's dispatch
 
 
+def test_a_variant_that_shares_an_earlier_variants_executable_gets_its_runs():
+    """Two variants of one program run as one executable, named after the first: in the second's
+    own trace, the first's module is the one that ran. Where two others ran, neither is taken."""
+    from tpudiag.capture.chip_bench import _module_runs, runs_of
+
+    trace = RUN / "chip-traces" / "rope"
+    again, kernel, xla = (f"jit_tpudiag_bench_rope_{v}" for v in ("again", "kernel", "xla"))
+    runs = _module_runs(trace, {again, kernel})
+    assert runs[again] == [] and len(runs[kernel]) == _rows()[("rope", "kernel")]["calls"]
+    assert runs_of(again, runs) == (kernel, runs[kernel])
+    assert runs_of(kernel, runs) == (kernel, runs[kernel])
+    assert runs_of(again, _module_runs(trace, {again, kernel, xla})) == (again, [])
+
+
 def test_argument_sets_exceed_vmem_twice_within_the_budget():
     from tpudiag.capture.chip_bench import HBM_BUDGET, argument_sets
 

@@ -99,3 +99,19 @@ def test_kernels_tune_ranks_the_points_on_the_chip(tmp_path):
     timed = [p for p in doc["points"] if p.get("chip_min_us")]
     assert timed and sorted(p["chip_rank"] for p in timed) == list(range(1, len(timed) + 1))
     assert doc["chip_best"] in [p["choice"] for p in timed] and isinstance(doc["static_best_is_chip_best"], bool)
+
+
+def test_a_ground_truth_graded_on_the_chip_has_full_marks_and_its_own_time(tmp_path):
+    """The ground truth as the solution compiles to the ground truth's program: one executable,
+    timed for both variants."""
+    env = dict(os.environ)
+    env.pop("JAX_PLATFORMS", None)
+    task = ROOT / "tpudiag" / "challenge" / "tasks" / "fp8_matmul"
+    proc = subprocess.run([sys.executable, "-m", "tpudiag", "challenge", "grade", "--json", "--seed", "7", "fp8_matmul",
+                           str(task / "ground_truth.py")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    doc = json.loads(proc.stdout)
+    speed = next(c for c in doc["criteria"] if c["name"] == "speed")
+    figures = {f["variant"]: f for f in speed["speed"]["figures"]}
+    assert speed["speed"]["basis"] == "chip" and figures["ground_truth"]["status"] == "ok"
+    assert figures["ground_truth"]["min_us"] > 0
+    assert doc["score"] == doc["max_score"], speed["why"]
