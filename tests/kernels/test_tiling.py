@@ -170,3 +170,26 @@ def test_the_oracle_sees_every_kernel_family():
             "topk_topp_sampling", "tpudiag_int8_matmul", "tpudiag_int8_matmul_dx", "grouped_matmul",
             "grouped_matmul_drhs", "tpudiag_w8a8_matmul", "tpudiag_int4_matmul", "tpudiag_mla_decode"} <= traced
     assert traced & {"rope_qk", "rope_qk_adjoint"}
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e4, 1e-30])
+def test_a_float32_dot_by_exact_weights_is_as_accurate_as_highest(scale):
+    """Three bf16 terms of x sum to x exactly, and their three products by weights bf16 holds
+    exactly (8-bit integers) are as close to float64 as XLA's HIGHEST float32 dot."""
+    import numpy as np
+
+    from tpudiag.kernels.tiling import dot_by_exact_weights
+
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((64, 512)) * scale).astype(np.float32)
+    w = rng.integers(-127, 128, (512, 256)).astype(np.int8)
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    ours = np.asarray(dot_by_exact_weights(jnp.asarray(x), jnp.asarray(w)), np.float64)
+    highest = np.asarray(jnp.dot(jnp.asarray(x), jnp.asarray(w, jnp.float32), precision=jax.lax.Precision.HIGHEST),
+                         np.float64)
+    err = np.linalg.norm(ours - exact) / np.linalg.norm(exact)
+    ref = np.linalg.norm(highest - exact) / np.linalg.norm(exact)
+    assert err <= 2 * ref + 1e-7, (err, ref)
+    one_pass = np.asarray(jnp.dot(jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16),
+                                  preferred_element_type=jnp.float32), np.float64)
+    assert np.linalg.norm(one_pass - exact) / np.linalg.norm(exact) > 100 * err  # what the split buys

@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
-from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, mxu_precision
+from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, dot_by_exact_weights
 from tpudiag.kernels.w8a8_matmul import (PREFILL_M, BlockSizes, default_blocks, quantized_x_call, row_scales,
                                          several_m_blocks, whole_k_call)
 
@@ -83,8 +83,7 @@ def quantize_rows_fp8(x, scale=None):
 def _weight_only_kernel(x_ref, w_ref, s_ref, o_ref):
     """Grid (i over M, j over N), one M block: the weight tile upcast in VMEM, one matmul over the
     whole K in x's dtype, the channel scales on the f32 result."""
-    x = x_ref[...]
-    acc = jnp.dot(x, w_ref[...].astype(x.dtype), precision=mxu_precision(x), preferred_element_type=jnp.float32)
+    acc = dot_by_exact_weights(x_ref[...], w_ref[...])  # e4m3 is exact in bf16
     o_ref[...] = (acc * s_ref[...]).astype(o_ref.dtype)
 
 
@@ -96,7 +95,7 @@ def _weight_only_cached_kernel(x_ref, w_ref, s_ref, o_ref, w_up):
     def _():
         w_up[...] = w_ref[...].astype(w_up.dtype)
 
-    acc = jnp.dot(x_ref[...], w_up[...], precision=mxu_precision(w_up), preferred_element_type=jnp.float32)
+    acc = dot_by_exact_weights(x_ref[...], w_up[...])
     o_ref[...] = (acc * s_ref[...]).astype(o_ref.dtype)
 
 
@@ -113,14 +112,16 @@ def fp8_matmul(x, w, w_scale, *, activations: str = "fp8", block_sizes: BlockSiz
         return quantized_x_call(quantize_rows_fp8, _FMAX, FP8, jnp.float32, x, w, w_scale, bs, name=name,
                                 interpret=interpret)
 
-    def scratch(bm, bn, k):  # the upcast weight tile, the f32 accumulator and its scaled copy
-        return block_bytes((k, bn), jnp.dtype(x.dtype).itemsize) + 2 * block_bytes((bm, bn), 4)
+    def scratch(bm, bn, k):  # the upcast (bf16) weight tile, the f32 accumulator and its scaled copy,
+        # and for f32 x its three bf16 terms and two f32 remainders (tiling.dot_by_exact_weights)
+        split = 3 * block_bytes((bm, k), 2) + 2 * block_bytes((bm, k), 4) if x.dtype == jnp.float32 else 0
+        return block_bytes((k, bn), 2) + 2 * block_bytes((bm, bn), 4) + split
 
     if not several_m_blocks(bs, x.shape[0]):  # one M block: nothing to reuse the upcast tile
         return whole_k_call(_weight_only_kernel, x, w, w_scale, bs, scratch=scratch, name=name, interpret=interpret)
     return whole_k_call(_weight_only_cached_kernel, x, w, w_scale, bs, scratch=scratch, name=name,
                         interpret=interpret, n_outer=True,
-                        scratch_shapes=lambda bm, bn, k: [pltpu.VMEM((k, bn), x.dtype)])
+                        scratch_shapes=lambda bm, bn, k: [pltpu.VMEM((k, bn), jnp.bfloat16)])
 
 
 def reference(x, w, w_scale, *, activations: str = "fp8", block_sizes=None):

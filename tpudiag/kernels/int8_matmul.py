@@ -22,8 +22,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
-from tpudiag.kernels.tiling import (block_bytes, check_matmul_operands, check_multiples, fit_block, mxu_precision,
-                                    vmem_limit)
+from tpudiag.kernels.tiling import (block_bytes, check_matmul_operands, check_multiples, dot_by_exact_weights,
+                                    fit_block, mxu_precision, vmem_limit)
 
 # Production shape: a Llama-3-8B MLP up/gate projection (K 4096 -> N 14336). Decode batches are
 # M 16-128 tokens (HBM-bound: the int8 weights are the traffic); prefill is M 2048 (MXU-bound).
@@ -68,10 +68,13 @@ def _vmem_limit(x_block, w_block, out_block, xb):
     f32 scales in, the output out (all in x's dtype but w), pipelined; the f32 accumulator of the
     output block, and the dequantized w tile the kernel makes on purpose: up to 4 + 2 bytes per
     weight (v5e's VPU has no bf16 ALU, so int8 -> bf16 goes through f32; the dx kernel's scale
-    multiply is in f32)."""
+    multiply is in f32); for f32 x, its three bf16 terms and two f32 remainders
+    (tiling.dot_by_exact_weights)."""
     blocks = (block_bytes(x_block, xb) + block_bytes(w_block, 1) + block_bytes((1, w_block[1]), 4)
               + block_bytes(out_block, xb))
-    return vmem_limit(blocks, scratch=block_bytes(out_block, 4) + block_bytes(w_block, 4) + block_bytes(w_block, 2))
+    split = 3 * block_bytes(x_block, 2) + 2 * block_bytes(x_block, 4) if xb == 4 else 0
+    return vmem_limit(blocks, scratch=block_bytes(out_block, 4) + block_bytes(w_block, 4) + block_bytes(w_block, 2)
+                      + split)
 
 
 def _select_f32(keep, a):
@@ -91,11 +94,10 @@ def int8_matmul_kernel(x_ref, w_ref, s_ref, o_ref, acc_ref, *, k_dim: int, block
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     def accumulate(x):
-        # int8 -> x's dtype is exact (|w| <= 127 needs 7 bits, bf16 has 8 of mantissa), so the MXU
-        # sees exactly the stored weights in its native bf16 input format.
-        w = w_ref[...].astype(x.dtype)
-        # f32 accumulation: bf16 sums over K = 4096 would drift past 1e-2.
-        acc_ref[...] += jnp.dot(x, w, precision=mxu_precision(x), preferred_element_type=jnp.float32)
+        # int8 -> bf16 is exact (|w| <= 127 needs 7 bits, bf16 has 8 of mantissa), so the MXU sees
+        # exactly the stored weights in its native input format; f32 accumulation (bf16 sums over
+        # K = 4096 would drift past 1e-2).
+        acc_ref[...] += dot_by_exact_weights(x, w_ref[...])
 
     if k_dim % block_k == 0:
         accumulate(x_ref[...])

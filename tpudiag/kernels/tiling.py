@@ -1,6 +1,8 @@
 """Block arithmetic the kernel modules share: rounding, fitting a block to a dimension, the VMEM a
 block takes, and the one rule for the scoped VMEM a kernel asks Mosaic for. Pure integer
-functions, no jax, except `mxu_precision` (the dot precision of a kernel's operands). Reads the VMEM size per TensorCore from tpudiag/targets.py."""
+functions, no jax, except three a kernel body calls: `mxu_precision` (the dot precision of its
+operands), `precise_log` and `dot_by_exact_weights` (a float32 dot by weights bf16 holds exactly).
+Reads the VMEM size per TensorCore from tpudiag/targets.py."""
 
 from __future__ import annotations
 
@@ -161,3 +163,33 @@ def mxu_precision(*operands):
     from jax import lax
 
     return lax.Precision.HIGHEST if any(o.dtype == jnp.float32 for o in operands) else None
+
+
+def dot_by_exact_weights(x, w):
+    """x [m, k] @ w [k, n] in f32, where every value of w is exact in bf16 (8-bit integer or e4m3
+    weights): for float32 x, x split exactly into three bf16 terms (each the top 16 bits of what is
+    left: x = hi + mid + lo) and three one-pass products summed in f32, smallest first. HIGHEST
+    splits both operands and takes six products, three of them with w's lower terms, which are zero
+    here: the same accuracy in half the MXU passes. bf16 x: its one exact product. The terms are cut
+    with an integer mask, and w goes to bf16 through f32: libtpu's static profile aborts on a bf16
+    unpack (bf16 -> f32, 8-bit -> bf16) in a kernel body."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    if w.dtype != jnp.bfloat16:
+        w = w.astype(jnp.float32).astype(jnp.bfloat16)
+    if x.dtype != jnp.float32:
+        return jnp.dot(x.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+
+    def top(v):  # v's sign, exponent and top 7 mantissa bits, exact in bf16
+        return lax.bitcast_convert_type(lax.bitcast_convert_type(v, jnp.int32) & -65536, jnp.float32)
+
+    hi = top(x)
+    rest = x - hi
+    mid = top(rest)
+    lo = rest - mid
+
+    def one(part):
+        return jnp.dot(part.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+
+    return (one(lo) + one(mid)) + one(hi)
