@@ -23,7 +23,7 @@ run it reports:
   VMEM reports, static_profile/), the largest optimized.hlo.txt, modules and ops (rows of the
   report, `totals.ops` summed over modules).
 
-Goal (from the issue): tpudiag's own share, parsing and analysis (`analyze` above), under 20% of
+Goal: tpudiag's own share, parsing and analysis (`analyze` above), under 20% of
 the total wall time at every size, and growing linearly with the layers: analyze at 16 layers
 <= 2.2x analyze at 8 layers. Prints tables, the goals, and the top functions of a cProfile of
 `tpudiag report --json RUN` on the largest static-profile run; never asserts.

@@ -1,5 +1,6 @@
-"""A held-out battery for issue 54's defect classes: each class retried with other programs, other
-paths, other signals and other numbers than the issue's own.
+"""A held-out battery for the classes of user-facing defect (bad paths, racing run directories, a
+gate that passes a crash, bad numbers, signals): each class retried with other programs, other
+paths, other signals and other numbers than those it was first found with.
 
 Classes (case ids): P paths a run prints (report/export/fusions on relative, `.`, `../`, symlinked,
 spaced, copied paths and a trace given directly); C concurrent run directories; K compare (a CUR that
@@ -10,7 +11,7 @@ S signals (SIGINT/SIGTERM/SIGHUP during profile, a TPU compile, a script's shado
 and verify, validate, estimate; `timeout -s INT`; kill -9 and the processes left); M the minor list;
 X the first run's "Next:" block, whose commands must run as printed.
 
-Wanted (issue 54): a one-line error naming the file and the problem, a non-zero exit, no traceback,
+Wanted: a one-line error naming the file and the problem, a non-zero exit, no traceback,
 nothing half-written; a signal ends tpudiag within 5 s with 130/143 (129 for SIGHUP), the run
 directory says so, and no process it started is left. Each case prints: case, command, exit,
 seconds, verdict (ok or FAIL: why). Never asserts; exits 1 if a case failed.
@@ -36,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "fixtures" / "programs"
 _SCRIPT = Path(sys.executable).parent / "tpudiag"
 TPUDIAG = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "tpudiag"]
-STOP_S = 5.0  # how long a signal may take to end tpudiag (issue 54)
+STOP_S = 5.0  # how long a signal may take to end tpudiag
 # `profile` stopped by a signal passes it to the program, which writes its trace; tpudiag then
 # analyzes what was captured and prints the report (by design: docs/run-directory.md). The program
 # must end within STOP_S; tpudiag's exit is allowed the analysis too (3-8 s on the loaded 2-core host).

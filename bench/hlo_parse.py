@@ -15,7 +15,7 @@ Then, if `tpudiag.analyze.diff.hlo_diff.diff_modules` exists, it compiles the sa
 layers and times `diff_modules(N-1 layers, N layers)` (both modules parsed beforehand; best of
 `--diff-repeat`, default 3). The goals are judged on wall time.
 
-Goals (from the issue): tpudiag's parse <= 3x XLA's; the diff < 2 s. Prints the figures and
+Goals: tpudiag's parse <= 3x XLA's; the diff < 2 s. Prints the figures and
 whether each goal is met; never asserts.
 
     python bench/hlo_parse.py [--layers 16] [--repeat 5] [--diff-repeat 3] [--keep DIR]

@@ -10,7 +10,7 @@ For each program in fixtures/programs/ that the detectors are written for, in on
    of 2 processes: what suggest adds to a `tpudiag suggest SCRIPT`, whose process has already imported
    everything for the compile. It lowers the kernels again (no lowering is cached) and copies their
    compiles from the cache.
-Goal (from the issue): suggest warm <= 20% of the compile warm; judged on (3), (2) shown beside it. `--no-static-profile` by default
+Goal: suggest warm <= 20% of the compile warm; judged on (3), (2) shown beside it. `--no-static-profile` by default
 (the Qwen-style block's static profile does not fit 8 GiB, bench/RESULTS.md); `--static` turns it on.
 Prints a table and the goal; never asserts.
 

@@ -22,7 +22,7 @@ def test_a_cpu_run_is_pointed_at_the_steady_state_and_a_tpu_estimate():
     assert "tpudiag profile --target v5e decoder.py -- --steps 5" in text
     assert "suggest" not in text  # no TPU figures to price kernels against yet
     share = rep.breakdown_share.get("compile") or 0
-    # The fixture run traced 2 steps: the window that fits them skips 1 (the run, 5 steps: below).
+    # The fixture run traced 2 steps: the window that fits them skips 1 (a run of 5 steps: below).
     assert ("tpudiag profile --steps 1 --skip 1 decoder.py -- --steps 5" in text) == (share > 1 / 3)
     assert steps[-1].startswith("this report again")
 

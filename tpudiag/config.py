@@ -18,7 +18,7 @@ DEFAULT_CONFIG = AnalysisConfig()
 
 @dataclass(frozen=True)
 class KernelGoals:
-    # Issue 5: a bundled kernel is worth shipping when its corrected estimated cycles are at most
+    # A bundled kernel is worth shipping when its corrected estimated cycles are at most
     # this fraction of what XLA makes of the plain-JAX version...
     vs_xla: float = 0.7
     # ...and, where JAX ships its own Pallas kernel for the op, no slower than it.

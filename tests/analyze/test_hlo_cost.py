@@ -201,7 +201,7 @@ def test_cpu_totals_equal_compiled_cost_analysis(case):
     text, xla = compile_cpu(*CASES[case])
     module = parse_hlo_text(text, f"<cpu {case}>")
     mine = _check_exact(module, xla)
-    assert mine.bytes_accessed == pytest.approx(xla["bytes accessed"], rel=0.10)  # issue 4's bar, raw
+    assert mine.bytes_accessed == pytest.approx(xla["bytes accessed"], rel=0.10)  # the 10% bar, raw
 
 
 @pytest.mark.parametrize("case", CASES)

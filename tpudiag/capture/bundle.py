@@ -36,7 +36,7 @@ BUNDLE = "tpudiag-artifacts.tar.gz"
 BUNDLE_INDEX = "BUNDLE.txt"
 REPORT_HTML = "report.html"
 MB = 1 << 20  # --max-artifact-mb counts MiB, as `du -m` does
-# The default. GitHub counts artifacts against the account's storage quota; the fixture
+# GitHub counts artifacts against the account's storage quota; the fixture
 # runs bundle whole in 0.3 MB (decoder, compile_v5e_collective), so 50 MB leaves room for long traces.
 DEFAULT_MAX_ARTIFACT_MB = 50
 # A chatty program's log can reach gigabytes; its end holds the traceback and the last steps.

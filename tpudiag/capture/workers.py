@@ -162,7 +162,7 @@ def install_handlers(leave: Callable[[BaseException], object] | None = None) -> 
 # thread raises a stop at its next Python bytecode, but none runs while it waits in C: a kernel's
 # interpret-mode computation in `kernels verify` kept a SIGTERM waiting 39 s. The watch thread sees
 # the signal at once (`signal.set_wakeup_fd`), kills the workers, and at this deadline marks the
-# open run directories and leaves. Issue 54 allows 5 s; a handled stop takes well under 1 s.
+# open run directories and leaves. A stop must end tpudiag within 5 s; a handled one takes well under 1 s.
 FORCE_AFTER_S = 3.0
 _WATCH: list[threading.Thread] = []
 _LEAVE: list[Callable[[BaseException], object]] = []
