@@ -86,12 +86,12 @@ def _lower_in_worker(path: Path, func: str, argv: list[str], target, mesh, out_d
     jax failed (the caller keeps the log in the run); an `InputError` when the file or FUNC is not
     what estimate needs (`estimate_worker.Refused`)."""
     from tpudiag.capture import workers
-    from tpudiag.capture.tpu_compile import quiet_libtpu
+    from tpudiag.capture.tpu_compile import tpu_compiler_env
 
     spec = out_dir / "spec.json"
     spec.write_text(_spec(path, func, argv, target, mesh, out_dir))
-    env = quiet_libtpu(dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", JAX_PLATFORMS="cpu",
-                            TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1")))
+    env = tpu_compiler_env(dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", JAX_PLATFORMS="cpu",
+                                 TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1")))
     with open(out_dir / "lower.log", "wb") as log:
         code = workers.run([sys.executable, "-m", "tpudiag.capture.estimate_worker", str(spec)], env=env,
                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -283,8 +283,11 @@ def _run_worker(spec_paths: list[Path], log_path: Path, env: dict, cpu_limit_s: 
 LIBTPU_LOG_LEVEL = "3"
 
 
-def quiet_libtpu(env: dict) -> dict:
-    """`env` with libtpu's file logging at `LIBTPU_LOG_LEVEL` unless it sets its own."""
+def tpu_compiler_env(env: dict) -> dict:
+    """`env` for a process that compiles for the TPU: libtpu's file logging at `LIBTPU_LOG_LEVEL`
+    unless it sets its own, and without `JAX_DISABLE_MOST_OPTIMIZATIONS` (JAX's switch for test
+    suites, which turns the backend's optimizations off: the program would not compile as it runs)."""
+    env.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
     env.setdefault("TPU_MIN_LOG_LEVEL", LIBTPU_LOG_LEVEL)
     return env
 
@@ -304,7 +307,7 @@ def _env(mdir: Path | None, dump: Path | None, static: bool, fast_forward: bool 
     env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # several workers load libtpu at once
     env["JAX_PLATFORMS"] = "cpu"  # the compile-only client needs no TPU; skip libtpu's device probe
     env["TF_CPP_MIN_LOG_LEVEL"] = env.get("TF_CPP_MIN_LOG_LEVEL", "1")
-    return quiet_libtpu(env)
+    return tpu_compiler_env(env)
 
 
 def _prepare(inp: ModuleInput, mdir: Path, topology: str) -> tuple[Path, Path]:
