@@ -25,8 +25,12 @@ def main(argv: list[str]) -> int:
         i = argv.index("--min")
         minimum = float(argv[i + 1])
         argv = argv[:i] + argv[i + 2:]
-    if not argv:
+    if not argv or any(a.startswith("-") for a in argv):
         print(__doc__, file=sys.stderr)
+        return 2
+    missing = [a for a in argv if not Path(a).is_file()]
+    if missing:
+        print(f"split_legs: {missing[0]}: no such log", file=sys.stderr)
         return 2
     seconds: dict[str, float] = defaultdict(float)  # a test's slowest leg (a log may hold both legs)
     for log in argv:

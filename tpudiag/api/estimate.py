@@ -126,7 +126,7 @@ def _step_hlo(report, run: Path):
 
 
 def step_passes(report, hlo, run: Path, target, limits, calibration, *, probes: bool, cost_model: bool,
-                progress=None) -> list:
+                progress=None, max_probes: int | None = None) -> list:
     """The passes over the step's compile report, in the order they run (`analyze/compile/passes.py`:
     each `(report, hlo) -> (report, finding)`): HBM time from HBM bytes only, then at the tiles' laid-out
     bytes; Pallas kernels by their body's MXU work; with `probes`, kernels gated by tables and
@@ -145,7 +145,7 @@ def step_passes(report, hlo, run: Path, target, limits, calibration, *, probes: 
     probed: set[str] = set()  # the ops a matmul probe timed: the cost model leaves them to it
 
     def matmul_probes(report, hlo):
-        report, note, timed = probe_matmuls(report, hlo, run, target, limits, progress)
+        report, note, timed = probe_matmuls(report, hlo, run, target, limits, progress, max_probes)
         probed.update(timed)
         return report, note
 
@@ -179,13 +179,15 @@ def _peak_buffers(run: Path) -> list[dict]:
 
 def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | None = None,
              static_profile: bool = False, limits=None, compile_timeout_s: float = 1800.0, progress=None,
-             matmul_probes: bool = True, cost_model: bool | None = None, calibration=None):
+             matmul_probes: bool = True, cost_model: bool | None = None, calibration=None,
+             max_probes: int | None = None):
     """Estimate one step of `entry` (FILE.py:FUNC) on `target_text`. Returns (run dir, EstimateReport).
     `compile_timeout_s`: CPU seconds the step's compile may take (a 32-layer 8B step for 256 chips
     takes minutes on a 2-core machine). `matmul_probes`: time the step's compute-bound matmuls by the
     compiler: without the static profile, each distinct one alone with it (`estimate_probes.probe_matmuls`);
     `cost_model` (default: as `matmul_probes`): those no probe times, by the cycles its convolution
-    cost model recorded in the step's HLO (`estimate_passes.cost_model_matmuls`, no compile). `calibration`: a
+    cost model recorded in the step's HLO (`estimate_passes.cost_model_matmuls`, no compile); at most
+    `max_probes` probes (default `estimate_probes.PROBES_MAX`), the largest share of the step first. `calibration`: a
     calibration file, None for the table tpudiag ships for the target's chip (none: the data sheet),
     or False for the data sheet's figures alone."""
     from dataclasses import replace
@@ -260,7 +262,7 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
                 probes = matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS
                 passes = step_passes(report, hlo, run, target, limits or Limits(), cal, probes=probes,
                                      cost_model=matmul_probes if cost_model is None else cost_model,
-                                     progress=progress)
+                                     progress=progress, max_probes=max_probes)
                 report, findings = run_passes(report, hlo, passes)
                 host = findings[-1]  # the last pass's: the host transfers' HostTime, or None
             report = write_compile_report(report, rd)

@@ -51,16 +51,17 @@ def compile_alone(path: Path, name: str, kind: str, pdir: Path, target, limits):
                           limits=limits, suggestions=False, group_setup=False, with_llo=False).modules[0]
 
 
-def probe_matmuls(report, hlo, run: Path, target, limits, progress=None):
+def probe_matmuls(report, hlo, run: Path, target, limits, progress=None, limit: int | None = None):
     """(the report with the step's compute-bound matmul fusions timed by the compiler's static cycles
     of their probes, a finding or None, the names of the ops a probe timed). Each distinct matmul is
     compiled alone with the static profile (`analyze/compile/matmul_probe.py`) into
     `RUN/estimate/probes/`; an op takes its probe's time where that is longer than its roofline time
-    (`estimate_passes.probed_matmuls`)."""
+    (`estimate_passes.probed_matmuls`). At most `limit` probes (default `PROBES_MAX`), the largest
+    share of the step first."""
     from tpudiag.analyze.compile.estimate_passes import probed_matmuls
     from tpudiag.analyze.compile.matmul_probe import select_probes
 
-    probes = select_probes(hlo, report.modules[0].ops, PROBES_MAX)
+    probes = select_probes(hlo, report.modules[0].ops, PROBES_MAX if limit is None else limit)
     if not probes:
         return report, None, frozenset()
     pdir, probe_limits = probe_setup(run, "probes", limits)

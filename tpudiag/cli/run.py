@@ -276,14 +276,18 @@ def compile_(target_text, out, no_static_profile, jobs, timeout_s, static_memory
               help="Take compute-bound matmuls at the MXU peak instead of timing them by the compiler: each "
                    "distinct one alone with its static profile (v5e, v5p, v6e, TPU7x, without --static-profile), "
                    "the rest by the cycles its convolution cost model recorded in the step's HLO.")
+@click.option("--max-probes", type=click.IntRange(1, 256), default=16, show_default=True,
+              help="Distinct matmuls timed alone, the largest share of the step first; the rest by the cost "
+                   "model. Each takes seconds to a minute of compile.")
 @calibration_options
 @static_profile_options(300)
 @cache_options
 @output_options("tpudiag.estimate/1")
 @click.argument("entry", metavar="FILE.py:FUNC|maxtext:MODEL")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def estimate(target_text, mesh_text, out, static_profile, no_probes, compile_timeout_s, calibration_file, no_calibration,
-             timeout_s, static_memory_gib, cache_dir, no_cache, as_json, as_md, no_color, width, entry, args):
+def estimate(target_text, mesh_text, out, static_profile, no_probes, compile_timeout_s, max_probes, calibration_file,
+             no_calibration, timeout_s, static_memory_gib, cache_dir, no_cache, as_json, as_md, no_color, width, entry,
+             args):
     """Estimate one step of FUNC at scale on a TPU slice, without running it or allocating its weights.
 
     FUNC(argv, mesh) receives the program's own arguments (after --) and the slice's Mesh and
@@ -304,7 +308,7 @@ def estimate(target_text, mesh_text, out, static_profile, no_probes, compile_tim
     _run, report = api.estimate(entry, target_text, program_args(args), out, mesh=mesh_text,
                                 static_profile=static_profile, limits=static_limits(timeout_s, static_memory_gib),
                                 compile_timeout_s=compile_timeout_s, progress=progress_cb,
-                                matmul_probes=not no_probes,
+                                matmul_probes=not no_probes, max_probes=max_probes,
                                 calibration=calibration_choice(calibration_file, no_calibration))
     emit(report, fmt, no_color=no_color, width=width)
     if report.status != "ok" and report.fits is not False:  # a step too big for HBM is a finding, not a failure
