@@ -8,9 +8,9 @@ is its module's span on the device (the trace's "XLA Modules" line, parse/device
 chip spent, without the host's dispatch. Two variants that compile to the same program share one
 executable, which the runtime names after the first of them (a challenge graded with its own ground
 truth as the solution; two tune points the kernel clamps to the same blocks): in a variant's own
-trace, the runs of any variant's module are its runs. Argument sets are rotated so that together they exceed `rotate_bytes` (twice
-VMEM): XLA keeps a buffer it has already read in VMEM across calls, which a model's next layer
-(a different weight) never gets.
+trace, the runs of any variant's module are its runs. Argument sets are rotated so that together
+they exceed `rotate_bytes` (twice VMEM): XLA keeps a buffer it has already read in VMEM across
+calls, which a model's next layer (a different weight) never gets.
 
 A request names "kernels" (their bench setups, `kernels bench`), a "tune" (one kernel's block
 points, `kernels tune`) or "at_shapes" (`suggest --measure`: each suggestion's kernel and its XLA
@@ -18,8 +18,9 @@ twin at the program's matched shapes, built again here from the kernel's name an
 shapes by kernels/at_shapes.py; one "kernel" per suggestion, its request "id").
 
 Writes one JSON line per variant to RESULTS.jsonl as it goes (`{"kernel", "variant", "status", ...}`)
-and a first line `{"device": KIND}`; each variant's trace goes under the request's "traces" directory (KERNEL/VARIANT), so a runtime fault ends only the variant it hit: the parent
-sees which variant was running and starts this worker again for the rest. Exit 3: no TPU backend
+and a first line `{"device": KIND}`; each variant's trace goes under the request's "traces"
+directory (KERNEL/VARIANT), so a runtime fault ends only the variant it hit: the parent sees which
+variant was running and starts this worker again for the rest. Exit 3: no TPU backend
 (the reason on stderr, one line).
 """
 

@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
-from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, dot_by_exact_weights
+from tpudiag.kernels.tiling import block_bytes, check_matmul_operands, dot_by_exact_weights, exact_weights_scratch
 from tpudiag.kernels.w8a8_matmul import (PREFILL_M, BlockSizes, default_blocks, quantized_x_call, row_scales,
                                          several_m_blocks, whole_k_call)
 
@@ -114,8 +114,7 @@ def fp8_matmul(x, w, w_scale, *, activations: str = "fp8", block_sizes: BlockSiz
 
     def scratch(bm, bn, k):  # the upcast (bf16) weight tile, the f32 accumulator and its scaled copy,
         # and for f32 x its three bf16 terms and two f32 remainders (tiling.dot_by_exact_weights)
-        split = 3 * block_bytes((bm, k), 2) + 2 * block_bytes((bm, k), 4) if x.dtype == jnp.float32 else 0
-        return block_bytes((k, bn), 2) + 2 * block_bytes((bm, bn), 4) + split
+        return block_bytes((k, bn), 2) + 2 * block_bytes((bm, bn), 4) + exact_weights_scratch((bm, k), x.dtype.itemsize)
 
     if not several_m_blocks(bs, x.shape[0]):  # one M block: nothing to reuse the upcast tile
         return whole_k_call(_weight_only_kernel, x, w, w_scale, bs, scratch=scratch, name=name, interpret=interpret)

@@ -23,7 +23,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
 from tpudiag.kernels.tiling import (block_bytes, check_matmul_operands, check_multiples, dot_by_exact_weights,
-                                    fit_block, mxu_precision, vmem_limit)
+                                    exact_weights_scratch, fit_block, mxu_precision, vmem_limit)
 
 # Production shape: a Llama-3-8B MLP up/gate projection (K 4096 -> N 14336). Decode batches are
 # M 16-128 tokens (HBM-bound: the int8 weights are the traffic); prefill is M 2048 (MXU-bound).
@@ -72,9 +72,8 @@ def _vmem_limit(x_block, w_block, out_block, xb):
     (tiling.dot_by_exact_weights)."""
     blocks = (block_bytes(x_block, xb) + block_bytes(w_block, 1) + block_bytes((1, w_block[1]), 4)
               + block_bytes(out_block, xb))
-    split = 3 * block_bytes(x_block, 2) + 2 * block_bytes(x_block, 4) if xb == 4 else 0
     return vmem_limit(blocks, scratch=block_bytes(out_block, 4) + block_bytes(w_block, 4) + block_bytes(w_block, 2)
-                      + split)
+                      + exact_weights_scratch(x_block, xb))
 
 
 def _select_f32(keep, a):

@@ -165,6 +165,12 @@ def mxu_precision(*operands):
     return lax.Precision.HIGHEST if any(o.dtype == jnp.float32 for o in operands) else None
 
 
+def exact_weights_scratch(x_block, itemsize: int) -> int:
+    """VMEM that `dot_by_exact_weights` takes for an x block of `itemsize`-byte elements: for f32,
+    its three bf16 terms and two f32 remainders; nothing for bf16."""
+    return 3 * block_bytes(x_block, 2) + 2 * block_bytes(x_block, 4) if itemsize == 4 else 0
+
+
 def dot_by_exact_weights(x, w):
     """x [m, k] @ w [k, n] in f32, where every value of w is exact in bf16 (8-bit integer or e4m3
     weights): for float32 x, x split exactly into three bf16 terms (each the top 16 bits of what is
