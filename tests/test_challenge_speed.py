@@ -91,10 +91,11 @@ CHIP_GRADES = Path(__file__).parent.parent / "fixtures" / "tpu-v5e" / "challenge
 
 @pytest.mark.parametrize("doc", sorted(CHIP_GRADES.glob("*.json")), ids=lambda p: p.stem)
 def test_every_ground_truth_graded_on_the_chip_earns_the_speed_points(doc):
-    """The v5e's grades of the ground truths (fixtures/tpu-v5e/challenge_grades, real chip times),
-    scored again with the ground truth's figure the solution's: the same program, one executable,
-    whose runs the chip timer now gives both variants. A ground truth slower than XLA at its speed
-    shape sets the bar itself."""
+    """The v5e's grades of the ground truths (fixtures/tpu-v5e/challenge_grades, real chip times). Those
+    graded before the chip timer traced each variant alone lack the ground truth's figure: scored again
+    with the solution's (the same program, one executable, whose runs the timer now gives both
+    variants). Those graded after carry it and scored full marks as they stand. A ground truth slower
+    than XLA at its speed shape sets the bar itself."""
     from tpudiag.challenge.grade import speed_figures
 
     result = ChallengeResult.from_dict(json.loads(doc.read_text()), doc.name)
@@ -103,18 +104,23 @@ def test_every_ground_truth_graded_on_the_chip_earns_the_speed_points(doc):
     assert m.basis == "chip" and m.target == "TPU v5 lite" and m.unit == "us"
     assert all(c.status == "pass" for c in result.criteria if c.name != "speed")
     by = {f.variant: f.to_dict() for f in m.figures}
-    assert by["ground_truth"]["error"].startswith("on the chip: the trace holds no run")
-    by["ground_truth"].update(status="ok", error=None, min_us=by["solution"]["min_us"],
-                              median_us=by["solution"]["median_us"])
+    if by["ground_truth"]["status"] == "ok":
+        assert result.score == result.max_score and speed.awarded == speed.points
+        assert abs(by["ground_truth"]["min_us"] / by["solution"]["min_us"] - 1) < 0.02
+    else:
+        assert by["ground_truth"]["error"].startswith("on the chip: the trace holds no run")
+        by["ground_truth"].update(status="ok", error=None, min_us=by["solution"]["min_us"],
+                                  median_us=by["solution"]["median_us"])
     figures = tuple(SpeedFigure.from_dict(v, "figure", v["variant"]) for v in by.values())
     task = find_task(doc.stem)
     again = speed_figures(task, m.target, "v5e", m.inputs, figures)
     awarded, status, why = speed_verdict(again, speed.points, True)
     assert (awarded, status) == (speed.points, "pass"), why
-    assert again.vs_ground_truth == 1.0
+    assert abs(again.vs_ground_truth - 1.0) < 0.02
     if again.reference < again.solution:
         assert "no slower than the ground truth (slower than XLA here)" in why
-    if again.of_floor > 1:  # MLA decode: the compiler's byte counts overstate a paged cache's reads
+    if again.of_floor > 1:  # the compiler's byte counts overstate a paged cache's or a window's reads
         assert "which the solution beat: no bound here" in why and "% of it" not in why
     else:
         assert f"(solution at {100 * again.of_floor:.0f}% of it)" in why
+

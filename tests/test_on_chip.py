@@ -6,6 +6,7 @@ the chip with `pytest -m tpu tests/test_on_chip.py` (docs/tpu.md)."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import subprocess
 import sys
