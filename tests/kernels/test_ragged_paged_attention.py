@@ -48,7 +48,8 @@ def _naive_step(q, new_k, new_v, k_cache, v_cache, q_lens, ctx_before, window=No
 @pytest.mark.parametrize("window,cap", [(None, None), (20, 4.0)])
 def test_a_serving_step_writes_the_new_kv_and_attends_as_each_sequence_alone(window, cap):
     """Four sequences: a 19-token prefill chunk after 30 cached positions, two decode tokens, a
-    first prompt of 9 tokens; pages of 16 shuffled in a pool with spare pages; 3 padding rows."""
+    first prompt of 9 tokens; pages of 16 shuffled in a pool with spare pages; 3 padding rows.
+    Every pool position no sequence holds is NaN (as an uninitialized pool may be)."""
     rng = np.random.default_rng(1)
     kvh, groups, d, page, pps = 2, 3, 128, 16, 4
     q_lens = [19, 1, 1, 9]
@@ -61,8 +62,8 @@ def test_a_serving_step_writes_the_new_kv_and_attends_as_each_sequence_alone(win
     q = rng.standard_normal((tokens, kvh * groups, d))
     pool_pages = 4 * pps + 2
     perm = rng.permutation(pool_pages)[: 4 * pps].reshape(4, pps).astype(np.int32)
-    k_pool = rng.standard_normal((kvh, pool_pages, page, d))  # stale values where nothing is written
-    v_pool = rng.standard_normal((kvh, pool_pages, page, d))
+    k_pool = np.full((kvh, pool_pages, page, d), np.nan)  # where nothing is written
+    v_pool = np.full((kvh, pool_pages, page, d), np.nan)
     for s, n in enumerate(before):
         for t in range(n):
             k_pool[:, perm[s, t // page], t % page] = k_cache[s][t]

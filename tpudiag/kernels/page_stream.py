@@ -99,6 +99,22 @@ def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq
     return lax.fori_loop(0, n_blocks, body, init)
 
 
+def clear_past_length(buf, index: Callable, i, n_blocks, length, *, page_size: int, pages_per_block: int):
+    """Zero the rows past `length` in the last block's pages (`buf[index(j)]`: page j of the slot,
+    its rows on the second-to-last axis). A pool's unwritten positions may hold NaN, and the
+    positions after the last live page repeat it; the softmax gives them p = 0, but 0 * NaN is NaN
+    in P @ V. Only pages holding such rows pay for the select: none where the length fills the block."""
+    block_tokens = pages_per_block * page_size
+    for j in range(pages_per_block):
+        first = i * block_tokens + j * page_size
+
+        @pl.when(jnp.logical_and(i + 1 == n_blocks, first + page_size > length))
+        def _():
+            page = buf[index(j)]
+            pos = first + lax.broadcasted_iota(jnp.int32, page.shape, page.ndim - 2)
+            buf[index(j)] = jnp.where(pos < length, page, jnp.zeros((), page.dtype))
+
+
 def check_table(lengths, page_table, batch: int) -> None:
     """lengths int32 [batch] and a page table int32 [batch, pages_per_seq]; ValueError otherwise."""
     if page_table.ndim != 2 or page_table.shape[0] != batch:

@@ -20,8 +20,10 @@ Design:
   items of one q block keep its q and output blocks in VMEM, each writing only its own rows.
 - Each item streams its sequence's live pages up to the causal end of its rows (page_stream.py:
   double-buffered page DMAs, the next item's first block started under the current one's last), and
-  computes only the `q_sub`-token pieces of the block its rows fall in: a decode token costs one
-  piece, not a whole block.
+  computes only the `q_sub`-token pieces of the block its rows fall in; an item whose rows fit in
+  one 16-row tile (a decode token) computes that tile alone, not a whole piece.
+- V's rows past a sequence's length are zeroed in VMEM only in the last block's pages that hold
+  any (0 * NaN is NaN in P @ V, and a pool's unwritten positions may hold anything).
 - Online softmax in f32 with the state in VMEM scratch; masked scores are excluded explicitly, so
   a row whose first blocks fall outside its window stays finite.
 """
@@ -40,7 +42,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.paged_attention import _interpret_mode
-from tpudiag.kernels.page_stream import stream_pages
+from tpudiag.kernels.page_stream import clear_past_length, stream_pages
 from tpudiag.kernels.rpa_schedule import ItemTable, step_work, work_items
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, mxu_precision, vmem_limit
@@ -60,9 +62,10 @@ class BlockSizes:
     piece holds (an item computes the pieces its rows fall in; q_block is a multiple of it);
     pages_per_block: pages a KV compute block covers, as in paged_attention."""
 
-    # On a v5e chip at the bench shape (device time, `.chip`-style sweep through capture/chip_bench):
-    # q_sub 16 -> 32 and 4 -> 8 pages a block took 1,590 -> 1,381 us; q blocks of 32 or 64 were
-    # slower (1,501 and 1,420 us), 16 pages a block run out of VMEM at page_size 128.
+    # On a v5e chip at the bench shape (device time, bench/chip_sweep.py): q_sub 16 -> 32 and 4 -> 8
+    # pages a block took 1,590 -> 1,381 us; with decode tokens computed as one 16-row tile and V's
+    # tail cleared only where a length ends inside the block, 847 us (JAX's kernel: 900). There,
+    # q_sub 64 or 16 pages a block with the heads taken one or two at a time: 859-951 us.
     q_block: int = 128
     q_sub: int = 32
     pages_per_block: int = 8
@@ -175,19 +178,35 @@ def ragged_paged_attention_kernel(items_ref, table_ref, q_ref, k_hbm_ref, v_hbm_
     kv_heads, _, page_size, head_dim = k_hbm_ref.shape
     block_tokens = pages_per_block * page_size
     rows_sub = q_sub * groups
-    n_sub = q_ref.shape[1] // rows_sub
+    q_block = q_ref.shape[1] // groups
+    n_sub = q_block // q_sub
     lo, hi, qpos0 = it.lo[w], it.hi[w], it.qpos0[w]
+    # A narrow piece: the fewest tokens whose rows fill whole 16-row tiles (bf16 packs 16 rows a
+    # tile, f32 8). An item whose rows all fall in one (a decode token) computes it alone instead of
+    # a q_sub piece: 4 tokens of 16 rows at G 4, where a q_sub of 32 computes 128 rows for one token.
+    nar_tok = 16 // math.gcd(16, groups)
+    use_narrow = nar_tok < q_sub and q_block % nar_tok == 0
+    nar_first = lax.div(lo, jnp.int32(nar_tok)) * nar_tok
+    narrow = jnp.logical_and(hi > lo, hi <= nar_first + nar_tok) if use_narrow else jnp.bool_(False)
 
-    def active(j):  # piece j (tokens j*q_sub .. (j+1)*q_sub - 1 of the block) holds rows of this item
-        return jnp.logical_and(j * q_sub < hi, (j + 1) * q_sub > lo)
+    def pieces():
+        """(when, row slice, rows, first token) of each piece this item may compute."""
+        out = []
+        if use_narrow:
+            out.append((narrow, pl.ds(pl.multiple_of(nar_first * groups, 16), nar_tok * groups), nar_tok * groups,
+                        nar_first))
+        for j in range(n_sub):
+            act = jnp.logical_and(j * q_sub < hi, (j + 1) * q_sub > lo)  # piece j holds rows of this item
+            out.append((jnp.logical_and(act, jnp.logical_not(narrow)), pl.ds(j * rows_sub, rows_sub), rows_sub,
+                        j * q_sub))
+        return out
 
-    for j in range(n_sub):
-        @pl.when(active(j))
+    for when, rows, n_rows, _ in pieces():
+        @pl.when(when)
         def _():
-            rows = pl.ds(j * rows_sub, rows_sub)
-            m_ref[:, rows, :] = jnp.full((kv_heads, rows_sub, _LANES), _MASKED, jnp.float32)
-            l_ref[:, rows, :] = jnp.zeros((kv_heads, rows_sub, _LANES), jnp.float32)
-            acc_ref[:, rows, :] = jnp.zeros((kv_heads, rows_sub, head_dim), jnp.float32)
+            m_ref[:, rows, :] = jnp.full((kv_heads, n_rows, _LANES), _MASKED, jnp.float32)
+            l_ref[:, rows, :] = jnp.zeros((kv_heads, n_rows, _LANES), jnp.float32)
+            acc_ref[:, rows, :] = jnp.zeros((kv_heads, n_rows, head_dim), jnp.float32)
 
     def page_copies(page, slot, j):
         return (pltpu.make_async_copy(k_hbm_ref.at[:, page], k_buf.at[slot, :, j], sems.at[0, slot]),
@@ -197,36 +216,36 @@ def ragged_paged_attention_kernel(items_ref, table_ref, q_ref, k_hbm_ref, v_hbm_
         return (pltpu.make_async_copy(k_hbm_ref.at[:, pl.ds(0, pages_per_block)], k_buf.at[slot], sems.at[0, slot]),
                 pltpu.make_async_copy(v_hbm_ref.at[:, pl.ds(0, pages_per_block)], v_buf.at[slot], sems.at[1, slot]))
 
-    def block(i, slot, length, n_blocks, carry):
+    def attend(i, slot, length, rows, n_rows, tok0):
+        """The online-softmax update of rows `rows` (every KV head at once) by block i."""
         k = k_buf[slot].reshape(kv_heads, block_tokens, head_dim)
         v = v_buf[slot].reshape(kv_heads, block_tokens, head_dim)
         kv_pos = i * block_tokens + lax.broadcasted_iota(jnp.int32, (1, 1, block_tokens), 2)
-        # Rows of this block past the length hold stale VMEM (p is 0 there, but 0 * NaN = NaN).
-        vpos = i * block_tokens + lax.broadcasted_iota(jnp.int32, (1, block_tokens, 1), 1)
-        v = lax.cond(i + 1 == n_blocks, lambda: jnp.where(vpos < length, v, jnp.zeros_like(v)), lambda: v)
-        for j in range(n_sub):
-            @pl.when(active(j))
-            def _():
-                rows = pl.ds(j * rows_sub, rows_sub)
-                s = jnp.einsum("hrd,htd->hrt", q_ref[:, rows, :], k, precision=mxu_precision(k),
-                               preferred_element_type=jnp.float32) * sm_scale
-                if soft_cap is not None:
-                    s = soft_cap * jnp.tanh(s / soft_cap)
-                q_pos = qpos0 + j * q_sub + _row_token(rows_sub, groups)
-                valid = jnp.logical_and(kv_pos <= q_pos, kv_pos < length)
-                if sliding_window is not None:
-                    valid = jnp.logical_and(valid, kv_pos > q_pos - sliding_window)
-                s = jnp.where(valid, s, _MASKED)
-                m_prev = m_ref[:, rows, :][..., :1]
-                m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
-                alpha = jnp.exp(m_prev - m_new)
-                p = jnp.where(valid, jnp.exp(s - m_new), 0.0)
-                l_new = alpha * l_ref[:, rows, :][..., :1] + p.sum(axis=-1, keepdims=True)
-                pv = jnp.einsum("hrt,htd->hrd", p.astype(v.dtype), v, precision=mxu_precision(v),
-                                preferred_element_type=jnp.float32)
-                acc_ref[:, rows, :] = alpha * acc_ref[:, rows, :] + pv
-                m_ref[:, rows, :] = jnp.broadcast_to(m_new, (kv_heads, rows_sub, _LANES))
-                l_ref[:, rows, :] = jnp.broadcast_to(l_new, (kv_heads, rows_sub, _LANES))
+        s = jnp.einsum("hrd,htd->hrt", q_ref[:, rows, :], k, precision=mxu_precision(k),
+                       preferred_element_type=jnp.float32) * sm_scale
+        if soft_cap is not None:
+            s = soft_cap * jnp.tanh(s / soft_cap)
+        q_pos = qpos0 + tok0 + _row_token(n_rows, groups)
+        valid = jnp.logical_and(kv_pos <= q_pos, kv_pos < length)
+        if sliding_window is not None:
+            valid = jnp.logical_and(valid, kv_pos > q_pos - sliding_window)
+        s = jnp.where(valid, s, _MASKED)
+        m_prev = m_ref[:, rows, :][..., :1]
+        m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
+        alpha = jnp.exp(m_prev - m_new)
+        p = jnp.where(valid, jnp.exp(s - m_new), 0.0)
+        l_new = alpha * l_ref[:, rows, :][..., :1] + p.sum(axis=-1, keepdims=True)
+        pv = jnp.einsum("hrt,htd->hrd", p.astype(v.dtype), v, precision=mxu_precision(v),
+                        preferred_element_type=jnp.float32)
+        acc_ref[:, rows, :] = alpha * acc_ref[:, rows, :] + pv
+        m_ref[:, rows, :] = jnp.broadcast_to(m_new, (kv_heads, n_rows, _LANES))
+        l_ref[:, rows, :] = jnp.broadcast_to(l_new, (kv_heads, n_rows, _LANES))
+
+    def block(i, slot, length, n_blocks, carry):
+        clear_past_length(v_buf, lambda j: (slot, slice(None), j), i, n_blocks, length, page_size=page_size,
+                          pages_per_block=pages_per_block)
+        for when, rows, n_rows, tok0 in pieces():
+            pl.when(when)(functools.partial(attend, i, slot, length, rows, n_rows, tok0))
         return carry
 
     stream_pages(lengths_ref=it.kv_end, table_ref=table_ref, state_ref=state_ref, batch=items,
@@ -234,11 +253,10 @@ def ragged_paged_attention_kernel(items_ref, table_ref, q_ref, k_hbm_ref, v_hbm_
                  page_copies=page_copies, slot_copies=slot_copies, block_compute=block, init=jnp.int32(0),
                  table_row=lambda s: it.seq[s])
 
-    for j in range(n_sub):
-        @pl.when(active(j))
+    for when, rows, n_rows, tok0 in pieces():
+        @pl.when(when)
         def _():
-            rows = pl.ds(j * rows_sub, rows_sub)
-            tok = j * q_sub + _row_token(rows_sub, groups)
+            tok = tok0 + _row_token(n_rows, groups)
             mine = jnp.logical_and(tok >= lo, tok < hi)
             l = l_ref[:, rows, :][..., :1]
             out = acc_ref[:, rows, :] / jnp.where(l > 0, l, 1.0)
