@@ -107,7 +107,27 @@ def test_a_bf16_gradient_is_allowed_what_the_reference_loses_computed_in_bf16():
         twin = {m.what: m.stats for m in case.measures}["grad[weight] reference in bfloat16 vs float64"]
         assert twin.normwise > 0 and twin.ulp_mean > 0
         (check,) = [c for c in case.checks if c.what == "grad[weight] candidate vs float64"]
-        assert check.rule.endswith("+ its bfloat16 twin's")
+        assert "+ its bfloat16 twin's" in check.rule
     # values keep the rule as it was: a twin of the forward would excuse a bf16 accumulation the
     # reference does not make (the planted bf16 sums of tests/test_validate.py)
     assert not any("twin" in c.rule for case in res.cases for c in case.checks if not c.what.startswith("grad"))
+
+
+def test_a_bf16_gradient_is_allowed_what_its_own_16_bit_sums_lose():
+    """At 512 rows the weight's gradient is a bf16 sum XLA's CPU rounds after every add, where the
+    reference's bf16 twin (torch) adds in float32: its allowance no longer covers the port's loss
+    (3 of 9 regimes failed the mean-ULP rule by up to 4%, seed 5). The candidate's gradient with
+    its 16-bit sums added in float32 measures that loss, allowed on top; the planted twin's bf16
+    gradient still fails where its formula is wrong."""
+    spec = "x=bf16[4,128,512] weight=bf16[512]"
+    res = tpudiag.validate(f"{REF}:rmsnorm", f"{PORT}:rmsnorm", spec, grad=True, regimes="all", seed=5,
+                           shrink=False)
+    assert res.ok, res.summary()
+    for case in res.cases:
+        (check,) = [c for c in case.checks if c.what == "grad[weight] candidate vs float64"]
+        assert check.rule.endswith("+ its 16-bit sums'")
+        sums = {m.what: m.stats for m in case.measures}["grad[weight] candidate vs itself with float32 sums"]
+        assert sums.normwise > 0
+    twin = tpudiag.validate(f"{REF}:rmsnorm", f"{PORT}:rmsnorm_eps_outside", spec, grad=True, regimes="tiny",
+                            seed=5, shrink=False)
+    assert not twin.ok and "first at" in twin.failures[0].why

@@ -186,41 +186,47 @@ def mean_ulp(got, truth, dtype: str) -> float | None:
 
 
 def parity_check(what: str, cand, truth, ref_error: float, dtype: str, rule: ParityRule,
-                 config: NumericsConfig = DEFAULT_NUMERICS, ref=None, twin=None, twin_dtype: str = "") -> Check:
+                 config: NumericsConfig = DEFAULT_NUMERICS, ref=None, twin=None, twin_dtype: str = "",
+                 wide=None) -> Check:
     """`cand` against the float64 `truth`, allowed `rule.k * ref_error + rule.floor` (normwise), and
     for a 16-bit output where the reference's output `ref` is given, a mean ULP distance (`mean_ulp`)
     of `rule.k` times the reference's plus `floor_ulp_mean`. `twin`: the reference computed wholly in
     the working precision `twin_dtype` (validate's gradients); what it loses against `truth`,
-    normwise and in mean ULP, is allowed on top of each."""
+    normwise and in mean ULP, is allowed on top of each. `wide`: `cand` recomputed with its 16-bit
+    sums added in float32 (parity/wide_sums.py); the distance between the two is allowed on top too."""
     c, t = np.asarray(cand), np.asarray(truth)
     problem = _shape_problem(c, t)
-    describe = rule.describe() + (f" + its {twin_dtype} twin's" if twin is not None else "")
+    describe = (rule.describe() + (f" + its {twin_dtype} twin's" if twin is not None else "")
+                + (" + its 16-bit sums'" if wide is not None else ""))
     if problem:
         return Check(what, False, describe, None, None, None, problem)
     if _is_exact(c) or _is_exact(t):
         return exact_check(what, c, t)
     twin_err = normwise_error(twin, t) if twin is not None else 0.0
-    allowed = rule.k * ref_error + rule.floor + twin_err
+    sums_err = normwise_error(c, wide) if wide is not None else 0.0
+    allowed = rule.k * ref_error + rule.floor + twin_err + sums_err
     stats = error_stats(c, t, dtype, allowed, config, truth=t)
     ratio = None if stats.nonfinite_mismatch else stats.normwise / allowed
     ref_ulp_mean = cand_ulp = ulp_allowed = None
     twin_ulp = (mean_ulp(twin, t, dtype) or 0.0) if twin is not None else 0.0
+    sums_ulp = (mean_ulp(c, wide, dtype) or 0.0) if wide is not None else 0.0
     if ref is not None and ratio is not None and dtype in ("bfloat16", "float16"):
         ref_ulp_mean, cand_ulp = mean_ulp(ref, t, dtype), mean_ulp(c, t, dtype)
         if ref_ulp_mean is not None and cand_ulp is not None:
-            ulp_allowed = rule.k * ref_ulp_mean + config.floor_ulp_mean + twin_ulp
+            ulp_allowed = rule.k * ref_ulp_mean + config.floor_ulp_mean + twin_ulp + sums_ulp
             ratio = max(ratio, cand_ulp / ulp_allowed)
     ok = ratio is not None and ratio <= 1.0
     detail = None
-    own = f" + its {twin_dtype} twin's {{:.3g}}" if twin is not None else ""
+    own = (f" + its {twin_dtype} twin's {{tw:.3g}}" if twin is not None else "") + (
+        " + its 16-bit sums' {su:.3g}" if wide is not None else "")
     if stats.nonfinite_mismatch:
         detail = f"NaN/Inf where the other side has none: {stats.nonfinite_mismatch} element(s)"
     elif not ok and stats.normwise > allowed:
         detail = (f"normwise error {stats.normwise:.3g} > {allowed:.3g} (the reference's {ref_error:.3g} x "
-                  f"{rule.k:g} + floor {rule.floor:.3g}{own.format(twin_err)})")
+                  f"{rule.k:g} + floor {rule.floor:.3g}{own.format(tw=twin_err, su=sums_err)})")
     elif not ok:
         detail = (f"mean ULP error {cand_ulp:.3g} > {ulp_allowed:.3g} (the reference's {ref_ulp_mean:.3g} x "
-                  f"{rule.k:g} + {config.floor_ulp_mean:g}{own.format(twin_ulp)}): elements below the largest "
+                  f"{rule.k:g} + {config.floor_ulp_mean:g}{own.format(tw=twin_ulp, su=sums_ulp)}): elements below the largest "
                   "lose precision it hides")
     if detail and stats.first_diff is not None:
         f = stats.first_diff

@@ -68,11 +68,13 @@ def compare_outputs(o: Outputs, prefix: str, *, atol_rtol=None,
                     config: NumericsConfig = DEFAULT_NUMERICS, exact: bool = False,
                     names: tuple[str, str] = ("candidate", "reference"),
                     ambiguous: list | None = None, twins: list | None = None,
-                    twin_dtype: str = "") -> tuple[list[Check], list[Measure]]:
+                    twin_dtype: str = "", wide: list | None = None) -> tuple[list[Check], list[Measure]]:
     """The checks and measures of one set of outputs: the parity rule of each output's dtype
     (validate), or with `atol_rtol` (kernels verify) an elementwise tolerance,
     checked for candidate vs reference, candidate vs float64 and reference vs float64. `twins`: the
-    reference's working-precision twin's outputs, whose own loss is allowed on top (gradients)."""
+    reference's working-precision twin's outputs, whose own loss is allowed on top (gradients).
+    `wide`: the candidate's outputs with its 16-bit sums added in float32, whose difference from
+    the candidate's is allowed on top too (a JAX candidate's bf16 gradients)."""
     checks, measures = [], []
     cn, rn = names
     many = len(o.cand) > 1
@@ -97,10 +99,16 @@ def compare_outputs(o: Outputs, prefix: str, *, atol_rtol=None,
         w = twins[n] if twins is not None and twins[n] is not None and np.shape(twins[n]) == t.shape else None
         if w is not None and not np.isfinite(np.asarray(w, np.float64)).all():
             w = None  # a twin that overflows or turns NaN bounds nothing
+        ws = wide[n] if wide is not None and wide[n] is not None and np.shape(wide[n]) == c.shape else None
+        if ws is not None and not np.isfinite(np.asarray(ws, np.float64)).all():
+            ws = None
         checks.append(parity_check(f"{tag}{cn} vs float64", c, t, ref_err, dt, rl, config,
-                                   ref=None if rs.nonfinite_mismatch else r, twin=w, twin_dtype=twin_dtype))
+                                   ref=None if rs.nonfinite_mismatch else r, twin=w, twin_dtype=twin_dtype,
+                                   wide=ws))
         if w is not None:
             measures.append(Measure(f"{tag}{rn} in {twin_dtype} vs float64", error_stats(w, t, dt, rl.floor, config)))
+        if ws is not None:
+            measures.append(Measure(f"{tag}{cn} vs itself with float32 sums", error_stats(c, ws, dt, rl.floor, config)))
         measures.append(Measure(f"{tag}{cn} vs {rn}", error_stats(c, r, dt, rl.floor, config)))
         measures.append(Measure(f"{tag}{rn} vs float64", rs,
                                 f"the reference turns NaN/Inf at {rs.nonfinite_mismatch} element(s)"
@@ -340,10 +348,12 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
         low, tw, why = _twin_grads(pair, named, cts, wrt)
         if why:
             measures.append(Measure("gradient twin", None, why))
+        wide = _wide_grads(pair, named, cts, wrt, low)
         for j, k in enumerate(floats):
             one = Outputs([g.cand[j]], [g.ref[j]], [g.truth[j]])
             ch, me = compare_outputs(one, f"grad[{named[k][0]}]", config=pair.config,
-                                     twins=None if tw is None else [tw[j]], twin_dtype=low)
+                                     twins=None if tw is None else [tw[j]], twin_dtype=low,
+                                     wide=None if wide is None else [wide[j]])
             checks += ch
             measures += me
     if pair.determinism:
@@ -385,6 +395,18 @@ def _twin_grads(pair: Pair, named, cts: list, wrt: tuple) -> tuple[str, list | N
     except Exception as e:
         return low, None, (f"the reference's gradient could not be computed wholly in {low} ({one_line(e, 200)}): "
                            "the gradients are held to the rule without its allowance")
+
+
+def _wide_grads(pair: Pair, named, cts: list, wrt: tuple, low: str) -> list | None:
+    """A JAX candidate's gradients with their 16-bit sums added in float32 (parity/wide_sums.py), for
+    a bf16 or f16 case; None otherwise, or where it cannot be evaluated so (the rule then holds
+    without that allowance)."""
+    if pair.cand.kind != "jax" or low not in ("bfloat16", "float16"):
+        return None
+    try:
+        return grads(pair.cand, named, pair.static, cts, wrt, wide_sums=True)
+    except Exception:
+        return None
 
 
 def _run(pair: Pair, named, seed: int) -> tuple[list[Check], list[Measure], str | None, bool]:

@@ -329,11 +329,12 @@ def _to_torch(a: np.ndarray, f64: bool):
 
 
 def grads(s: Side, named: list[tuple[str, np.ndarray]], static: dict, cotangents: list, wrt: tuple[int, ...],
-          *, f64: bool = False, twin: str | None = None) -> list[np.ndarray]:
+          *, f64: bool = False, twin: str | None = None, wide_sums: bool = False) -> list[np.ndarray]:
     """d/d named[wrt] of sum(output * cotangent) over the floating outputs. `twin` (a dtype name):
     the side's working-precision twin instead, every floating input and value it computes in that
     dtype (torch: `PrecisionMode`; JAX: `upcast.in_dtype`, which raises `Unsupported` where it
-    cannot)."""
+    cannot). `wide_sums` (a JAX side): the gradient with its 16-bit sums added in float32
+    (parity/wide_sums.py)."""
     kw = _kw(s, static)
     if s.kind == "numpy":
         raise InputError(f"{s.label}: a NumPy function has no gradient; --grad needs a JAX or PyTorch reference")
@@ -383,7 +384,12 @@ def grads(s: Side, named: list[tuple[str, np.ndarray]], static: dict, cotangents
             full = [_jax(a, f64) for _, a in named]
         dt = jnp.float64 if f64 else jnp.float32
         cts = [None if c is None else jnp.asarray(c, dt) for c in cotangents]
-        g = _jitted(_key(s, named, static, "grad", tag, wrt), lambda: make(fn, dt))(full, cts)
+        if wide_sums:
+            from tpudiag.parity.wide_sums import widened
+
+            g = _jitted(_key(s, named, static, "grad wide", tag, wrt), lambda: widened(make(fn, dt)))(full, cts)
+        else:
+            g = _jitted(_key(s, named, static, "grad", tag, wrt), lambda: make(fn, dt))(full, cts)
         return [np.asarray(x) for x in g]
 
     plain = _positional(s, named, kw)
