@@ -1,4 +1,4 @@
-"""`tpudiag estimate` against eight published TPU results: the bundled fixture and MaxText's own step.
+"""`tpudiag estimate` against ten published TPU results: the bundled fixture and MaxText's own step.
 
 Each row is a published run: its source, its configuration, its figure. For each row the bench
 runs `tpudiag estimate --json` in a subprocess, on the bundled fixture program where one models the
@@ -21,6 +21,13 @@ model (docs/estimate.md). The bench never asserts; it prints the table and write
     python bench/fidelity.py [--only KEY ...] [--skip maxtext|fixture] [--keep DIR]
 
 Rows (sources: AI-Hypercomputer/maxtext and AI-Hypercomputer/tpu-recipes; the commit each pins):
+  32b-v5p  MaxText's 32B train, v5p-128 (64 chips), sequence 2048, 6/device, remat minimal, fsdp 16 x
+           tensor 4: 328 TFLOP/s/chip, 71.47% MFU (maxtext 0.2.5 configs/tpu/v5p/README.md; the run
+           is its configs/tpu/v5p/32b.sh: global_parameter_scale=32)
+  32b-v5e  MaxText's 32B train, v5e-256, sequence 2048, 4/device, full remat, fsdp 256: 132
+           TFLOP/s/chip, 66.86% MFU (maxtext 0.2.5 configs/tpu/v5e/README.md and 32b.sh)
+  32b-v5p-b7  the same at 7/device, the batch of that recipe before (MaxText configs/v5p/32b.sh @
+           0d9779a): memory only, the question being whether it fits
   8b-256   Llama 3.1 8B train, v6e-256: 4.546 s, 417.4 TFLOP/s/device, 7,207 tokens/s/device
            (tpu-recipes training/trillium/Llama3.1-8B-MaxText/v6e-256/README.md; MaxText config
            llama3_1_8b_8192, benchmarks/maxtext_trillium_model_configs.py @ tpu-recipes-v0.1.4)
@@ -125,7 +132,7 @@ QWEN3_7X_FLAGS = [
     "--xla_tpu_use_single_sparse_core_for_all_gather_offload=true", *_HOST_OFFLOAD,
 ]
 
-# Flags the public libtpu here (0.0.50) refuses, with what it said; they are left out and the row says so.
+# Flags the public libtpu here (0.0.50) refuses off a v5e, with what it said; they are left out and the row says so.
 REFUSED = {
     "--xla_tpu_enable_async_collective_fusion=true": "libtpu 0.0.50 on v6e: 'Continuation fusion for AllGather "
                                                      "... is not supported/recommended on platforms other than TPU v5e'",
@@ -143,7 +150,52 @@ _LLAMA_8B_MAXTEXT = ["ici_fsdp_parallelism=-1", "remat_policy=custom", "decoder_
 _LLAMA_8B_FIXTURE = ["--layers", "32", "--d-model", "4096", "--heads", "32", "--kv-heads", "8", "--head-dim", "128",
                      "--d-ff", "14336", "--vocab", "128256", "--seq", "8192", "--remat", "full", "--attention", "flash"]
 
+# MaxText's configs/v5p/32b.sh: its LIBTPU_INIT_ARGS (the first ten, which both versions below share)
+V5P_32B_FLAGS = [
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true", "--xla_tpu_megacore_fusion_allow_ags=false",
+    "--xla_enable_async_collective_permute=true", "--xla_tpu_enable_ag_backward_pipelining=true",
+    "--xla_tpu_enable_data_parallel_all_reduce_opt=true", "--xla_tpu_data_parallel_opt_different_sized_ops=true",
+    "--xla_tpu_enable_async_collective_fusion=true", "--xla_tpu_enable_async_collective_fusion_multiple_steps=true",
+    "--xla_tpu_overlap_compute_collective_tc=true", "--xla_enable_async_all_gather=true",
+]
+# ... and configs/tpu/v5e/32b.sh's
+V5E_32B_FLAGS = [
+    "--xla_tpu_enable_data_parallel_all_reduce_opt=true", "--xla_tpu_data_parallel_opt_different_sized_ops=true",
+    "--xla_tpu_enable_async_collective_fusion=true", "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true",
+    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true", "--xla_tpu_overlap_compute_collective_tc=true",
+    "--xla_enable_async_all_gather=true",
+]
+_32B = ["--layers", "32", "--d-model", "8192", "--heads", "64", "--kv-heads", "64", "--head-dim", "128",
+        "--d-ff", "28672", "--vocab", "32000", "--seq", "2048", "--attention", "flash"]
+_32B_MAXTEXT = ["global_parameter_scale=32", "remat_policy=minimal", "ici_fsdp_parallelism=-1", "ici_tensor_parallelism=4",
+                "max_target_length=2048", "use_iota_embed=true", "attention=flash", "quantization="]
+
+
+
+def _v5p_32b(batch: int, what: str) -> dict:
+    return {"what": what, "published": {"tflops_per_chip": 328.0, "mfu": 0.7147}, "target": "v5p-128",
+            "flags": V5P_32B_FLAGS,
+            "fixture": {"entry": "fixtures/programs/llama_train.py:step", "mesh": "fsdp=16,tensor=4",
+                        "args": [*_32B, "--remat", "minimal", "--batch-per-device", str(batch)]},
+            "maxtext": {"entry": "maxtext:default", "args": [f"per_device_batch_size={batch}", *_32B_MAXTEXT]}}
+
+
 ROWS = {
+    "32b-v5p": _v5p_32b(6, "MaxText's 32B train, v5p-128 (64 chips), seq 2048, 6/device, remat minimal, fsdp 16 x "
+                           "tensor 4 (maxtext 0.2.5 configs/tpu/v5p/32b.sh)"),
+    "32b-v5p-b7": _v5p_32b(7, "the same at 7/device, the batch of the recipe's earlier version (MaxText "
+                              "configs/v5p/32b.sh @ 0d9779a)"),
+    "32b-v5e": {
+        "what": "MaxText's 32B train, v5e-256, seq 2048, 4/device, remat full, fsdp 256 (maxtext 0.2.5 "
+                "configs/tpu/v5e/32b.sh)",
+        "published": {"tflops_per_chip": 132.0, "mfu": 0.6686},
+        "target": "v5e-256", "flags": V5E_32B_FLAGS,
+        "fixture": {"entry": "fixtures/programs/llama_train.py:step", "mesh": "fsdp=256",
+                    "args": [*_32B, "--remat", "full", "--batch-per-device", "4"]},
+        "maxtext": {"entry": "maxtext:default", "args": [
+            "per_device_batch_size=4", "global_parameter_scale=32", "remat_policy=full", "max_target_length=2048",
+            "use_iota_embed=true", "attention=flash"]},
+    },
     "8b-256": {
         "what": "Llama 3.1 8B train, v6e-256, seq 8192, 4/device (MaxText llama3_1_8b_8192)",
         "published": {"step_s": 4.546, "tflops_per_chip": 417.4, "tokens_per_s_per_chip": 7207.0},
@@ -254,8 +306,10 @@ def _target(row: dict) -> str:
 def _flags(row: dict, kind: str) -> tuple[str, list[str]]:
     flags = [f for f in row["flags"] if (kind == "maxtext" or f not in NOT_FOR_FIXTURE)
              and not f.startswith(CHIP_CONFIG_FLAG)]
-    kept = [f for f in flags if f not in REFUSED]
-    return " ".join(kept), [f for f in flags if f in REFUSED]
+    # continuation fusion is the v5e's own: kept there, refused elsewhere
+    refused = set() if row["target"].startswith("v5e") else set(REFUSED)
+    kept = [f for f in flags if f not in refused]
+    return " ".join(kept), [f for f in flags if f in refused]
 
 
 def run_one(key: str, kind: str, root: Path, timeout_s: float, cache: bool = False) -> dict:
