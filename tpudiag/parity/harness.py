@@ -29,14 +29,15 @@ from typing import Callable
 
 import numpy as np
 
-from tpudiag.analyze.numerics import (DEFAULT_NUMERICS, EPS, NumericsConfig, ParityRule, decision_check, error_stats,
+from tpudiag.analyze.numerics import (DEFAULT_NUMERICS, NumericsConfig, ParityRule, decision_check, error_stats,
                                       exact_check, normwise_error, parity_check, tolerance_check)
 from tpudiag.results.numerics import Check
 from tpudiag.results.validate import SCHEMA, Measure, Shrunk, ValidateCase, ValidateResult
 from tpudiag.errors import InputError, one_line
 from tpudiag.parity import inputs as inp
-from tpudiag.parity.sides import (Side, call, clear_compiled, float64_call, grads, is_float, param_names,
-                                  torch_call)
+from tpudiag.parity.neighbours import (NEAR_RUNS, ambiguous as find_ties, float64_truth, nearby_errors, sorted_along,
+                                       working_dtype)
+from tpudiag.parity.sides import Side, call, clear_compiled, grads, is_float, param_names
 
 _SHRINK_STEPS = 8  # halvings at most: 1024 -> 4
 
@@ -76,7 +77,7 @@ def compare_outputs(o: Outputs, prefix: str, *, atol_rtol=None,
     reference's working-precision twin's outputs, whose own loss is allowed on top (gradients).
     `wide`: the candidate's outputs with its 16-bit sums added in float32, whose difference from
     the candidate's is allowed on top too (a JAX candidate's bf16 gradients). `nearby`: per output,
-    the reference's largest normwise error on inputs a few eps away (`_nearby_ref_errors`), which
+    the reference's largest normwise error on inputs a few eps away (`neighbours.nearby_errors`), which
     stands for its error here where it is larger."""
     checks, measures = [], []
     cn, rn = names
@@ -102,7 +103,7 @@ def compare_outputs(o: Outputs, prefix: str, *, atol_rtol=None,
         if near is not None and near > ref_err:
             ref_err = near
             measures.append(Measure(f"{tag}{rn} vs float64 on inputs a few eps away", None,
-                                    f"normwise error up to {near:.3g} on {_NEAR_RUNS} such inputs: the yardstick "
+                                    f"normwise error up to {near:.3g} on {NEAR_RUNS} such inputs: the yardstick "
                                     f"here (the problem is ill-conditioned, and one run of the reference was lucky)"))
         rs = error_stats(r, t, dt, rl.floor, config)
         w = twins[n] if twins is not None and twins[n] is not None and np.shape(twins[n]) == t.shape else None
@@ -141,149 +142,6 @@ class Pair:
     strict_ties: bool = False  # discrete outputs must break ties as the reference does
 
 
-# Ties: the reference's float64 run again on inputs moved by this many eps of each input's dtype
-# (relative, random: the precision the reference works in), this many times, and with the classes
-# in this many other orders; a discrete output that changes is a tie there, either answer right.
-_TIE_EPS, _TIE_RUNS, _TIE_ORDERS = 2, 6, 3
-_NEAR_RUNS = 3  # a failing case's values, judged again by the reference on this many moved inputs
-# And with every sum moved by its own rounding bound, n x eps x sum|terms| (Higham's gamma_n for a
-# recursive sum of n terms in any order; eps, not u = eps/2, covers u/(1-nu)), up, down, and every
-# other sum the other way (a softmax's normalizer and the cumulative sum over it move apart):
-# moving the inputs by a few eps does not move a sum of 32,000 near-equal probabilities by its
-# accumulated error, and a top-p cut there rests on that error. The eps is float32's for 16-bit
-# inputs: frameworks accumulate a sum of bf16 in float32 (PyTorch's CPU kernels; jnp.sum), and a port
-# whose cumulative sum runs in bf16 keeps another nucleus (transformers' Flax top-p,
-# docs/validate.md): a finding, not a tie.
-_SUM_EPS_FLOOR = "float32"
-
-
-def _discrete(a: np.ndarray) -> bool:
-    return a.dtype.kind in "biu"
-
-
-def _sorted_along(outs: list, dim: int | None) -> list:
-    """`--unordered DIM`: every output sorted along DIM, each compared as a set (top-k indices in no
-    set order, and the weights that come with them: tied experts carry equal weights)."""
-    if dim is None:
-        return outs
-    return [np.sort(a, axis=dim) if a.ndim > dim >= -a.ndim else a for a in outs]
-
-
-def _permuted_truth(pair: Pair, named, truth: list, rng) -> list:
-    """The float64 run with the classes (the last axis of the floating inputs, where they share one)
-    in another order, mapped back: a boolean output along that axis is moved back, an integer one
-    (indices into it) renamed. Where that changes a decision, the reference broke a tie by position,
-    which perturbing the values cannot show (probabilities that underflow to the same 0)."""
-    lasts = {a.shape[-1] for _, a in named if is_float(a) and a.ndim}
-    if len(lasts) != 1:
-        return []
-    n = lasts.pop()
-    perm = rng.permutation(n)
-    moved = [(name, a[..., perm] if a.ndim and a.shape[-1] == n else a) for name, a in named]
-    again = _truth(pair, moved)[0]
-    out = []
-    for a, t in zip(again, truth):
-        a = np.asarray(a)
-        if not _discrete(t) or a.shape != np.shape(t):
-            out.append(None)
-        elif a.dtype.kind == "b" and a.shape[-1] == n:
-            back = np.empty_like(a)
-            back[..., perm] = a
-            out.append(back)
-        elif a.dtype.kind in "iu" and a.size and a.min() >= 0 and a.max() < n:
-            out.append(_sorted_along([perm[a]], pair.unordered)[0])
-        else:
-            out.append(None)
-    return out
-
-
-def _ambiguous(pair: Pair, named, truth: list, seed: int) -> list | None:
-    """Per output, where the reference's own discrete decision is a tie (None for a float output):
-    its float64 run changes when the floating inputs move by a few eps of their dtype, when its sums
-    move by their own rounding bound, or when their classes come in another order."""
-    if not any(_discrete(t) for t in truth):
-        return None
-    out = [np.zeros(np.shape(t), bool) if _discrete(t) else None for t in truth]
-    floats = [k for k, (_, a) in enumerate(named) if is_float(a)]
-    if not floats:
-        return out
-    rng = np.random.default_rng(seed + 104729)
-    for _ in range(_TIE_RUNS):
-        moved = [(n, np.asarray(a, np.float64) * (1 + _TIE_EPS * _eps(a) * rng.standard_normal(a.shape))
-                  if k in floats else a) for k, (n, a) in enumerate(named)]
-        again = _sorted_along(_truth(pair, moved)[0], pair.unordered)
-        for j, (a, t) in enumerate(zip(again, truth)):
-            if out[j] is not None and np.shape(a) == np.shape(t):
-                out[j] |= np.asarray(a) != np.asarray(t)
-    if pair.ref.kind in ("jax", "torch"):  # a NumPy reference's sums are not seen
-        eps = min(EPS.get(_working_dtype(named), EPS["float32"]), EPS[_SUM_EPS_FLOOR])
-        for signs in ((1.0,), (-1.0,), (1.0, -1.0), (-1.0, 1.0)):
-            again = _sorted_along(_truth(pair, named, shift=tuple(eps * x for x in signs))[0], pair.unordered)
-            for j, (a, t) in enumerate(zip(again, truth)):
-                if out[j] is not None and np.shape(a) == np.shape(t):
-                    out[j] |= np.asarray(a) != np.asarray(t)
-    for _ in range(_TIE_ORDERS):
-        for j, a in enumerate(_permuted_truth(pair, named, truth, rng)):
-            if out[j] is not None and a is not None:
-                out[j] |= a != np.asarray(truth[j])
-    for j, a in enumerate(_equal_value_ties(named, truth)):
-        if out[j] is not None and a is not None:
-            out[j] |= a
-    if pair.unordered is not None:  # a set: a tie anywhere in it moves every element after it
-        out = [a if a is None or not a.ndim > pair.unordered >= -a.ndim else
-               np.broadcast_to(np.any(a, axis=pair.unordered, keepdims=True), a.shape).copy() for a in out]
-    return out
-
-
-def _equal_value_ties(named, truth: list) -> list:
-    """Ties in the inputs themselves, per row of the one floating input: a keep-mask of its shape
-    that keeps some copies of a value and drops others, or top-k indices that took a value another
-    (unselected) element also holds. A large tied group cut near its edge rarely moves under
-    perturbation; this finds it directly."""
-    xs = [np.asarray(a, np.float64) for _, a in named if is_float(a) and a.ndim]
-    if len(xs) != 1:
-        return []
-    x = xs[0].reshape(-1, xs[0].shape[-1])
-    out = []
-    for t in truth:
-        t = np.asarray(t)
-        if t.dtype.kind == "b" and t.shape == xs[0].shape:
-            d = t.reshape(x.shape)
-            amb = np.zeros_like(d)
-            for r in range(x.shape[0]):
-                mixed = np.intersect1d(x[r][d[r]], x[r][~d[r]])
-                if mixed.size:
-                    amb[r] = np.isin(x[r], mixed)
-            out.append(amb.reshape(t.shape))
-        elif t.dtype.kind in "iu" and t.ndim == xs[0].ndim and t.shape[:-1] == xs[0].shape[:-1] and t.size \
-                and t.min() >= 0 and t.max() < x.shape[1]:
-            idx = t.reshape(x.shape[0], -1)
-            amb = np.zeros(idx.shape, bool)
-            for r in range(x.shape[0]):
-                rest = np.delete(x[r], idx[r])
-                amb[r] = np.isin(x[r][idx[r]], rest)
-            out.append(amb.reshape(t.shape))
-        else:
-            out.append(None)
-    return out
-
-
-def _eps(a: np.ndarray) -> float:
-    import ml_dtypes
-
-    return float(ml_dtypes.finfo(a.dtype).eps) if is_float(a) else 0.0
-
-
-def _truth(pair: Pair, named, shift: tuple = ()) -> tuple[list, str | None]:
-    """The reference's float64 run, and what it says about itself; `shift`: with every sum moved by
-    its rounding bound times these signed eps, in turn (a JAX or PyTorch reference)."""
-    if pair.ref.kind == "jax":
-        return float64_call(pair.ref, named, pair.static, shift)
-    if pair.ref.kind == "torch":
-        return torch_call(pair.ref, named, pair.static, f64=True, shift=shift)
-    return call(pair.ref, named, pair.static, f64=True), None
-
-
 class SideRaised(Exception):
     """One side raised on one case's inputs: that case's ERROR, naming the side; the reference
     raising in every case is a bad argument instead (`validate_pair`)."""
@@ -313,16 +171,16 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
         if pair.unordered is not None and not any(a.ndim > pair.unordered >= -a.ndim for a in ref):
             raise InputError(f"--unordered {pair.unordered}: no output has that dimension (they have "
                              f"{', '.join(str(a.ndim) for a in ref)})")
-        ref = _sorted_along(ref, pair.unordered)
-        truth, note = _truth(pair, named)
-        truth = _sorted_along(truth, pair.unordered)
-        ambiguous = None if pair.strict_ties else _ambiguous(pair, named, truth, seed)
+        ref = sorted_along(ref, pair.unordered)
+        truth, note = float64_truth(pair, named)
+        truth = sorted_along(truth, pair.unordered)
+        ambiguous = None if pair.strict_ties else find_ties(pair, named, truth, seed)
     except InputError:
         raise
     except Exception as e:
         raise _raised(pair.ref, "the reference", named, e, pair) from e
     try:
-        cand = _sorted_along(call(pair.cand, named, pair.static), pair.unordered)
+        cand = sorted_along(call(pair.cand, named, pair.static), pair.unordered)
     except InputError:
         raise
     except Exception as e:
@@ -336,7 +194,7 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
     _structure(o, pair.cand.label, pair.ref.label)
     checks, measures = compare_outputs(o, "", config=pair.config, ambiguous=ambiguous)
     if any(not c.ok and c.what.endswith("vs float64") and "NaN/Inf" not in (c.detail or "") for c in checks):
-        nearby = _nearby_ref_errors(pair, named, ref, seed)
+        nearby = nearby_errors(pair, named, seed)
         if nearby is not None:
             checks, measures = compare_outputs(o, "", config=pair.config, ambiguous=ambiguous, nearby=nearby)
     if note:
@@ -363,15 +221,21 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
         if why:
             measures.append(Measure("gradient twin", None, why))
         wide = _wide_grads(pair, named, cts, wrt, low)
+        nearby = False  # the reference's gradients on inputs a few eps away: only once one fails
         for j, k in enumerate(floats):
             one = Outputs([g.cand[j]], [g.ref[j]], [g.truth[j]])
-            ch, me = compare_outputs(one, f"grad[{named[k][0]}]", config=pair.config,
-                                     twins=None if tw is None else [tw[j]], twin_dtype=low,
-                                     wide=None if wide is None else [wide[j]])
+            kw = dict(config=pair.config, twins=None if tw is None else [tw[j]], twin_dtype=low,
+                      wide=None if wide is None else [wide[j]])
+            ch, me = compare_outputs(one, f"grad[{named[k][0]}]", **kw)
+            if any(not c.ok and "NaN/Inf" not in (c.detail or "") for c in ch):
+                if nearby is False:
+                    nearby = nearby_errors(pair, named, seed, wrt=wrt, cotangents=cts)
+                if nearby is not None:
+                    ch, me = compare_outputs(one, f"grad[{named[k][0]}]", nearby=[nearby[j]], **kw)
             checks += ch
             measures += me
     if pair.determinism:
-        again = _sorted_along(call(pair.cand, named, pair.static), pair.unordered)
+        again = sorted_along(call(pair.cand, named, pair.static), pair.unordered)
         same = all(_bits_equal(a, b) for a, b in zip(o.cand, again))
         detail = None
         if not same:
@@ -389,17 +253,11 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
     return checks, measures
 
 
-def _working_dtype(named) -> str | None:
-    """The lowest-precision floating dtype among the inputs: the precision a port computes in."""
-    floats = [str(a.dtype) for _, a in named if is_float(a)]
-    return max(floats, key=lambda d: EPS.get(d, 0.0)) if floats else None
-
-
 def _twin_grads(pair: Pair, named, cts: list, wrt: tuple) -> tuple[str, list | None, str | None]:
     """The reference's gradients computed wholly in the working precision (its inputs, parameters
     and every value it computes, its own float32 statistics included), or None with the reason:
     float64 inputs (the twin is the float64 run), or a reference that cannot be run that way."""
-    low = _working_dtype(named)
+    low = working_dtype(named)
     if low is None or low == "float64":
         return "", None, None
     try:
@@ -409,32 +267,6 @@ def _twin_grads(pair: Pair, named, cts: list, wrt: tuple) -> tuple[str, list | N
     except Exception as e:
         return low, None, (f"the reference's gradient could not be computed wholly in {low} ({one_line(e, 200)}): "
                            "the gradients are held to the rule without its allowance")
-
-
-def _nearby_ref_errors(pair: Pair, named, ref: list, seed: int) -> list | None:
-    """Per floating output, the reference's largest normwise error against float64 on `_NEAR_RUNS`
-    copies of the inputs moved by `_TIE_EPS` eps of their dtype (None for other outputs, or where
-    the reference cannot run so). Ill-conditioned (attention over logits in the thousands), its
-    error on one input is one draw from a spread of 100x between neighbours."""
-    floats = [k for k, (_, a) in enumerate(named) if is_float(a)]
-    if not floats:
-        return None
-    rng = np.random.default_rng(seed + 15485863)
-    worst = [None if not is_float(r) else 0.0 for r in ref]
-    try:
-        for _ in range(_NEAR_RUNS):
-            moved = [(n, (np.asarray(a, np.float64) * (1 + _TIE_EPS * _eps(a) * rng.standard_normal(a.shape)))
-                      .astype(a.dtype)) if k in floats else (n, a) for k, (n, a) in enumerate(named)]
-            again = _sorted_along(call(pair.ref, moved, pair.static), pair.unordered)
-            truth = _sorted_along(_truth(pair, moved)[0], pair.unordered)
-            for j, (r, t) in enumerate(zip(again, truth)):
-                if worst[j] is not None and np.shape(r) == np.shape(t):
-                    err = normwise_error(r, t)
-                    if np.isfinite(err):
-                        worst[j] = max(worst[j], err)
-    except Exception:
-        return None
-    return worst
 
 
 def _wide_grads(pair: Pair, named, cts: list, wrt: tuple, low: str) -> list | None:
