@@ -14,7 +14,6 @@ from tpudiag.parity.sides import call, float64_call, grads, is_float, torch_call
 # (relative, random: the precision the reference works in), this many times, and with the classes
 # in this many other orders; a discrete output that changes is a tie there, either answer right.
 _TIE_EPS, _TIE_RUNS, _TIE_ORDERS = 2, 6, 3
-NEAR_RUNS = 3  # a failing case judged again by the reference on this many moved inputs
 # And with every sum moved by its own rounding bound, n x eps x sum|terms| (Higham's gamma_n for a
 # recursive sum of n terms in any order; eps, not u = eps/2, covers u/(1-nu)), up, down, and every
 # other sum the other way (a softmax's normalizer and the cumulative sum over it move apart):
@@ -24,6 +23,9 @@ NEAR_RUNS = 3  # a failing case judged again by the reference on this many moved
 # whose cumulative sum runs in bf16 keeps another nucleus (transformers' Flax top-p,
 # docs/validate.md): a finding, not a tie.
 _SUM_EPS_FLOOR = "float32"
+# A failing case is judged again against the reference's error on this many inputs moved as for
+# the ties (`nearby_errors`).
+NEAR_RUNS = 3
 
 
 def discrete(a: np.ndarray) -> bool:
