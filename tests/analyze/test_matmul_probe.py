@@ -214,3 +214,38 @@ def test_the_estimate_takes_the_cost_model_for_matmuls_no_probe_timed():
         timed if o.name == longest else o for o in report.modules[0].ops)),))
     again, _ = cost_model_matmuls(report, hlo)
     assert next(o for o in again.modules[0].ops if o.name == longest) == timed
+
+
+# A 32B model's MLP weight gradient as tpudiag's probe writes it (MaxText's 32B on v5e-256, the
+# probe's rows and features cut to 2048 x 4096): a windowed convolution whose emitter libtpu's static
+# profile does not time.
+WEIGHT_GRADIENT_PROBE = """HloModule matmul_probe
+
+ENTRY %main (p0: bf16[4,2048,2048]{2,1,0:T(8,128)(2,1)}, p1: bf16[4,2048,4096]{2,1,0:T(8,128)(2,1)}) -> bf16[2048,4096,1]{1,0,2:T(8,128)(2,1)} {
+  %p0 = bf16[4,2048,2048]{2,1,0:T(8,128)(2,1)} parameter(0)
+  %p1 = bf16[4,2048,4096]{2,1,0:T(8,128)(2,1)} parameter(1)
+  ROOT %m0 = bf16[2048,4096,1]{1,0,2:T(8,128)(2,1)} convolution(%p0, %p1), window={size=4}, dim_labels=0fb_0io->bf0
+}
+"""
+
+
+def test_a_probe_with_no_static_cycles_takes_its_own_cost_model(tmp_path):
+    """Compiled alone for v5e with the static profile (as `estimate` compiles its probes), the weight
+    gradient's fusion gets 0 cycles from the profile; the probe's own convolution cost model records
+    its tiling's cycles, within 10% of the MXU peak for its FLOPs, and the estimate takes those
+    (`estimate_probes._probe_cost_model`) rather than the step's record for the full-size op."""
+    from tpudiag.api.estimate_probes import _probe_cost_model, compile_alone, probe_setup
+    from tpudiag.capture.tpu_compile import Limits
+    from tpudiag.targets import resolve_target
+
+    target = resolve_target("v5e")
+    pdir, limits = probe_setup(tmp_path, "probes", Limits())
+    path = pdir / "probe00.hlo.txt"
+    path.write_text(WEIGHT_GRADIENT_PROBE)
+    pm = compile_alone(path, "probe00", "hlo", pdir, target, limits)
+    assert pm.ok
+    (conv,) = [o for o in pm.ops if o.flops > 0]
+    assert not conv.estimated_cycles  # the static profile does not time this emitter
+    cycles = _probe_cost_model(pm)
+    peak = conv.flops / target.chip.peak_bf16_flops_per_s * target.chip.clock_hz
+    assert peak < cycles < 1.1 * peak, (cycles, peak)

@@ -68,7 +68,7 @@ def probe_matmuls(report, hlo, run: Path, target, limits, progress=None, limit: 
     if progress:
         progress(f"timing up to {len(probes)} distinct matmul(s) with the compiler's static profile, each alone "
                  f"(at most {PROBE_BUDGET_S:.0f} s)")
-    seconds, missing, skipped = {}, 0, 0
+    seconds, missing, skipped, by_model = {}, 0, 0, set()
     done: dict[str, tuple[int, str]] = {}  # probe text -> (cycles, module): two ops cut to one probe
     t0 = time.monotonic()
     for i, p in enumerate(probes):
@@ -79,16 +79,37 @@ def probe_matmuls(report, hlo, run: Path, target, limits, progress=None, limit: 
             path = pdir / f"probe{i:02d}-{p.key}.hlo.txt"
             path.write_text(p.text)
             pm = compile_alone(path, f"probe{i:02d}", "hlo", pdir, target, probe_limits)
-            done[p.text] = (max((o.estimated_cycles or 0 for o in pm.ops
-                                 if o.flops > 0 and o.cycles_source == "static_profile"), default=0), pm.name)
+            cycles = max((o.estimated_cycles or 0 for o in pm.ops
+                          if o.flops > 0 and o.cycles_source == "static_profile"), default=0)
+            name = pm.name
+            if not cycles and pm.ok:  # no static cycles: the probe's own cost model, where it has one
+                cycles = _probe_cost_model(pm) or 0
+                if cycles:
+                    name = f"{pm.name}, its cost model"
+                    by_model.add(p.text)
+            done[p.text] = (cycles, name)
         cycles, name = done[p.text]
         if not cycles:
             missing += 1
             continue
         for op in p.ops:
             seconds[op] = (round(cycles * p.scale), name)
-    report, note = probed_matmuls(report, seconds, len(probes), missing, skipped, PROBE_BUDGET_S)
+    report, note = probed_matmuls(report, seconds, len(probes), missing, skipped, PROBE_BUDGET_S,
+                                  by_cost_model=len(by_model))
     return report, note, frozenset(seconds)
+
+
+def _probe_cost_model(pm) -> int | None:
+    """A compiled probe's own convolution cost model (`matmul_probe.probe_cost_model_cycles`), from its
+    optimized HLO; None where the file is missing or records none."""
+    from tpudiag.analyze.compile.matmul_probe import probe_cost_model_cycles
+    from tpudiag.parse.hlo import read_hlo_file
+
+    path = Path(pm.artifacts or "") / "optimized.hlo.txt"
+    try:
+        return probe_cost_model_cycles(read_hlo_file(path)) if path.is_file() else None
+    except Exception:  # an unreadable dump: the step's cost model stands
+        return None
 
 
 def kernel_tables(report, run: Path) -> dict:

@@ -64,12 +64,14 @@ def tiled_hbm(report, hlo):
         f"timed at their laid-out bytes (+{added:.4g} s per step)"))
 
 
-def probed_matmuls(report, seconds: dict, probes: int, missing: int, skipped: int, budget_s: float):
+def probed_matmuls(report, seconds: dict, probes: int, missing: int, skipped: int, budget_s: float,
+                   by_cost_model: int = 0):
     """(the report with the step's compute-bound matmul fusions timed by their probes' cycles, the
     finding). `seconds`: {op name: (cycles, the probe module's name)} for each op a probe stands for;
     `probes` were selected, `missing` gave no cycles and `skipped` were not compiled within
-    `budget_s` wall seconds (`api/estimate_probes.probe_matmuls` compiles them). An op takes its
-    probe's time where that is longer than its roofline time."""
+    `budget_s` wall seconds (`api/estimate_probes.probe_matmuls` compiles them); `by_cost_model` of
+    the timed ones gave no static cycles and are timed by their own convolution cost model. An op
+    takes its probe's time where that is longer than its roofline time."""
     m = report.modules[0]
     clock = report.target.clock_hz
     ops, added, slower = [], 0.0, 0
@@ -83,7 +85,9 @@ def probed_matmuls(report, seconds: dict, probes: int, missing: int, skipped: in
     timed = probes - missing - skipped
     note = (f"{len(seconds)} compute-bound matmul op(s) ({timed} distinct) timed by the TPU compiler's "
             f"static cycles, each compiled alone (estimate/probes/): {slower} slower than the MXU peak, +{added:.4g} s "
-            f"per step" + (f"; {missing} probe(s) gave no cycles" if missing else "")
+            f"per step" + (f"; {by_cost_model} of those probes gave no static cycles: their ops take the "
+                           f"probe's own convolution cost model" if by_cost_model else "")
+            + (f"; {missing} probe(s) gave no cycles" if missing else "")
             + (f"; {skipped} not probed within {budget_s:.0f} s" if skipped else "")
             + ("; their ops take the compiler's convolution cost model where the step's HLO has it"
                if missing or skipped else ""))
