@@ -70,7 +70,7 @@ def probed_matmuls(report, seconds: dict, probes: int, missing: int, skipped: in
     finding). `seconds`: {op name: (cycles, the probe module's name)} for each op a probe stands for;
     `probes` were selected, `missing` gave no cycles and `skipped` were not compiled within
     `budget_s` wall seconds (`api/estimate_probes.probe_matmuls` compiles them); `by_cost_model` of
-    the timed ones gave no static cycles and are timed by their own convolution cost model. An op
+    the timed ones gave no static cycles and are timed by a convolution cost model's record. An op
     takes its probe's time where that is longer than its roofline time."""
     m = report.modules[0]
     clock = report.target.clock_hz
@@ -85,8 +85,8 @@ def probed_matmuls(report, seconds: dict, probes: int, missing: int, skipped: in
     timed = probes - missing - skipped
     note = (f"{len(seconds)} compute-bound matmul op(s) ({timed} distinct) timed by the TPU compiler's "
             f"static cycles, each compiled alone (estimate/probes/): {slower} slower than the MXU peak, +{added:.4g} s "
-            f"per step" + (f"; {by_cost_model} of those probes gave no static cycles: their ops take the "
-                           f"probe's own convolution cost model" if by_cost_model else "")
+            f"per step" + (f"; {by_cost_model} of those probes gave no static cycles: their ops take the lower of "
+                           f"the probe's and the step's convolution cost model" if by_cost_model else "")
             + (f"; {missing} probe(s) gave no cycles" if missing else "")
             + (f"; {skipped} not probed within {budget_s:.0f} s" if skipped else "")
             + ("; their ops take the compiler's convolution cost model where the step's HLO has it"
