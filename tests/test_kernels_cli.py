@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -45,6 +46,18 @@ def test_show_prints_the_card():
     assert res.exit_code == 0
     for word in ("replaces:", "signature:", "tuned for:", "usage:", "tolerances:"):
         assert word in res.output
+
+
+def test_the_chip_figure_of_a_kernel_just_under_its_floor_goal_is_not_rounded_up_to_it():
+    """The stored chip row of ragged paged attention (668.3 µs floor over 836.2 µs: 79.9%) reads 79%."""
+    from tpudiag.kernels.measured import raw_table
+
+    chip = raw_table("v5e")["ragged_paged_attention"]
+    pct = 100 * chip["floor_us"] / chip["kernel"]["min_us"]
+    res = _run("kernels", "show", "ragged_paged_attention", "--no-color", "--width", "400")
+    assert res.exit_code == 0, res.output
+    assert f"{math.floor(pct)}% of its" in res.output
+    assert round(pct) == math.floor(pct) or f"{round(pct)}% of its" not in res.output
 
 
 def test_an_unknown_kernel_is_a_one_line_error(capsys):

@@ -45,11 +45,13 @@ def _naive_step(q, new_k, new_v, k_cache, v_cache, q_lens, ctx_before, window=No
     return out
 
 
-@pytest.mark.parametrize("window,cap", [(None, None), (20, 4.0)])
+@pytest.mark.parametrize("window,cap", [(None, None), (20, 4.0), (45, None)])
 def test_a_serving_step_writes_the_new_kv_and_attends_as_each_sequence_alone(window, cap):
     """Four sequences: a 19-token prefill chunk after 30 cached positions, two decode tokens, a
     first prompt of 9 tokens; pages of 16 shuffled in a pool with spare pages; 3 padding rows.
-    Every pool position no sequence holds is NaN (as an uninitialized pool may be)."""
+    Every pool position no sequence holds is NaN (as an uninitialized pool may be). A window of 45
+    leaves the chunk's token at position 45, the last of its piece, all of its first 32-key block
+    but position 0: that block must be masked, not taken whole."""
     rng = np.random.default_rng(1)
     kvh, groups, d, page, pps = 2, 3, 128, 16, 4
     q_lens = [19, 1, 1, 9]

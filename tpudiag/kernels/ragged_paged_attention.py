@@ -24,8 +24,10 @@ Design:
   one 16-row tile (a decode token) computes that tile alone, not a whole piece.
 - V's rows past a sequence's length are zeroed in VMEM only in the last block's pages that hold
   any (0 * NaN is NaN in P @ V, and a pool's unwritten positions may hold anything).
-- Online softmax in f32 with the state in VMEM scratch; masked scores are excluded explicitly, so
-  a row whose first blocks fall outside its window stays finite.
+- Online softmax in f32 with the state in VMEM scratch. Masked scores are -inf and the running max
+  starts at a finite stand-in, so a row whose first blocks fall outside its window stays finite. A
+  block every row of a piece sees whole (a decode token's full blocks, a prefill piece's blocks
+  before its first token) skips the mask: no position iotas, compares or selects.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from tpudiag.kernels.flash_attention_bwd import LOG2E
 from tpudiag.kernels.paged_attention import _interpret_mode
 from tpudiag.kernels.page_stream import clear_past_length, stream_pages
 from tpudiag.kernels.rpa_schedule import ItemTable, step_work, work_items
@@ -65,7 +68,8 @@ class BlockSizes:
     # On a v5e chip at the bench shape (device time, bench/chip_sweep.py): q_sub 16 -> 32 and 4 -> 8
     # pages a block took 1,590 -> 1,381 us; with decode tokens computed as one 16-row tile and V's
     # tail cleared only where a length ends inside the block, 847 us (JAX's kernel: 900). There,
-    # q_sub 64 or 16 pages a block with the heads taken one or two at a time: 859-951 us.
+    # q_sub 64 or 16 pages a block with the heads taken one or two at a time: 859-951 us. With whole
+    # blocks unmasked, 836 us; then q_sub 64: 864, 16 pages: 2,485, q blocks of 256: 4,362 and up.
     q_block: int = 128
     q_sub: int = 32
     pages_per_block: int = 8
@@ -216,24 +220,30 @@ def ragged_paged_attention_kernel(items_ref, table_ref, q_ref, k_hbm_ref, v_hbm_
         return (pltpu.make_async_copy(k_hbm_ref.at[:, pl.ds(0, pages_per_block)], k_buf.at[slot], sems.at[0, slot]),
                 pltpu.make_async_copy(v_hbm_ref.at[:, pl.ds(0, pages_per_block)], v_buf.at[slot], sems.at[1, slot]))
 
-    def attend(i, slot, length, rows, n_rows, tok0):
-        """The online-softmax update of rows `rows` (every KV head at once) by block i."""
+    # Scores stay unscaled (or soft-capped), and the scale multiplies s - m inside one exp2.
+    exp_scale = LOG2E if soft_cap is not None else sm_scale * LOG2E
+
+    def attend(i, slot, length, rows, n_rows, tok0, masked: bool):
+        """The online-softmax update of rows `rows` (every KV head at once) by block i; `masked`
+        False for a block that every row of the piece sees whole (no position past the length, none
+        after the piece's first token, none outside its window)."""
         k = k_buf[slot].reshape(kv_heads, block_tokens, head_dim)
         v = v_buf[slot].reshape(kv_heads, block_tokens, head_dim)
-        kv_pos = i * block_tokens + lax.broadcasted_iota(jnp.int32, (1, 1, block_tokens), 2)
         s = jnp.einsum("hrd,htd->hrt", q_ref[:, rows, :], k, precision=mxu_precision(k),
-                       preferred_element_type=jnp.float32) * sm_scale
+                       preferred_element_type=jnp.float32)
         if soft_cap is not None:
-            s = soft_cap * jnp.tanh(s / soft_cap)
-        q_pos = qpos0 + tok0 + _row_token(n_rows, groups)
-        valid = jnp.logical_and(kv_pos <= q_pos, kv_pos < length)
-        if sliding_window is not None:
-            valid = jnp.logical_and(valid, kv_pos > q_pos - sliding_window)
-        s = jnp.where(valid, s, _MASKED)
+            s = soft_cap * jnp.tanh(s * (sm_scale / soft_cap))
+        if masked:  # -inf: exp2 gives exact zeros, and a row masked whole keeps m at the finite _MASKED
+            kv_pos = i * block_tokens + lax.broadcasted_iota(jnp.int32, (1, 1, block_tokens), 2)
+            q_pos = qpos0 + tok0 + _row_token(n_rows, groups)
+            valid = jnp.logical_and(kv_pos <= q_pos, kv_pos < length)
+            if sliding_window is not None:
+                valid = jnp.logical_and(valid, kv_pos > q_pos - sliding_window)
+            s = jnp.where(valid, s, -jnp.inf)
         m_prev = m_ref[:, rows, :][..., :1]
         m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
-        alpha = jnp.exp(m_prev - m_new)
-        p = jnp.where(valid, jnp.exp(s - m_new), 0.0)
+        alpha = jnp.exp2((m_prev - m_new) * exp_scale)
+        p = jnp.exp2((s - m_new) * exp_scale)
         l_new = alpha * l_ref[:, rows, :][..., :1] + p.sum(axis=-1, keepdims=True)
         pv = jnp.einsum("hrt,htd->hrd", p.astype(v.dtype), v, precision=mxu_precision(v),
                         preferred_element_type=jnp.float32)
@@ -241,11 +251,22 @@ def ragged_paged_attention_kernel(items_ref, table_ref, q_ref, k_hbm_ref, v_hbm_
         m_ref[:, rows, :] = jnp.broadcast_to(m_new, (kv_heads, n_rows, _LANES))
         l_ref[:, rows, :] = jnp.broadcast_to(l_new, (kv_heads, n_rows, _LANES))
 
+    def seen_whole(i, length, n_rows, tok0):
+        """Whether every row of the piece sees all of block i (its unmasked update applies)."""
+        end = (i + 1) * block_tokens
+        whole = jnp.logical_and(end <= length, end - 1 <= qpos0 + tok0)
+        if sliding_window is not None:
+            whole = jnp.logical_and(whole, i * block_tokens > qpos0 + tok0 + n_rows // groups - 1 - sliding_window)
+        return whole
+
     def block(i, slot, length, n_blocks, carry):
         clear_past_length(v_buf, lambda j: (slot, slice(None), j), i, n_blocks, length, page_size=page_size,
                           pages_per_block=pages_per_block)
         for when, rows, n_rows, tok0 in pieces():
-            pl.when(when)(functools.partial(attend, i, slot, length, rows, n_rows, tok0))
+            whole = seen_whole(i, length, n_rows, tok0)
+            pl.when(jnp.logical_and(when, whole))(functools.partial(attend, i, slot, length, rows, n_rows, tok0, False))
+            pl.when(jnp.logical_and(when, jnp.logical_not(whole)))(
+                functools.partial(attend, i, slot, length, rows, n_rows, tok0, True))
         return carry
 
     stream_pages(lengths_ref=it.kv_end, table_ref=table_ref, state_ref=state_ref, batch=items,

@@ -7,6 +7,7 @@ reach rich as `plain` text, Markdown through `markdown._esc`, JUnit XML `printab
 
 from __future__ import annotations
 
+import math
 from xml.sax.saxutils import escape, quoteattr
 
 from rich.console import Console
@@ -66,7 +67,7 @@ def render_show(k: dict, console: Console) -> None:
         m, ours = chip["measured"], chip["kernel"]
         peers = ", ".join(f"{who} {chip[v]['min_us']:,.1f}" for v, who in (("xla", "XLA"), ("jax", "JAX's kernel"))
                           if v in chip)
-        floor = (f", {100 * chip['floor_us'] / ours['min_us']:.0f}% of its {chip['floor_us']:,.1f} µs roofline floor"
+        floor = (f", {share_of_floor(100 * chip['floor_us'] / ours['min_us'])} of its {chip['floor_us']:,.1f} µs roofline floor"
                  if chip.get("floor_us") else "")
         console.print(Text("on the chip: ", style="bold") + plain(
             f"{ours['min_us']:,.1f} µs a call at the bench shape{floor} (device time, fastest of {ours['calls']}; "
@@ -148,12 +149,17 @@ def _us(t) -> str:
     return "-" if t is None or t.min_us is None else f"{t.min_us:,.1f}"
 
 
+def share_of_floor(pct: float) -> str:
+    """A percentage of the roofline floor, cut, never rounded up: 79.9% reads 79%, not the 80% goal."""
+    return f"{math.floor(pct)}%"
+
+
 def _chip_cells(r) -> list[str]:
     """ours (min / median), XLA, JAX's, vs XLA, vs JAX's, floor, % of floor, static / chip."""
     c = r.chip or {}
     ours = c.get("kernel")
     mine = "-" if ours is None or ours.min_us is None else f"{ours.min_us:,.1f} / {ours.median_us:,.1f}"
-    pct = "-" if r.pct_of_floor is None else f"{r.pct_of_floor:.0f}%{'' if r.meets_floor_goal else ' MISS'}"
+    pct = "-" if r.pct_of_floor is None else f"{share_of_floor(r.pct_of_floor)}{'' if r.meets_floor_goal else ' MISS'}"
     vs_jax = "-" if r.chip_ratio_vs_jax is None else (
         f"{r.chip_ratio_vs_jax:.2f}x{' ok' if r.meets_jax_goal_on_chip else ' MISS'}")
     return [mine, _us(c.get("xla")), _us(c.get("jax")), _ratio(r.chip_ratio_vs_xla), vs_jax, "-" if r.floor_us is None else f"{r.floor_us:,.1f}", pct,
