@@ -249,3 +249,15 @@ def test_a_probe_with_no_static_cycles_takes_its_own_cost_model(tmp_path):
     cycles = _probe_cost_model(pm)
     peak = conv.flops / target.chip.peak_bf16_flops_per_s * target.chip.clock_hz
     assert peak < cycles < 1.1 * peak, (cycles, peak)
+
+
+def test_an_op_whose_probe_gave_no_static_cycles_takes_the_lower_cost_model_record():
+    """The 32B v5e step's weight-gradient probe (docs/estimate.md): its own cost model read 1,089,376
+    cycles; the step's record for the same full-size op is the other. Static cycles always stand."""
+    from tpudiag.analyze.compile.estimate_passes import ProbeTime
+
+    assert ProbeTime(543_953, "probe00", False, 400_000).chosen() == (543_953, "probe00")
+    assert ProbeTime(1_089_376, "probe02", True, 1_193_124).chosen() == (1_089_376, "probe02, its cost model")
+    assert ProbeTime(1_089_376, "probe02", True, None).chosen() == (1_089_376, "probe02, its cost model")
+    assert ProbeTime(1_089_376, "probe02", True, 1_050_000).chosen() == (
+        1_050_000, "probe02; the step's cost model, lower")

@@ -58,7 +58,7 @@ def probe_matmuls(report, hlo, run: Path, target, limits, progress=None, limit: 
     `RUN/estimate/probes/`; an op takes its probe's time where that is longer than its roofline time
     (`estimate_passes.probed_matmuls`). At most `limit` probes (default `PROBES_MAX`), the largest
     share of the step first."""
-    from tpudiag.analyze.compile.estimate_passes import probed_matmuls
+    from tpudiag.analyze.compile.estimate_passes import ProbeTime, probed_matmuls
     from tpudiag.analyze.compile.matmul_probe import select_probes
 
     probes = select_probes(hlo, report.modules[0].ops, PROBES_MAX if limit is None else limit)
@@ -82,34 +82,26 @@ def probe_matmuls(report, hlo, run: Path, target, limits, progress=None, limit: 
             pm = compile_alone(path, f"probe{i:02d}", "hlo", pdir, target, probe_limits)
             cycles = max((o.estimated_cycles or 0 for o in pm.ops
                           if o.flops > 0 and o.cycles_source == "static_profile"), default=0)
-            name = pm.name
             if not cycles and pm.ok:  # no static cycles: the probe's own cost model, where it has one
                 cycles = _probe_cost_model(pm) or 0
                 if cycles:
-                    name = f"{pm.name}, its cost model"
                     by_model.add(p.text)
-            done[p.text] = (cycles, name)
+            done[p.text] = (cycles, pm.name)
         cycles, name = done[p.text]
         if not cycles:
             missing += 1
             continue
         for op in p.ops:
-            seconds[op] = (round(cycles * p.scale), name)
-            if p.text in by_model:  # two records of the cost model for one op: the lower (see below)
-                step = _step_cost_model(hlo, ops.get(op))
-                if step and step < seconds[op][0]:
-                    seconds[op] = (step, f"{name.split(',')[0]}; the step's cost model, lower")
+            model = p.text in by_model
+            seconds[op] = ProbeTime(round(cycles * p.scale), name, model,
+                                    _step_cost_model(hlo, ops.get(op)) if model else None)
     report, note = probed_matmuls(report, seconds, len(probes), missing, skipped, PROBE_BUDGET_S,
                                   by_cost_model=len(by_model))
     return report, note, frozenset(seconds)
 
 
 def _step_cost_model(hlo, op) -> int | None:
-    """The step's own cost-model record for `op` (`matmul_probe.cost_model_cycles`). Where a probe
-    gave no static cycles, its op has two records of the convolution cost model, the probe's (scaled
-    by its cut) and the step's; it takes the lower: the cost model is never much under the static
-    profile (0.90-1.85x it on 30 probes of published steps, docs/estimate.md), so the lower is the
-    nearer."""
+    """The step's own cost-model record for `op` (`matmul_probe.cost_model_cycles`), or None."""
     from tpudiag.analyze.compile.matmul_probe import cost_model_cycles
 
     instr = hlo.instruction(op.name, op.computation) if op is not None else None

@@ -163,6 +163,13 @@ def _same_bits(ref: list, truth: list) -> bool:
                                 for r, t in floats)
 
 
+def _finite_misses(checks, against: str = "") -> bool:
+    """Whether any check (whose label ends with `against`) failed by a finite margin: such a case is
+    judged again against the reference's own error on nearby inputs (`neighbours.nearby_errors`); a
+    NaN or Inf never passes, so it is not."""
+    return any(not c.ok and c.what.endswith(against) and "NaN/Inf" not in (c.detail or "") for c in checks)
+
+
 def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tuple[list[Check], list[Measure]]:
     """Every check of one case (a side that raises: `SideRaised`). `named`: the inputs, (name, array)."""
     note = None
@@ -193,7 +200,7 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
             "floor alone")
     _structure(o, pair.cand.label, pair.ref.label)
     checks, measures = compare_outputs(o, "", config=pair.config, ambiguous=ambiguous)
-    if any(not c.ok and c.what.endswith("vs float64") and "NaN/Inf" not in (c.detail or "") for c in checks):
+    if _finite_misses(checks, against="vs float64"):
         nearby = nearby_errors(pair, named, seed)
         if nearby is not None:
             checks, measures = compare_outputs(o, "", config=pair.config, ambiguous=ambiguous, nearby=nearby)
@@ -227,7 +234,7 @@ def check_case(pair: Pair, named: list[tuple[str, np.ndarray]], seed: int) -> tu
             kw = dict(config=pair.config, twins=None if tw is None else [tw[j]], twin_dtype=low,
                       wide=None if wide is None else [wide[j]])
             ch, me = compare_outputs(one, f"grad[{named[k][0]}]", **kw)
-            if any(not c.ok and "NaN/Inf" not in (c.detail or "") for c in ch):
+            if _finite_misses(ch):
                 if nearby is False:
                     nearby = nearby_errors(pair, named, seed, wrt=wrt, cotangents=cts)
                 if nearby is not None:

@@ -11,6 +11,7 @@ applies one) and returns (the report, a finding or None). No I/O; compiling a pr
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from tpudiag.analyze.compile.passes import at_cycles, noted, with_step
 from tpudiag.analyze.hlo.vocabulary import ASYNC_COPY
@@ -64,19 +65,40 @@ def tiled_hbm(report, hlo):
         f"timed at their laid-out bytes (+{added:.4g} s per step)"))
 
 
+class ProbeTime(NamedTuple):
+    """What a probe says of one op: its cycles (scaled to the op from the probe's cut), the probe
+    module's name, whether they are the probe's convolution cost model (the probe gave no static
+    cycles), and then the step's own cost-model record for the op (None where it has none)."""
+
+    cycles: int
+    probe: str
+    cost_model: bool = False
+    step_cost_model: int | None = None
+
+    def chosen(self) -> tuple[int, str]:
+        """(cycles, their source). Static cycles stand. Of two cost-model records, the probe's and
+        the step's, the lower: the cost model is never much under the static profile (0.90-1.85x
+        it on 30 probes of published steps, docs/estimate.md), so the lower is the nearer."""
+        if not self.cost_model:
+            return self.cycles, self.probe
+        if self.step_cost_model and self.step_cost_model < self.cycles:
+            return self.step_cost_model, f"{self.probe}; the step's cost model, lower"
+        return self.cycles, f"{self.probe}, its cost model"
+
+
 def probed_matmuls(report, seconds: dict, probes: int, missing: int, skipped: int, budget_s: float,
                    by_cost_model: int = 0):
     """(the report with the step's compute-bound matmul fusions timed by their probes' cycles, the
-    finding). `seconds`: {op name: (cycles, the probe module's name)} for each op a probe stands for;
-    `probes` were selected, `missing` gave no cycles and `skipped` were not compiled within
-    `budget_s` wall seconds (`api/estimate_probes.probe_matmuls` compiles them); `by_cost_model` of
-    the timed ones gave no static cycles and are timed by a convolution cost model's record. An op
-    takes its probe's time where that is longer than its roofline time."""
+    finding). `seconds`: {op name: `ProbeTime`} for each op a probe stands for; `probes` were
+    selected, `missing` gave no cycles and `skipped` were not compiled within `budget_s` wall
+    seconds (`api/estimate_probes.probe_matmuls` compiles them); `by_cost_model` of the timed ones
+    gave no static cycles and are timed by a convolution cost model's record. An op takes its
+    probe's time where that is longer than its roofline time."""
     m = report.modules[0]
     clock = report.target.clock_hz
     ops, added, slower = [], 0.0, 0
     for o in m.ops:
-        got = seconds.get(o.name)
+        got = seconds[o.name].chosen() if o.name in seconds else None
         new = at_cycles(o, got[0], clock, "matmul_probe", f"compiler cycles, alone ({got[1]})") if got else o
         if new is not o:
             added += (new.estimated_s - o.estimated_s) * o.runs
