@@ -106,7 +106,8 @@ def test_bad_input_is_one_line(args, message):
 def test_without_a_tpu_calibrate_says_so_and_writes_nothing(tmp_path):
     res = _tpudiag("calibrate", "--out", str(tmp_path / "cal.json"), "--only", "op_smallest")
     assert res.returncode == 2, res.stderr
-    assert res.stderr.strip().splitlines()[-1].startswith("tpudiag: error: calibrate: no TPU backend here")
+    lines = res.stderr.strip().splitlines()  # refused before any work: no progress line first
+    assert len(lines) == 1 and lines[0].startswith("tpudiag: error: calibrate: no TPU backend here"), res.stderr
     assert not (tmp_path / "cal.json").exists()
     existing = tmp_path / "there.json"
     existing.write_text("{}")

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.conftest import PROGRAMS, ROOT
-from tpudiag.api.measured_step import tpu_attached
+from tpudiag.capture.process import tpu_attached
 
 LLAMA = PROGRAMS / "llama_train.py"
 TINY = ["--layers", "2", "--d-model", "128", "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--d-ff", "256",

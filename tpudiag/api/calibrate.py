@@ -39,6 +39,7 @@ def measure(out: Path, calls: int = 10, only: tuple[str, ...] = (), force: bool 
     """Run the microbenchmarks on the attached TPU and write the calibration to `out` (recording
     `command`, the command line that asked). Returns the Calibration."""
     from tpudiag.api.kernels_chip import _read, run_chip_worker
+    from tpudiag.capture.process import tpu_attached
     from tpudiag.results.calibration import Calibration, measurement_of_row
 
     out = Path(out)
@@ -46,6 +47,9 @@ def measure(out: Path, calls: int = 10, only: tuple[str, ...] = (), force: bool 
         raise InputError(f"{out}: already exists; tpudiag never overwrites a calibration (--force, or another --out)")
     if out.parent and not out.parent.is_dir():
         raise InputError(f"{out.parent}: no such directory for --out")
+    if not tpu_attached():  # before any work: no device files, nothing to open
+        raise InputError("calibrate: no TPU backend here (no /dev/accel* or /dev/vfio device files); run it on "
+                         "a machine with a TPU attached, or read the shipped table with --show v5e")
     with tempfile.TemporaryDirectory(prefix="tpudiag-calibrate-") as tmp:
         tmp = Path(tmp)
         request, results, log = tmp / "request.json", tmp / "results.jsonl", tmp / "worker.log"

@@ -19,6 +19,7 @@ from typing import Callable
 from tpudiag.results.kernels import VARIANTS
 from tpudiag.analyze.compile.kernel_bench import bench_document, kernel_row, variant_figures
 from tpudiag.capture import rundir
+from tpudiag.capture.process import tpu_attached
 from tpudiag.capture.rundir import RunDir
 from tpudiag.errors import one_line
 from tpudiag.outputs import check_output_file, check_run_dir
@@ -86,13 +87,6 @@ def kernels_verify(names, seed: int | None = None, progress=None, *, junit_path:
 
         rundir.write_text_atomic(Path(junit_path), render(result, "junit"))
     return result
-
-
-def tpu_attached() -> bool:
-    """The machine has a TPU's device files (whether or not another program holds it)."""
-    from tpudiag.capture.process import default_platforms
-
-    return default_platforms() is None
 
 
 def kernels_bench(names, target_text: str, out: Path | None = None, *, static_profile: bool = True,

@@ -1,14 +1,13 @@
 """The measured check of an estimate: a step function run for real on the attached TPU
 (capture/step_timer.py, in a worker that holds the chip alone), its median step time.
 
-`tpu_attached()` says whether this machine has a TPU device file (no jax import). A step that cannot
+`capture.process.tpu_attached()` says whether this machine has a TPU device file. A step that cannot
 run (FUNC refused, jax or the program failed) is a result with its one-line error, not an exception;
 no TPU is an InputError.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import statistics
 import tempfile
@@ -18,11 +17,6 @@ from tpudiag.errors import InputError
 
 CALLS = 5
 LIMIT_S = 600  # the worker's whole run: the program's setup, its compile and the calls
-
-
-def tpu_attached() -> bool:
-    """Whether a TPU is attached here (its device files: /dev/accel* or VFIO groups)."""
-    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 def measure_step(path: Path, func: str, argv: list[str], mesh: dict[str, int], calls: int = CALLS) -> dict:

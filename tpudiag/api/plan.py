@@ -255,7 +255,7 @@ def plan(entry: str, target_text: str, argv=(), out: Path | None = None, *, mesh
                          + ("FILE.py:FUNC step (maxtext:MODEL is lowered, not run)" if maxtext else
                             f"one-chip target (v5e:1x1), not {target.topology}"))
     if measure:
-        from tpudiag.api.measured_step import tpu_attached
+        from tpudiag.capture.process import tpu_attached
 
         if not tpu_attached():
             raise InputError("--measure: no TPU attached here (the measured check runs the best step on the chip)")
@@ -301,7 +301,7 @@ def plan(entry: str, target_text: str, argv=(), out: Path | None = None, *, mesh
                             lambda c: _reproduce(entry, target_text, c.mesh,
                                                  candidate_argv(argv, c.choice, c.mesh, maxtext), maxtext))
         if measure is None:
-            from tpudiag.api.measured_step import tpu_attached
+            from tpudiag.capture.process import tpu_attached
 
             measure = tpu_attached() and target.single_chip and not maxtext
         if measure and doc.best is not None:

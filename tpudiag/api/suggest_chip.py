@@ -26,7 +26,7 @@ PER_SUGGESTION_S = 300  # a worker that times one suggestion (two compiles, N ca
 
 def require_tpu() -> None:
     """A one-line InputError where no TPU is attached: before any work, so nothing is half-done."""
-    from tpudiag.api.kernels import tpu_attached
+    from tpudiag.capture.process import tpu_attached
 
     if not tpu_attached():
         raise InputError(f"{NO_TPU} (no /dev/accel* or /dev/vfio device files); run it on a machine with a TPU "

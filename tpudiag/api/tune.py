@@ -188,7 +188,7 @@ def kernels_tune(entry: str, target_text: str, space_text: str | None, inputs_te
         load_function(reference, "reference")  # a missing file or function: refused before the run
         seed = secrets.randbelow(2**31) if seed is None else seed
     target = resolve_target(target_text)
-    from tpudiag.api.kernels import tpu_attached
+    from tpudiag.capture.process import tpu_attached
 
     if on_chip and not _is_bundled(entry):
         raise InputError(f"kernels tune --on-chip: {entry} is FILE.py:FUNC; only a bundled kernel is timed on the chip "

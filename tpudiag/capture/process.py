@@ -66,9 +66,15 @@ def default_platforms() -> str | None:
     "could not determine TPU accelerator type" warnings, then falls back. TPU VMs expose their
     chips as /dev/accel* (v4, v5p) or /dev/vfio/* (v5e, v6e); without either we skip the probe.
     """
-    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    if tpu_attached():
         return None
     return "cuda,cpu" if glob.glob("/dev/nvidia[0-9]*") else "cpu"
+
+
+def tpu_attached() -> bool:
+    """Whether this machine has a TPU's device files (/dev/accel* or VFIO groups), whether or not
+    another program holds the chip; no jax import."""
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 def child_env(run: Path, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -83,7 +83,7 @@ def _speed(task: Task, solution: Path, seed: int, time_limit_s: float, points: i
         return Criterion("speed", points, 0, "fail",
                          f"not measured: the solution {'failed to grade' if error else 'fails ' + ' and '.join(failed)}"
                          " (the speed of a wrong or dishonest answer is no figure of merit)")
-    from tpudiag.api.kernels import tpu_attached
+    from tpudiag.capture.process import tpu_attached
 
     args = [task.directory, solution.resolve(), seed]
     chip, chip_error = None, None
