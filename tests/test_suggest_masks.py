@@ -113,3 +113,18 @@ def test_one_sequence_decode_whose_scores_lose_the_batch_reads_its_length_mask(t
     hlo = read_hlo_file(next((tmp_path / "run").rglob("optimized.hlo.txt")))
     (att,) = [m for m in find_patterns(hlo) if m.pattern.startswith("attention")]
     assert att.shapes.q_len == 1 and att.shapes.kv_len == 2048 and att.shapes.mask == "inputs"
+
+
+def test_a_mask_broadcast_over_heads_is_read_from_its_plane_and_one_that_varies_is_not():
+    """[B, KVH, G, S, S] views of a [B, 1, 1, S, S] mask: the plane where every batch row holds the
+    same causal matrix; None where one sequence's differs (padding)."""
+    from tpudiag.analyze.suggest.detectors.masks import _keep_of
+
+    causal = np.tril(np.ones((S, S), bool))
+    same = np.broadcast_to(np.stack([causal] * 4)[:, None, None], (4, 8, 2, S, S))
+    assert np.array_equal(_keep_of(same, 3, 4), causal) and classify(_keep_of(same, 3, 4)).kind == "causal"
+    padded = np.stack([causal] * 4)
+    padded[2, :, S - 3:] = False
+    assert _keep_of(np.broadcast_to(padded[:, None, None], (4, 8, 2, S, S)), 3, 4) is None
+    # keys before queries (a backward's transposed frame): the same plane, transposed
+    assert np.array_equal(_keep_of(np.moveaxis(same, 4, 3), 4, 3), causal)

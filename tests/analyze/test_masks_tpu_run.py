@@ -6,19 +6,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tpudiag.analyze.suggest.detectors import find_patterns
 from tpudiag.parse.hlo import read_hlo_file
 
 RUN = Path(__file__).resolve().parents[2] / "fixtures" / "tpu-v5e" / "llama_train_xla_attention"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known defect: the TPU compiler carries the mask into the scanned loops as a loop-carried pred[2048,2048] "
-    "rewritten each iteration from async slices (ConcatBitcast), and selects with it over [4,8,2,2048,2048] "
-    "broadcasts the evaluator refuses to expand; the reader takes such a select for no mask"))
 def test_the_causal_mask_of_a_scanned_step_compiled_for_tpu_reads_causal():
+    """The compiler carries the mask into the scanned loops as a loop-carried pred[2048,2048] that each
+    iteration rebuilds from async slices of another element (ConcatBitcast), selects with it over
+    [4,8,2,2048,2048] broadcasts, and computes the backward's probabilities in a [.., keys, queries, ..]
+    frame: all five places read causal, the forward and the backward's recomputations alike."""
     module = read_hlo_file(next((RUN / "hlo").glob("*jit_train_step*.after_optimizations.txt")))
-    masks = {pm.shapes.mask for pm in find_patterns(module) if pm.pattern == "attention"}
-    assert masks == {"causal"}, masks
+    masks = [pm.shapes.mask for pm in find_patterns(module) if pm.pattern == "attention"]
+    assert masks == ["causal"] * 5, masks
+
+
+def test_a_copy_in_async_pieces_is_the_array_it_copies():
+    """`custom-call.10` (ConcatBitcast) joins four async slices of columns 0-511, ..., 1536-2047 of
+    `copy-done.5`, itself an async copy of the mask `iota_compare_fusion.6`."""
+    from tpudiag.analyze.hlo.dataflow import Dataflow
+
+    module = read_hlo_file(next((RUN / "hlo").glob("*jit_train_step*.after_optimizations.txt")))
+    flow = Dataflow(module)
+    assert flow.whole_copy_of(module.instruction("custom-call.10")).name == "iota_compare_fusion.6"
+    piece = module.instruction("slice-done.4")  # one piece alone is no copy of the whole
+    assert flow.whole_copy_of(piece) is piece

@@ -6,8 +6,8 @@ and returns an `Evaluated`: the array, or why there is none: the value reads a p
 depends on the program's inputs: a padding mask, a decode position) or an op this evaluator does
 not compute. It covers what masks and tables are built from: iota, constants, broadcast, reshape,
 transpose, slice, convert, compare, select, the logical ops and elementwise arithmetic. Arrays over
-`max_elems` elements are refused (a mask is evaluated below the broadcast that repeats it over
-heads). No I/O.
+`max_elems` elements are refused, except a broadcast or an iota, which numpy holds as a view of
+their operand (a mask broadcast over heads costs its own [queries, keys]). No I/O.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def evaluate(flow, instr: Instruction, max_elems: int = MAX_ELEMS, parameters: i
         s = i.parsed_shape
         if not s.is_array:
             raise _Stop(Evaluated(None, unsupported=f"{i.name} (a tuple)"))
-        if int(np.prod(s.dims or (1,))) > max_elems:
+        if int(np.prod(s.dims or (1,))) > max_elems and i.opcode not in ("broadcast", "iota"):  # views: no memory
             raise _Stop(Evaluated(None, unsupported=f"{i.name} (over {max_elems} elements)"))
         op = i.opcode
 
@@ -124,6 +124,8 @@ def evaluate(flow, instr: Instruction, max_elems: int = MAX_ELEMS, parameters: i
             for k, d in enumerate(sorted(keep)):
                 shape[d] = a.shape[k]
             out = np.broadcast_to(a.reshape(shape), s.dims)
+        elif op == "custom-call" and (whole := flow.whole_copy_of(i)) is not i:  # a copy in pieces
+            out = ev(flow.resolve(whole))
         elif op == "copy-done":  # an async copy (to or from host memory): copy-done(copy-start(x)) is x
             start = flow.operand(i, 0)
             if start is None or start.opcode != "copy-start":

@@ -281,7 +281,7 @@ def _find(flow: Flow) -> list[PatternMatch]:
         rows = max(1, elems(scores) // max(1, kv_len))
         head_dim = max(1, elems(dims(pv)) // rows)
         notes = [f"softmax in {etype(x)}"]
-        mask = read_mask(flow, qk, x, spath, kd - 1 if len(scores) >= 3 else -1, kd)
+        mask = read_mask(flow, qk, x, spath, kd - 1 if len(scores) >= 3 else -1, kd, frame=tuple(scores))
         if mask.kind != "none":
             notes.append(mask.describe())
         k_src = flow.back(qk, TRANSPARENT | {"broadcast", "multiply", "concatenate", "pad", "slice"},

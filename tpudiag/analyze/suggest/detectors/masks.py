@@ -75,10 +75,12 @@ def _keep_of(array: np.ndarray, q_axis: int, k_axis: int) -> np.ndarray | None:
         moved = np.moveaxis(array, k_axis, -1)[..., None, :]
     else:
         moved = np.moveaxis(array, (q_axis, k_axis), (-2, -1))
-    flat = moved.reshape(-1, *moved.shape[-2:])
+    # Only the axes the array really varies along are compared: a broadcast's repeats are views
+    # (stride 0), and reshaping them together with the rest would copy them all.
+    varies = tuple(slice(None) if n > 1 and s else 0 for n, s in zip(moved.shape[:-2], moved.strides[:-2]))
+    flat = moved[varies].reshape(-1, *moved.shape[-2:])
     first = flat[0]
-    strides = [s for n, s in zip(moved.shape[:-2], moved.strides[:-2]) if n > 1]
-    if any(strides) and not all(np.array_equal(first, f) for f in flat[1:]):
+    if not all(np.array_equal(first, f) for f in flat[1:]):
         return None
     return first
 
@@ -91,7 +93,8 @@ def _beneath(flow, target, value, q_axis: int, k_axis: int) -> str:
         ev = evaluate(flow.g, target, parameters=fill)
         if not ev.ok or ev.value.ndim < 2:
             return ""
-        keep = _keep_of(value(ev.value).astype(bool), q_axis, k_axis)
+        keep = _keep_of(ev.value, q_axis, k_axis)
+        keep = None if keep is None else value(keep).astype(bool)
         if keep is None or not keep.any(axis=1).all():  # a query that sees no key: the inputs mask it
             continue
         kind = classify(keep)
@@ -100,13 +103,37 @@ def _beneath(flow, target, value, q_axis: int, k_axis: int) -> str:
     return ""
 
 
-def read_mask(flow, qk, x, chain: list, q_axis: int, k_axis: int) -> Mask:
+def _axes_by_max(flow, chain: list, on_scores: set, shape: tuple, q_len: int) -> tuple[int, int] | None:
+    """The query and key axes of an array of `shape` on the scores' path, read off the row max's
+    subtraction there (`s - broadcast(m)`): the axis the broadcast adds is the keys', and the one other
+    axis of the queries' length the queries'. None where the chain has no such subtraction."""
+    for op in chain:
+        if op.opcode != "subtract" or tuple(op.parsed_shape.dims) != tuple(shape):
+            continue
+        a, b = (flow.g.operand(op, k) for k in (0, 1))
+        if a is None or b is None or id(a) not in on_scores or b.opcode != "broadcast":
+            continue
+        added = [d for d in range(len(shape)) if d not in (b.dimensions or ())]
+        rest = [d for d in range(len(shape)) if d not in added and shape[d] == q_len]
+        if len(added) == 1 and len(rest) == 1:
+            return rest[0], added[0]
+    return None
+
+
+def read_mask(flow, qk, x, chain: list, q_axis: int, k_axis: int,
+              frame: tuple | None = None) -> Mask:
     """The mask applied between the scores matmul `qk` and the `exp` `x`; `chain` are the ops walked
-    between them (some are the mask's own)."""
+    between them (some are the mask's own); `frame`: the dims `q_axis` and `k_axis` index (the
+    scores'): a mask applied in another order of them takes its axes from the row max's
+    subtraction there (`_axes_by_max`)."""
     on_scores = {id(qk)}
-    for op in [*sorted(chain, key=lambda o: flow.order.get(id(o), 0)), x]:  # program order: scores first
-        if any(id(o) in on_scores for o in flow.g.operands(op)):
-            on_scores.add(id(op))
+    grown = True
+    while grown:  # to a fixed point: ops inside fused computations have no program order to follow
+        grown = False
+        for op in (*chain, x):
+            if id(op) not in on_scores and any(id(o) in on_scores for o in flow.g.operands(op)):
+                on_scores.add(id(op))
+                grown = True
     keeps, unread = [], []
     for op in chain:
         if id(op) not in on_scores or op.opcode not in ("select", "add", "subtract"):
@@ -141,13 +168,15 @@ def read_mask(flow, qk, x, chain: list, q_axis: int, k_axis: int) -> Mask:
         if not ev.ok:
             unread.append(ev.unsupported or "?")
             continue
-        a = value(ev.value).astype(bool)
-        if a.ndim < 2:
+        if ev.value.ndim < 2:
             continue
-        keep = _keep_of(a, q_axis, k_axis)
-        if keep is None:
+        axes = None
+        if frame is not None and tuple(ev.value.shape) != tuple(frame) and q_axis >= 0:
+            axes = _axes_by_max(flow, chain, on_scores, ev.value.shape, frame[q_axis])
+        plane = _keep_of(ev.value, *(axes or (q_axis, k_axis)))  # before `value`: a broadcast stays a view until here
+        if plane is None:
             return Mask("inputs", detail="it differs between heads or sequences")
-        keeps.append(keep)
+        keeps.append(value(plane).astype(bool))
     if unread:
         return Mask("unknown", detail=", ".join(unread))
     if not keeps:
