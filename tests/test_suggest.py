@@ -631,14 +631,18 @@ def test_a_forward_kernel_is_priced_from_the_chips_measured_table(compiled, caps
     from tpudiag.cli import main
     from tpudiag.kernels.measured import chip_figures
 
-    fig = chip_figures("v5e")["sampling"]
     rep = suggest_run(compiled["sampler"], static_profile=False, include_all=True)
-    row = next(s for s in rep.suggestions if s.kernel == "sampling")
-    assert row.kernel_basis == "measured_table" and row.xla_basis == "measured_table"
-    floor = row.kernel_s * fig.efficiency / row.runs
-    assert row.xla_s == pytest.approx(floor * fig.xla_over_floor * row.runs, rel=1e-6)
-    assert row.expected_speedup == pytest.approx(fig.xla_us / fig.kernel_us, rel=1e-3)
-    assert "TPU v5 lite" in row.reason and fig.command in row.reason
+    # the top-k path at the bench's figure; top-p over the whole row (no top-k) at its own path's
+    for key, k in (("sampling", "k=64"), ("sampling@top_p", "k=None")):
+        fig = chip_figures("v5e")[key]
+        row = next(s for s in rep.suggestions if s.kernel == "sampling" and k in " ".join(s.notes))
+        assert row.kernel_basis == "measured_table" and row.xla_basis == "measured_table"
+        floor = row.kernel_s * fig.efficiency / row.runs
+        assert row.xla_s == pytest.approx(floor * fig.xla_over_floor * row.runs, rel=1e-6)
+        assert row.expected_speedup == pytest.approx(fig.xla_us / fig.kernel_us, rel=1e-3)
+        assert "TPU v5 lite" in row.reason and fig.command in row.reason
+    fig = chip_figures("v5e")["sampling"]
+    row = next(s for s in rep.suggestions if s.kernel == "sampling" and "k=64" in " ".join(s.notes))
     static = suggest_run(compiled["sampler"], static_profile=False, include_all=True, calibration=False)
     srow = next(s for s in static.suggestions if s.kernel == "sampling")
     assert srow.kernel_basis == "compiled" and srow.xla_basis is None

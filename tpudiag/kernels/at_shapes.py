@@ -31,6 +31,9 @@ class AtShapes:
     # The rule kernels/bench_inputs.py draws concrete arguments by (the kernel's name, unless its
     # integer metadata differs from its bench setup's: a decode batch of one token a sequence).
     inputs: str = ""
+    # The chip table's entry for the path this call takes inside the kernel (kernels/measured.py),
+    # where it differs from the bench's: sampling's top-p over the whole row without a top-k.
+    measured_as: str = ""
 
 
 def _jnp(dtype: str):
@@ -263,7 +266,8 @@ def _sampling(shapes, notes) -> AtShapes | str:
     return AtShapes("sampling", (jax.ShapeDtypeStruct((b, v), jax.numpy.float32),
                                  jax.ShapeDtypeStruct((b,), jax.numpy.float32)), fn, snippet,
                     f"B{b} V{v} f32 k={k} p={p_:g} temperature={t_:g}",
-                    xla=lambda logits, u: xla_sample(logits, u, k=k, p=p_, temperature=t_))
+                    xla=lambda logits, u: xla_sample(logits, u, k=k, p=p_, temperature=t_),
+                    measured_as="sampling@top_p" if k is None and p_ < 1.0 else "")
 
 
 def _int8_matmul(shapes, notes) -> AtShapes | str:

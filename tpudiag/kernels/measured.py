@@ -2,7 +2,9 @@
 
 One table per chip (`measured_v5e.json`, written by bench/chip_measured.py from a `kernels bench
 --on-chip` run): per kernel, our fastest call, XLA's (and JAX's kernel's where it ships one) and
-the roofline floor at the bench shape. `chip_figures(chip)` gives {kernel: ChipFigure}; a chip
+the roofline floor at the bench shape; an entry `NAME@PATH` is one path inside a kernel that its
+bench does not take (sampling's top-p without a top-k), measured at a program's shapes and named
+by `AtShapes.measured_as`. `chip_figures(chip)` gives {entry: ChipFigure}; a chip
 without a table gives {}. `suggest` scales these to a program's shapes (`ChipFigure.efficiency`:
 the share of its floor the kernel reached; `xla_over_floor`: XLA's time in floors). No jax.
 """

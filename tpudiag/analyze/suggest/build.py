@@ -180,6 +180,7 @@ class Price:
     description: str | None = None
     floor_s: float | None = None  # the compiled kernel's roofline floor at these shapes (one run, one instance)
     calibrated: str | None = None  # how the chip's calibration moved kernel_s, where it did
+    measured_as: str = ""  # the chip table's entry for the kernel's path here ("": the kernel's own)
 
 
 def _confidence(c: Candidate, p: Price, basis: str, fig=None, xla_basis: str = "static") -> tuple[str, str]:
@@ -242,7 +243,8 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
         # The bound is already the sum over the instances' own shapes.
         xla_s, share = c.xla_s, c.share
         xla_basis = "measured_run" if c.measured else "static"
-        fig = (chip_table or {}).get(p.kernel) if p.kernel and p.floor_s and not c.backward else None
+        fig = ((chip_table or {}).get(p.measured_as or p.kernel) if p.kernel and p.floor_s and not c.backward
+               else None)
         if fig is not None:
             # The chip's measured times at the kernel's bench shape, scaled to these shapes by the
             # kernel's roofline floor: the kernel reaches the same share of its floor, and XLA (where
