@@ -122,6 +122,9 @@ class Dataflow:
             start = self.module.operand(done, 0) if done is not None and done.opcode == "async-done" else None
             if start is None or start.opcode != "async-start" or not start.calls:
                 return None
+            piece = done.parsed_shape.layout  # each piece laid out as the result: its bytes one block of it
+            if piece is None or tuple(piece.minor_to_major) != tuple(shape.layout.minor_to_major):
+                return None
             body = self.module.computations.get(start.calls)
             cut = body.root if body is not None else None
             src = self.module.operand(start, 0)
