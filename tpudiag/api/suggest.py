@@ -294,7 +294,7 @@ def _price(cands, indices, target, *, static_profile, jobs, limits, progress, ca
                                if cal is not None else (0.0, None))
                 prices[i] = Price(s.kernel, m.totals.estimated_s + added, static_ok=m.static_profile == "ok",
                                   snippet=s.snippet, description=s.description, floor_s=floor or None,
-                                  calibrated=note, measured_as=s.measured_as)
+                                  calibrated=note, measured_as=s.measured_as, step_scale=s.step_scale)
     return prices
 
 

@@ -27,11 +27,19 @@ class ChipFigure:
     xla_us: float | None  # XLA's fastest call, where the bench has an XLA variant
     device: str
     command: str
+    # The measured call's grid steps in whole blocks over its rows (`AtShapes.step_scale` at the
+    # shape it was measured at): 1 at a bench shape of whole blocks.
+    step_scale: float = 1.0
 
     @property
     def efficiency(self) -> float:
         """The share of its roofline floor the kernel reached on the chip."""
         return self.floor_us / self.kernel_us
+
+    def seconds_at(self, floor_s: float, step_scale: float = 1.0) -> float:
+        """The kernel's time at shapes whose floor is `floor_s` and whose grid steps are
+        `step_scale` whole blocks over their rows: the share of the whole-block floor it reached."""
+        return floor_s * step_scale / (self.efficiency * self.step_scale)
 
     @property
     def xla_over_floor(self) -> float | None:
@@ -54,5 +62,5 @@ def chip_figures(chip: str) -> dict[str, ChipFigure]:
         m = k.get("measured", {})
         out[name] = ChipFigure(kernel=name, kernel_us=mine["min_us"], floor_us=floor,
                                xla_us=(k.get("xla") or {}).get("min_us"), device=m.get("device", "?"),
-                               command=m.get("command", "?"))
+                               command=m.get("command", "?"), step_scale=k.get("step_scale", 1.0))
     return out

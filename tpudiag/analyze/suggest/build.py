@@ -181,6 +181,7 @@ class Price:
     floor_s: float | None = None  # the compiled kernel's roofline floor at these shapes (one run, one instance)
     calibrated: str | None = None  # how the chip's calibration moved kernel_s, where it did
     measured_as: str = ""  # the chip table's entry for the kernel's path here ("": the kernel's own)
+    step_scale: float = 1.0  # the kernel's time here in its floors over the bench's (AtShapes.step_scale)
 
 
 def _confidence(c: Candidate, p: Price, basis: str, fig=None, xla_basis: str = "static") -> tuple[str, str]:
@@ -249,7 +250,7 @@ def build_report(run_dir: str, report: CompileReport, cands: list[Candidate], re
             # The chip's measured times at the kernel's bench shape, scaled to these shapes by the
             # kernel's roofline floor: the kernel reaches the same share of its floor, and XLA (where
             # this run did not measure it) takes the same multiple of it.
-            basis, kernel_s = "measured_table", p.floor_s / fig.efficiency * c.runs * c.instances
+            basis, kernel_s = "measured_table", fig.seconds_at(p.floor_s, p.step_scale) * c.runs * c.instances
             if not c.measured and fig.xla_over_floor:
                 xla_s = p.floor_s * fig.xla_over_floor * c.runs * c.instances
                 xla_basis = "measured_table"
