@@ -247,19 +247,11 @@ def _cross_entropy(shapes, notes) -> AtShapes | str:
                     snippet, f"N{n} V{v} bf16", xla=xla_cross_entropy)
 
 
-# The sampling kernel's search is latency-bound per grid step up to this many rows: on a v5e one
-# step of 8 rows took 17.8 us (B8 V131072, top-k 64) and 16-row steps 18.2 us each (B64: 72.9 us).
-SAMPLING_BLOCK_ROWS = 16
-
-
-def _whole_blocks(rows: int, block: int) -> int:
-    return -(-rows // block) * block
-
-
 def _sampling(shapes, notes) -> AtShapes | str:
     import jax
 
-    from tpudiag.kernels.sampling import sample, xla_sample
+    from tpudiag.kernels.sampling import DEFAULT_BLOCKS, sample, xla_sample
+    from tpudiag.kernels.tiling import round_up
 
     b, v = shapes.rows, shapes.vocab
     if v % 128:
@@ -281,7 +273,9 @@ def _sampling(shapes, notes) -> AtShapes | str:
                     f"B{b} V{v} f32 k={k} p={p_:g} temperature={t_:g}",
                     xla=lambda logits, u: xla_sample(logits, u, k=k, p=p_, temperature=t_),
                     measured_as="sampling@top_p" if k is None and p_ < 1.0 else "",
-                    step_scale=_whole_blocks(b, SAMPLING_BLOCK_ROWS) / b)
+                    # The search is latency-bound per grid step up to a block's rows: on a v5e one 8-row
+                    # step took 17.8 us (B8 V131072, top-k 64) and 16-row steps 18.2 us each (B64: 72.9).
+                    step_scale=round_up(b, DEFAULT_BLOCKS.block_rows) / b)
 
 
 def _int8_matmul(shapes, notes) -> AtShapes | str:
