@@ -40,7 +40,7 @@ class BlockSizes:
     all H + KVH heads, so their cost is paid once per position instead of once per head.
     """
 
-    block_s: int = 512
+    block_s: int = 1024
 
     def __post_init__(self):
         v = self.block_s
@@ -373,7 +373,7 @@ TOLERANCES = {
 }
 
 PRODUCTION = (1, 8192, 32, 8, 128)  # B, S, H, KVH, D: a LLaMA-style 8B layer (GQA 32/8) at 8k tokens
-DEFAULT_BLOCKS = BlockSizes()  # block_s=512: see tuned_for
+DEFAULT_BLOCKS = BlockSizes()  # block_s=1024: see tuned_for
 
 
 def _xla(q, k, positions):
@@ -402,8 +402,9 @@ SPEC = KernelSpec(
               "once, write them once)"),
     signature=("rope(q, k, positions_or_cos, sin=None, *, theta=10000.0, block_sizes=None, interpret=False) "
                "-> (q_rot, k_rot)"),
-    tuned_for=("B1 S8192 H32 KVH8 D128 bf16, int32 positions: block_s=512 from bench/sweep_rope.py on v5e (64-512 "
-               "all sit at the HBM floor; 512 has the lowest static estimate and its fwd+bwd step compiles)"),
+    tuned_for=("B1 S8192 H32 KVH8 D128 bf16, int32 positions: block_s=1024 on a v5e chip (bench/chip_sweep.py, "
+               "device time, min of 5: 256 257.5 us, 512 256.6, 1024 254.5); the static profile puts 64-1024 "
+               "all at the HBM floor. The fwd+bwd step compiles at 1024 for v5e"),
     usage=("from tpudiag.kernels.rope import rope\n"
            "q, k = rope(q, k, positions, theta=10000.0)  # q [B,S,H,D], k [B,S,KVH,D], positions int32 [B,S]\n"
            "q, k = rope(q, k, cos, sin)                  # or precomputed rotate-half tables [S,D]"),
@@ -412,6 +413,6 @@ SPEC = KernelSpec(
     cases=cases,
     tolerances=TOLERANCES,
     bench=bench,
-    block_candidates=(BlockSizes(64), BlockSizes(128), BlockSizes(256), BlockSizes(512)),
+    block_candidates=(BlockSizes(64), BlockSizes(128), BlockSizes(256), BlockSizes(512), BlockSizes(1024)),
     differentiable=True,
 )
