@@ -46,15 +46,17 @@ def test_flash_kernel_shares_fall_with_the_head_dim_and_pick_the_nearest():
     peak = V5E.peak_bf16_flops_per_s
     shares = cal.kernel_shares(peak)
     for k in ("flash_attention_fwd", "flash_attention_dq", "flash_attention_dkv"):
-        for s in (1024, 2048, 4096):
+        for s in (1024, 2048, 4096, 8192):
             # a head dim of 64 fills half the MXU's 128-deep contraction: about half the share of 128
             assert 0.3 < shares[k, 64, s][0] / shares[k, 128, s][0] < 0.7
         # longer sequences amortize the diagonal tiles and the per-block work
         assert shares[k, 128, 1024][0] < shares[k, 128, 2048][0] <= shares[k, 128, 4096][0] * 1.05
+        assert shares[k, 128, 4096][0] <= shares[k, 128, 8192][0] * 1.05
         assert cal.kernel_share(k, 64, 2048, peak) == shares[k, 64, 2048]
         assert cal.kernel_share(k, 80, 2048, peak) == shares[k, 64, 2048]  # nearest head dim first
         assert cal.kernel_share(k, 256, 2500, peak) == shares[k, 128, 2048]  # then the nearest sequence by ratio
-        assert cal.kernel_share(k, 128, 16384, peak) == shares[k, 128, 4096]
+        assert cal.kernel_share(k, 128, 16384, peak) == shares[k, 128, 8192]
+        assert cal.kernel_share(k, 128, 5000, peak) == shares[k, 128, 4096]
     assert cal.kernel_share("no_such_kernel", 64, 2048, peak) is None
 
 

@@ -147,7 +147,7 @@ def programs() -> list[dict]:
 
 def _flash_programs() -> list[dict]:
     """The bundled flash attention kernels, forward and backward (one program: the gradient of a
-    causal attention), at head dims 64 and 128 and sequences of 1024, 2048 and 4096: each kernel
+    causal attention), at head dims 64 and 128 and sequences of 1024 to 8192: each kernel
     op's time against its own cost estimate. Batch 2 and 8 heads: a shape of its own, not a step's."""
     import jax
     import jax.numpy as jnp
@@ -161,7 +161,7 @@ def _flash_programs() -> list[dict]:
 
     out = []
     for d in (64, 128):
-        for s in (1024, 2048, 4096):
+        for s in (1024, 2048, 4096, 8192):
             b, h = 2, 8
             args = tuple(jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16) for _ in range(3))
             pairs = pair_count(s, s, True) * b * h  # the kernels' own cost estimates count these
