@@ -88,6 +88,17 @@ def test_one_chip_is_estimated_on_one_chip(tmp_path, newest_leg):
     assert doc["tokens"] == 2 * 128  # one device's batch
     assert doc["tokens_per_s_per_device"] == pytest.approx(doc["tokens"] / doc["step_s"])
     assert "one chip of v5e:2x2" in res.stderr
+    # The embedding gradient, XLA's kCustom scatter fusion: all its bytes at the measured scatter bandwidth
+    # (XLA's own cost analysis prices it by its FLOPs).
+    from tpudiag.api.calibrate import shipped
+
+    rate = shipped("v5e").figures(None)["scatter_bytes_per_s"]
+    ops = json.loads((run / "report.json").read_text())["modules"][0]["ops"]
+    scatter = [o for o in ops if o["opcode"] == "fusion" and o["name"].startswith("scatter")]
+    assert scatter
+    for o in scatter:
+        assert o["estimated_s"] == pytest.approx(o["bytes_accessed"] / rate.value, rel=1e-6)
+        assert o["calibrated"] == f"{o['bytes_accessed'] / 1e6:.3g} MB at {rate.value / 1e9:.4g} GB/s ({rate.source})"
     wrong = _run("-m", "tpudiag", "estimate", f"{LLAMA}:step", "--target", "v5e:1x1", "--mesh", "fsdp=4", "--",
                  *TINY)
     assert wrong.returncode == 2 and "one chip has 1" in wrong.stderr and "Traceback" not in wrong.stderr
