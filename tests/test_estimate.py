@@ -99,9 +99,34 @@ def test_one_chip_is_estimated_on_one_chip(tmp_path, newest_leg):
     for o in scatter:
         assert o["estimated_s"] == pytest.approx(o["bytes_accessed"] / rate.value, rel=1e-6)
         assert o["calibrated"] == f"{o['bytes_accessed'] / 1e6:.3g} MB at {rate.value / 1e9:.4g} GB/s ({rate.source})"
+    _check_copy_windows(run, doc)
     wrong = _run("-m", "tpudiag", "estimate", f"{LLAMA}:step", "--target", "v5e:1x1", "--mesh", "fsdp=4", "--",
                  *TINY)
     assert wrong.returncode == 2 and "one chip has 1" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+def _check_copy_windows(run, doc):
+    """The step's asynchronous copies: only the compute in each copy's window hides it, so ample
+    compute there hides all of them and none leaves all of them exposed; the finding gives both."""
+    from tpudiag.analyze.compile.async_copies import copy_time
+    from tpudiag.analyze.hlo.loops import loop_runs
+    from tpudiag.parse.hlo import read_hlo_file
+
+    m = json.loads((run / "report.json").read_text())["modules"][0]
+    hlo = read_hlo_file(next((run / "modules").glob("*/optimized.hlo.txt")))
+    rows = [(o["name"], o["computation"], o["estimated_s"], o["runs"], o["bound_by"], o["opcode"]) for o in m["ops"]]
+
+    def scaled(f):
+        return [(n, c, s * f if b != "hbm" and op not in ("copy-start", "copy-done") else s, r, b, op)
+                for n, c, s, r, b, op in rows]
+
+    runs = loop_runs(hlo).runs
+    got = copy_time(hlo, runs, rows)
+    assert got is not None and 0 < got.exposed_s < got.copy_s
+    assert copy_time(hlo, runs, scaled(1e9)).exposed_s == 0.0
+    assert copy_time(hlo, runs, scaled(0.0)).exposed_s == pytest.approx(got.copy_s)
+    (note,) = [f for f in doc["findings"] if f.startswith("asynchronous copies")]
+    assert f"{got.copy_s * 1e3:.3g} ms at HBM bandwidth" in note and f"; {got.exposed_s * 1e3:.3g} ms of them" in note
 
 
 def test_compute_bound_matmuls_are_timed_by_the_compilers_cycles_alone(tmp_path, oldest_leg):

@@ -165,6 +165,18 @@ def step_passes(report, hlo, run: Path, target, limits, calibration, *, probes: 
     return passes
 
 
+def _copies(report, hlo):
+    """The step's asynchronous copies within the chip, timed against the compute in their windows
+    (`async_copies.copy_time`), after every pass has set the op times."""
+    from tpudiag.analyze.compile.async_copies import copy_time
+    from tpudiag.analyze.hlo.loops import loop_runs
+
+    m = report.modules[0]
+    collectives = {c.name for c in m.collectives}
+    return copy_time(hlo, loop_runs(hlo).runs, [(o.name, o.computation, o.estimated_s, o.runs, o.bound_by, o.opcode)
+                                                for o in m.ops if o.name not in collectives])
+
+
 def _peak_buffers(run: Path) -> list[dict]:
     """The step's largest buffers at its HBM peak; none when the compile left no live-range dump
     (a compile that failed before scheduling)."""
@@ -257,7 +269,7 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
             step = ModuleInput(name="step", path=lowered_dir / "step.mlir", kind="mlir")
             report = compile_inputs([step], run, target, static_profile=static_profile, jobs=1, limits=step_limits,
                                     source=source)
-            hlo, host = _step_hlo(report, run), None
+            hlo, host, copies = _step_hlo(report, run), None, None
             if hlo is not None:
                 probes = matmul_probes and not static_profile and target.chip.name in PROBED_CHIPS
                 passes = step_passes(report, hlo, run, target, limits or Limits(), cal, probes=probes,
@@ -265,13 +277,14 @@ def estimate(entry: str, target_text: str, argv=(), out=None, *, mesh: str | Non
                                      progress=progress, max_probes=max_probes)
                 report, findings = run_passes(report, hlo, passes)
                 host = findings[-1]  # the last pass's: the host transfers' HostTime, or None
+                copies = _copies(report, hlo)
             report = write_compile_report(report, rd)
             est = build_estimate(report, lowered, program=program, argv=list(argv),
                                  libtpu_init_args=libtpu_args,
                                  artifacts={"run_dir": str(run), "estimate": rundir.ESTIMATE_REPORT,
                                             "compile_report": rundir.REPORT,
                                             "lowered": f"{rundir.ESTIMATE_DIR}/step.mlir"},
-                                 peak_buffers=_peak_buffers(run), host=host)
+                                 peak_buffers=_peak_buffers(run), host=host, copies=copies)
             rd.write_text(rundir.ESTIMATE_REPORT, render(est, "json"))
             rd.write_text(rundir.ESTIMATE_MD, render(est, "md"))
             rd.finish(est.status == "ok", reason=est.reason)

@@ -68,10 +68,12 @@ def _host_link(chip: str) -> float | None:
 
 
 def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[str], libtpu_init_args: str | None,
-                   artifacts: dict[str, str], peak_buffers: tuple = (), host=None) -> EstimateReport:
+                   artifacts: dict[str, str], peak_buffers: tuple = (), host=None, copies=None) -> EstimateReport:
     """`peak_buffers`: `peak_buffers.peak_buffers` rows of the step's dump (the caller reads the files).
     `host`: the step's host transfers timed on the host link (`host_transfers.HostTime`), None when it
-    makes none or the chip has no host-link figure; their exposed time is part of the step."""
+    makes none or the chip has no host-link figure; their exposed time is part of the step. `copies`:
+    its asynchronous copies within the chip timed against the compute in their windows
+    (`async_copies.CopyTime`); without it, the copies' total against the step's compute."""
     t = compile_report.target
     mesh = {a: int(n) for a, n in lowered.get("mesh", [])}
     tokens = int(lowered["tokens"])
@@ -93,7 +95,7 @@ def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[st
                               hbm_capacity_bytes=memory.get("hbm_capacity_bytes"), fits=memory.get("fits"),
                               top_ops=(), findings=tuple(findings), **base)
     collective_names = {c.name for c in m.collectives}
-    compute = hbm = copies = 0.0
+    compute = hbm = copies_s = 0.0
     for o in m.ops:
         if o.name in collective_names:
             continue
@@ -102,13 +104,15 @@ def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[st
         # copy ran beside the ops after them. They share HBM with the HBM-bound ops, so only compute
         # hides them: a decode step's weight prefetches are most of its time.
         if o.opcode in ASYNC_COPY:  # overlapped with compute, not with other HBM traffic
-            copies += o.total_s
+            copies_s += o.total_s
             continue
         if o.bound_by == "hbm":
             hbm += o.total_s
         else:
             compute += o.total_s  # compute, static_cycles (and ici for a collective the list does not hold)
-    hbm += max(0.0, copies - compute)  # the copies' time that the step's compute cannot hide
+    # the copies' time that the compute cannot hide: per window where the schedule is known
+    copies_exposed = copies.exposed_s if copies is not None else max(0.0, copies_s - compute)
+    hbm += copies_exposed
     exposed = sum(c.exposed_s * c.runs for c in m.collectives)
     hidden = sum((c.estimated_s - c.exposed_s) * c.runs for c in m.collectives)
     host_s = host.exposed_s if host is not None else 0.0
@@ -121,10 +125,14 @@ def build_estimate(compile_report, lowered: dict, *, program: str, argv: list[st
                 for o in ranked)
     memory = m.memory
     findings = list(m.findings)
-    if copies:
-        findings.append(f"asynchronous copies (copy-start/copy-done, {copies * 1e3:.3g} ms at HBM bandwidth) overlap the "
-                        f"step's compute ({compute * 1e3:.3g} ms), as a v5e ran them; "
-                        f"{max(0.0, copies - compute) * 1e3:.3g} ms of them counted as exposed HBM time")
+    if copies is not None:
+        findings.append(f"asynchronous copies (copy-start/copy-done, {copies.copy_s * 1e3:.3g} ms at HBM bandwidth) "
+                        f"run beside the compute scheduled between each start and done; "
+                        f"{copies_exposed * 1e3:.3g} ms of them it does not cover, counted as exposed HBM time")
+    elif copies_s:
+        findings.append(f"asynchronous copies (copy-start/copy-done, {copies_s * 1e3:.3g} ms at HBM bandwidth) overlap "
+                        f"the step's compute ({compute * 1e3:.3g} ms), as a v5e ran them; "
+                        f"{copies_exposed * 1e3:.3g} ms of them counted as exposed HBM time")
     if not memory.get("fits", True):
         findings.insert(0, f"does not fit: {memory['peak_hbm_bytes'] / 2**30:.1f} GiB of HBM per device against "
                            f"{memory['hbm_capacity_bytes'] / 2**30:.1f} GiB")

@@ -102,8 +102,21 @@ def offload_bytes(transfers: list[Transfer]) -> tuple[int, int]:
             sum(t.bytes * t.runs for t in transfers if not t.to_host))
 
 
-def _window_time(module, comp: str, names: list[str], lo: int, hi: int, times: dict[str, float],
-                 comp_total: dict[str, float], runs: int) -> float:
+def overlapping(spans: list[tuple[int, int, object]]) -> list[tuple[int, int, list]]:
+    """Spans (start position, done position, item) of one computation merged where their windows
+    overlap: (first start, last done, the items), in schedule order."""
+    groups: list[list] = []
+    for lo, hi, item in sorted(spans, key=lambda x: (x[0], x[1])):
+        if groups and lo < groups[-1][1]:
+            groups[-1][1] = max(groups[-1][1], hi)
+            groups[-1][2].append(item)
+        else:
+            groups.append([lo, hi, [item]])
+    return [(lo, hi, items) for lo, hi, items in groups]
+
+
+def window_time(module, comp: str, names: list[str], lo: int, hi: int, times: dict[str, float],
+                comp_total: dict[str, float], runs: int) -> float:
     """Estimated seconds of the ops scheduled strictly between positions lo and hi of one run of a
     computation: each op's own time, and for a loop, branch or call its computations' whole time
     (every run of theirs, over the `runs` of this one)."""
@@ -132,20 +145,12 @@ def host_time(module, transfers: list[Transfer], ops, bytes_per_s: float) -> Hos
     for comp, ts in by_comp.items():
         names = [i.name for i in module.computations[comp].instructions]
         index = {n: k for k, n in enumerate(names)}
-        spans = sorted((index[t.start], index[t.done] if t.done in index else index[t.start], t.start, t)
-                       for t in ts)
-        groups: list[list] = []
-        for lo, hi, _, t in spans:
-            if groups and lo < groups[-1][1]:
-                groups[-1][1] = max(groups[-1][1], hi)
-                groups[-1][2].append(t)
-            else:
-                groups.append([lo, hi, [t]])
-        for lo, hi, members in groups:
+        spans = [(index[t.start], index[t.done] if t.done in index else index[t.start], t) for t in ts]
+        for lo, hi, members in overlapping(spans):
             need = max(sum(t.bytes for t in members if t.to_host),
                        sum(t.bytes for t in members if not t.to_host)) / bytes_per_s
             n = members[0].runs
-            between = _window_time(module, comp, names, lo, hi, times, comp_total, n)
+            between = window_time(module, comp, names, lo, hi, times, comp_total, n)
             link += need * n
             exposed += max(0.0, need - between) * n
     return HostTime(link_s=link, exposed_s=exposed)
