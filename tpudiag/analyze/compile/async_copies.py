@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpudiag.analyze.compile.host_transfers import HOST, overlapping, window_time
+from tpudiag.analyze.compile.host_transfers import crossing, overlapping, window_time
 
 
 @dataclass(frozen=True)
@@ -26,16 +26,6 @@ class CopyTime:
 
     copy_s: float  # every copy's own time (its op row's), x runs
     exposed_s: float  # what the compute between starts and dones does not cover, x runs
-
-
-def _within_chip(module, start) -> bool:
-    """Whether neither side of the copy is in host memory (a shape that does not parse: taken as so)."""
-    operand = module.operand(start, 0)
-    try:
-        leaves = [*start.parsed_shape.leaves(), *(operand.parsed_shape.leaves() if operand is not None else ())]
-    except (ValueError, AttributeError):
-        return True
-    return all(leaf.memory_space != HOST for leaf in leaves)
 
 
 def copy_time(module, runs: dict[str, int], ops) -> CopyTime | None:
@@ -55,7 +45,7 @@ def copy_time(module, runs: dict[str, int], ops) -> CopyTime | None:
         index = {n: k for k, n in enumerate(names)}
         dones = {d.operands[0]: d.name for d in instrs if d.operands and d.opcode == "copy-done"}
         spans = [(index[i.name], index.get(dones.get(i.name), index[i.name]), copies[i.name]) for i in instrs
-                 if i.opcode == "copy-start" and i.name in copies and _within_chip(module, i)]
+                 if i.opcode == "copy-start" and i.name in copies and crossing(module, i) is None]
         n = runs.get(c, 1)
         for lo, hi, members in overlapping(spans):
             need = sum(members)

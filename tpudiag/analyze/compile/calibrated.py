@@ -8,8 +8,8 @@ the data sheet's figures price work the chip does slower. Each rule comes from o
 - the bundled flash attention kernels (`flash_attention_fwd|dq|dkv`), whose own cost estimates count
   their FLOPs, at the share of the peak each reached at the nearest measured head dim and sequence;
 - a sort at the measured time per element (sort_f32);
-- a gather or scatter op at the measured gather or scatter bandwidth, and a fusion whose result is a
-  scatter's by all the bytes it accesses at the scatter bandwidth;
+- a gather or scatter op at the measured gather or scatter bandwidth, and a kCustom fusion around a
+  scatter by all the bytes it accesses at the scatter bandwidth;
 - an executed op faster than the least time the chip took for an op (op_smallest) at that time.
 
 An op the static profile or a probe timed from the compiler's cycles keeps those. Pure: takes the
@@ -56,19 +56,15 @@ def _elements(hlo, o) -> int:
     return shape.elements if shape is not None and shape.is_array else 0
 
 
-def _roots_in_scatter(hlo, o) -> bool:
-    """Whether the fusion's result is a scatter's: its root, through nested fusions, is a scatter.
-    XLA's cost analysis prices such a fusion (the TPU's kCustom scatter emitter) by its FLOPs or the
-    updated rows, while it reads and writes the whole operand: on a v5e the embedding gradient,
+def _wraps_scatter(hlo, o) -> bool:
+    """Whether the op is a kCustom fusion around a scatter (the TPU's scatter emitter; `analyze/hlo`
+    costs it as that op, as XLA does). XLA's cost analysis prices it by its FLOPs or the updated
+    rows, while it reads and writes the whole operand: on a v5e the embedding gradient,
     bf16[32000,1024] from 8192 rows, took 325.9 us, its bytes at the measured scatter bandwidth 330
     (fixtures/tpu-v5e/llama_train)."""
     instr = hlo.instruction(o.name, o.computation) if hlo is not None else None
-    for _ in range(4):  # fusions nest a level or two
-        if instr is None or instr.opcode != "fusion" or not instr.called:
-            break
-        body = hlo.computations.get(instr.called[0])
-        instr = body.root if body is not None else None
-    return instr is not None and instr.opcode == "scatter"
+    return (instr is not None and instr.fusion_kind == "kCustom"
+            and any(i.opcode == "scatter" for i in hlo.walk(instr.called[:1], into=("fusion",))))
 
 
 def _dtype_rate(o, figures: dict, nominal):
@@ -125,7 +121,7 @@ def _moved(o, hlo, figures, cal, chip) -> tuple[float, tuple[str, str] | None]:
         f = figures.get(f"{o.opcode}_bytes_per_s")
         if f is not None and f.nominal:
             return o.estimated_s * f.nominal / f.value, (o.opcode, f"x{f.nominal / f.value:.2f} ({f.source})")
-    if o.opcode == "fusion" and o.bytes_accessed and _roots_in_scatter(hlo, o):
+    if o.opcode == "fusion" and o.bytes_accessed and _wraps_scatter(hlo, o):
         f = figures.get("scatter_bytes_per_s")
         if f is not None:
             s = o.bytes_accessed / f.value

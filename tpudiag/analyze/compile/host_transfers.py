@@ -58,7 +58,7 @@ def _on_host(shape) -> bool:
     return any(leaf.memory_space == HOST for leaf in shape.leaves())
 
 
-def _transfer(module, i) -> tuple[bool, int] | None:
+def crossing(module, i) -> tuple[bool, int] | None:
     """(to host, bytes) of one async start that crosses the host link, or None: one that moves nothing
     between HBM and host memory, or moves it within one of them."""
     if i.opcode not in HOST_TRANSFER_STARTS or not i.operands:
@@ -89,7 +89,7 @@ def host_transfers(module, runs: dict[str, int]) -> list[Transfer]:
         instrs = module.computations[c].instructions
         dones = {d.operands[0]: d.name for d in instrs if d.operands and d.opcode.endswith("-done")}
         for i in instrs:
-            got = _transfer(module, i)
+            got = crossing(module, i)
             if got is not None:
                 out.append(Transfer(computation=c, start=i.name, done=dones.get(i.name), to_host=got[0],
                                     bytes=got[1], runs=runs.get(c, 1)))
