@@ -40,7 +40,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.paged_attention import BlockSizes, _interpret_mode  # pages per block, as there
-from tpudiag.kernels.page_stream import check_table, clear_past_length, page_table, stream_pages
+from tpudiag.kernels.page_stream import check_table, clear_past_length, page_table, state_shape, stream_pages
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, mxu_precision, vmem_limit
 
@@ -57,7 +57,8 @@ PROD_SCALE = 1.0 / math.sqrt(192)
 # own DMAs). On a v5e chip at the bench shape (device time): 16 pages 313.6 us, 32 pages 272.1,
 # 64 pages 255.7: each block is 64 DMAs of 20 KiB, and fewer, longer blocks amortise the per-block
 # wait and the online-softmax rescale. With the latent's rows past a length cleared only in the
-# pages that hold them (clear_past_length), 227.8 us at 64 pages.
+# pages that hold them (clear_past_length), 227.8 us at 64 pages; with the page stream's ring of
+# slots (its cursor crossing into the next sequence), 211.4 us at 2 slots, 232.4 at 3, 214.0 at 4.
 DEFAULT_BLOCKS = BlockSizes(pages_per_block=64)
 
 
@@ -84,13 +85,14 @@ def _check_shapes(q, kv_pages, lengths, page_table, latent):
 
 
 def mla_decode_kernel(lengths_ref, table_ref, q_ref, kv_hbm_ref, o_ref, kv_buf, sems, state_ref, *,
-                      sm_scale: float, latent: int, pages_per_block: int, pages_per_seq: int, batch: int):
+                      sm_scale: float, latent: int, pages_per_block: int, pages_per_seq: int, batch: int,
+                      slots: int):
     """One grid step = one sequence b, all heads.
 
     lengths_ref [B], table_ref [B * pages_per_seq]: SMEM (scalar prefetch).
     q_ref [H, W], o_ref [H, L]: VMEM blocks of sequence b. kv_hbm_ref: the page pool, left in HBM.
-    kv_buf [2, pages_per_block, page_size, W]: two slots. sems: DMA semaphores [2 (slot)].
-    state_ref: SMEM [2], page_stream's schedule.
+    kv_buf [slots, pages_per_block, page_size, W]: the page stream's slots. sems: DMA semaphores
+    [slots]. state_ref: SMEM `page_stream.state_shape()`, its schedule.
     """
     _, page_size, width = kv_hbm_ref.shape
     block_tokens = pages_per_block * page_size
@@ -126,7 +128,8 @@ def mla_decode_kernel(lengths_ref, table_ref, q_ref, kv_hbm_ref, o_ref, kv_buf, 
             jnp.zeros((heads, latent), jnp.float32))
     _, l_fin, acc = stream_pages(lengths_ref=lengths_ref, table_ref=table_ref, state_ref=state_ref, batch=batch,
                                  pages_per_seq=pages_per_seq, page_size=page_size, pages_per_block=pages_per_block,
-                                 page_copies=page_copies, slot_copies=slot_copies, block_compute=block, init=init)
+                                 page_copies=page_copies, slot_copies=slot_copies, block_compute=block, init=init,
+                                 slots=slots)
     safe_l = jnp.where(l_fin > 0, l_fin, 1.0)
     o_ref[...] = jnp.where(l_fin > 0, acc / safe_l, 0.0).astype(o_ref.dtype)
 
@@ -145,8 +148,9 @@ def mla_decode(q, kv_pages, lengths, page_table, *, latent: int = 512, sm_scale:
     _, page_size, _ = kv_pages.shape
     pages_per_seq = page_table.shape[1]
     ppb = min(block_sizes.pages_per_block, pages_per_seq)
+    slots = block_sizes.slots
     kernel = functools.partial(mla_decode_kernel, sm_scale=sm_scale, latent=latent, pages_per_block=ppb,
-                               pages_per_seq=pages_per_seq, batch=batch)
+                               pages_per_seq=pages_per_seq, batch=batch, slots=slots)
     itemsize = jnp.dtype(kv_pages.dtype).itemsize
     qb = jnp.dtype(q.dtype).itemsize
     # Minimum HBM traffic at full lengths: every referenced page once, q in, out.
@@ -155,7 +159,7 @@ def mla_decode(q, kv_pages, lengths, page_table, *, latent: int = 512, sm_scale:
                            bytes_accessed=int(tokens * width * itemsize + (q.size + batch * heads * latent) * qb
                                               + 4 * (lengths.size + page_table.size)))
     vmem = vmem_limit(2 * (block_bytes((heads, width), qb) + block_bytes((heads, latent), qb)),
-                      scratch=block_bytes((2, ppb, page_size, width), itemsize)
+                      scratch=block_bytes((slots, ppb, page_size, width), itemsize)
                       + 3 * block_bytes((heads, ppb * page_size), 4) + block_bytes((heads, latent), 4))
     return pl.pallas_call(
         kernel,
@@ -165,8 +169,8 @@ def mla_decode(q, kv_pages, lengths, page_table, *, latent: int = 512, sm_scale:
             grid=(batch,),
             in_specs=[pl.BlockSpec((None, heads, width), lambda b, *_: (b, 0, 0)), pl.BlockSpec(memory_space=pl.ANY)],
             out_specs=pl.BlockSpec((None, heads, latent), lambda b, *_: (b, 0, 0)),
-            scratch_shapes=[pltpu.VMEM((2, ppb, page_size, width), kv_pages.dtype), pltpu.SemaphoreType.DMA((2,)),
-                            pltpu.SMEM((2,), jnp.int32)]),
+            scratch_shapes=[pltpu.VMEM((slots, ppb, page_size, width), kv_pages.dtype),
+                            pltpu.SemaphoreType.DMA((slots,)), pltpu.SMEM(state_shape(), jnp.int32)]),
         # "arbitrary": steps run in order on one core, which the cross-step prefetch relies on.
         compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",), vmem_limit_bytes=vmem),
         cost_estimate=cost,

@@ -1,6 +1,7 @@
 """The page stream the paged decode kernels share: one grid step per sequence, the live pages of
-its KV cache DMAed from HBM block by block into two VMEM slots, the next block started under the
-current one's compute and the next sequence's first block under the current one's last.
+its KV cache DMAed from HBM block by block into a ring of VMEM slots (two or more), each block's
+successors started before it is computed, across grid steps: the next sequence's first blocks go
+under the current one's last.
 
 `stream_pages` runs inside a Pallas TPU kernel whose grid is (batch,) with "arbitrary" semantics
 (steps in order on one core: the cross-step prefetch relies on it). The kernel says what a page's
@@ -20,29 +21,49 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 
+# SMEM words of the stream's schedule (`state_shape`): the slot of the next block to compute, the
+# blocks started and not yet computed, and the fetch cursor (grid step, block) of the next block to start.
+_STATE_WORDS = 4
+
+
+def state_shape() -> tuple[int]:
+    """The shape of the SMEM scratch `stream_pages` keeps its schedule in (int32)."""
+    return (_STATE_WORDS,)
+
+
 def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq: int, page_size: int,
                  pages_per_block: int, page_copies: Callable, block_compute: Callable, init,
-                 slot_copies: Callable, table_row: Callable | None = None):
+                 slot_copies: Callable, table_row: Callable | None = None, slots: int = 2):
     """Run `block_compute(i, slot, length, n_blocks, carry) -> carry` over the blocks of sequence
     `pl.program_id(0)`, each once its pages are in VMEM slot `slot`; returns the last carry (`init`
     for a sequence of length 0).
 
-    lengths_ref [B], table_ref [B * pages_per_seq]: SMEM (scalar prefetch). state_ref: SMEM [2] =
-    (slot holding the next block, 1 if the previous step already started this sequence's first
-    block), persistent across grid steps. `page_copies(page, slot, j)` gives the async copies that
-    bring pool page `page` to position j of `slot`; all of a slot's copies share its semaphores, and
-    `slot_copies(slot)` gives one copy per semaphore whose destination is the whole slot (waited
-    on once a block). Lengths are clamped to [0, pages_per_seq * page_size]; table entries past a
-    length are never read (the page table may hold anything there): the block's last positions
-    copy its last live page again. `table_row(s)` is the page-table row grid
-    step s reads (default: row s), for grids whose steps are pieces of sequences.
+    The blocks of all grid steps form one stream over a ring of `slots` VMEM slots: before a block
+    is computed, the blocks after it are started until `slots` are in flight, crossing into the
+    next grid steps' sequences (those of length 0 skipped). Two slots double-buffer; more keep the
+    DMA engine further ahead, so a block whose compute outlasts its own DMA (a prefill chunk's)
+    does not leave it idle.
+
+    lengths_ref [B], table_ref [B * pages_per_seq]: SMEM (scalar prefetch). state_ref: SMEM
+    `state_shape()`, persistent across grid steps. `page_copies(page, slot, j)` gives the async
+    copies that bring pool page `page` to position j of `slot`; all of a slot's copies share its
+    semaphores, and `slot_copies(slot)` gives one copy per semaphore whose destination is the whole
+    slot (waited on once a block). Lengths are clamped to [0, pages_per_seq * page_size]; table
+    entries past a length are never read (the page table may hold anything there): the block's
+    last positions copy its last live page again. `table_row(s)` is the page-table row grid step s
+    reads (default: row s), for grids whose steps are pieces of sequences.
     """
+    if not isinstance(slots, int) or slots < 2:
+        raise ValueError(f"slots must be an int >= 2, got {slots!r}")
     b = pl.program_id(0)
     block_tokens = pages_per_block * page_size
     max_len = pages_per_seq * page_size
 
     def seq_len(s):
         return jnp.clip(lengths_ref[s], 0, max_len)
+
+    def n_blocks_of(s):
+        return pl.cdiv(seq_len(s), block_tokens)
 
     def start_block(s, blk, slot):
         # Every position of the block is copied, branch-free: past the live pages, the last live
@@ -58,45 +79,44 @@ def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq
         for copy in slot_copies(slot):  # a DMA semaphore counts bytes: one wait for the slot's pages
             copy.wait()
 
+    def skip_empty(s, blk):
+        """The cursor moved past the blocks of step s (and of any empty steps after it)."""
+        def more(c):
+            return jnp.logical_and(c[0] < batch, c[1] >= n_blocks_of(jnp.minimum(c[0], batch - 1)))
+        return lax.while_loop(more, lambda c: (c[0] + 1, jnp.int32(0)), (s, blk))
+
     @pl.when(b == 0)
     def _():
+        s0, blk0 = skip_empty(jnp.int32(0), jnp.int32(0))
         state_ref[0] = 0
         state_ref[1] = 0
+        state_ref[2] = s0
+        state_ref[3] = blk0
+
+    def top_up():
+        """Start blocks at the fetch cursor until `slots` are in flight or the stream has none left."""
+        for _ in range(slots):  # at most `slots` starts: each one fills a free slot
+            @pl.when(jnp.logical_and(state_ref[1] < slots, state_ref[2] < batch))
+            def _():
+                s, blk = state_ref[2], state_ref[3]
+                start_block(s, blk, lax.rem(state_ref[0] + state_ref[1], slots))
+                state_ref[1] = state_ref[1] + 1
+                s, blk = skip_empty(s, blk + 1)
+                state_ref[2] = s
+                state_ref[3] = blk
 
     length = seq_len(b)
-    n_blocks = pl.cdiv(length, block_tokens)
-    already_started = state_ref[1]
-    state_ref[1] = 0
-
-    @pl.when(jnp.logical_and(n_blocks > 0, already_started == 0))
-    def _():
-        start_block(b, 0, state_ref[0])
 
     def body(i, carry):
+        top_up()
         slot = state_ref[0]
-        nxt = 1 - slot
-
-        @pl.when(i + 1 < n_blocks)
-        def _():
-            start_block(b, i + 1, nxt)
-
-        # Last block of this sequence: start the next sequence's first block now, so its DMA runs
-        # under this block's compute and the next grid step does not start cold.
-        @pl.when(jnp.logical_and(i + 1 == n_blocks, b + 1 < batch))
-        def _():
-            nb = jnp.minimum(b + 1, batch - 1)
-
-            @pl.when(seq_len(nb) > 0)
-            def _():
-                start_block(nb, 0, nxt)
-                state_ref[1] = 1
-
         wait_block(slot)
-        carry = block_compute(i, slot, length, n_blocks, carry)
-        state_ref[0] = nxt
+        carry = block_compute(i, slot, length, n_blocks_of(b), carry)
+        state_ref[0] = lax.rem(slot + 1, slots)
+        state_ref[1] = state_ref[1] - 1
         return carry
 
-    return lax.fori_loop(0, n_blocks, body, init)
+    return lax.fori_loop(0, n_blocks_of(b), body, init)
 
 
 def clear_past_length(buf, index: Callable, i, n_blocks, length, *, page_size: int, pages_per_block: int):

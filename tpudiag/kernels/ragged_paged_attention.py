@@ -19,8 +19,9 @@ Design:
   (q block, sequence) pair that overlaps; the items, in token order, are the grid. Consecutive
   items of one q block keep its q and output blocks in VMEM, each writing only its own rows.
 - Each item streams its sequence's live pages up to the causal end of its rows (page_stream.py:
-  double-buffered page DMAs, the next item's first block started under the current one's last), and
-  computes only the `q_sub`-token pieces of the block its rows fall in; an item whose rows fit in
+  page DMAs through a ring of six VMEM slots, the next items' first blocks started under the
+  current one's last: a prefill block's compute outlasts its own DMA, and the ring keeps the DMA
+  engine busy under it), and computes only the `q_sub`-token pieces of the block its rows fall in; an item whose rows fit in
   one 16-row tile (a decode token) computes that tile alone, not a whole piece.
 - V's rows past a sequence's length are zeroed in VMEM only in the last block's pages that hold
   any (0 * NaN is NaN in P @ V, and a pool's unwritten positions may hold anything).
@@ -45,7 +46,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.flash_attention_bwd import LOG2E
 from tpudiag.kernels.paged_attention import _interpret_mode
-from tpudiag.kernels.page_stream import clear_past_length, stream_pages
+from tpudiag.kernels.page_stream import clear_past_length, state_shape, stream_pages
 from tpudiag.kernels.rpa_schedule import ItemTable, step_work, work_items
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, mxu_precision, vmem_limit
@@ -70,11 +71,17 @@ class BlockSizes:
     # tail cleared only where a length ends inside the block, 847 us (JAX's kernel: 900). There,
     # q_sub 64 or 16 pages a block with the heads taken one or two at a time: 859-951 us. With whole
     # blocks unmasked, 836 us; then q_sub 64: 864, 16 pages: 2,485, q blocks of 256: 4,362 and up.
+    # slots: the page stream's depth. A prefill block's compute outlasts its own DMA; with more
+    # blocks in flight the DMA engine runs on under it: 2 slots 836.1 us, 3 831.2, 4 825.7, 5 820.2,
+    # 6 816.0, 8 816.0 (8 slots of 4 pages: 963.3).
     q_block: int = 128
     q_sub: int = 32
     pages_per_block: int = 8
+    slots: int = 6
 
     def __post_init__(self):
+        if not isinstance(self.slots, int) or self.slots < 2:
+            raise ValueError(f"slots must be an int >= 2, got {self.slots!r}")
         for name in ("q_block", "q_sub", "pages_per_block"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -83,7 +90,8 @@ class BlockSizes:
             raise ValueError(f"q_block ({self.q_block}) must be a multiple of q_sub ({self.q_sub})")
 
     def __str__(self) -> str:
-        return f"q_block={self.q_block}, q_sub={self.q_sub}, pages_per_block={self.pages_per_block}"
+        return (f"q_block={self.q_block}, q_sub={self.q_sub}, pages_per_block={self.pages_per_block}"
+                + f", slots={self.slots}")
 
 
 DEFAULT_BLOCKS = BlockSizes()
@@ -167,14 +175,14 @@ def _row_token(rows: int, groups: int):
 def ragged_paged_attention_kernel(items_ref, table_ref, q_ref, k_hbm_ref, v_hbm_ref, o_ref, k_buf, v_buf, sems, state_ref,
                                   m_ref, l_ref, acc_ref, *, sm_scale: float, q_sub: int, groups: int,
                                   pages_per_block: int, pages_per_seq: int, items: int,
-                                  sliding_window: int | None, soft_cap: float | None):
+                                  sliding_window: int | None, soft_cap: float | None, slots: int):
     """One grid step = one work item w: the rows lo..hi-1 of q block blk[w], sequence seq[w].
 
     items_ref: SMEM [6 * items], the item table (`work_items`); table_ref: SMEM, the page table.
 
     q_ref, o_ref: [KVH, q_block * G, D] VMEM blocks (row r is token r // G, head group r % G).
-    k_hbm_ref, v_hbm_ref: the page pools, left in HBM; k_buf, v_buf: [2, KVH, pages_per_block,
-    page_size, D], the page stream's two slots. m_ref, l_ref [KVH, q_block * G, 128] (lane-replicated)
+    k_hbm_ref, v_hbm_ref: the page pools, left in HBM; k_buf, v_buf: [slots, KVH, pages_per_block,
+    page_size, D], the page stream's slots. m_ref, l_ref [KVH, q_block * G, 128] (lane-replicated)
     and acc_ref [KVH, q_block * G, D]: the online-softmax state, f32.
     """
     it = ItemTable(items_ref, items)
@@ -272,7 +280,7 @@ def ragged_paged_attention_kernel(items_ref, table_ref, q_ref, k_hbm_ref, v_hbm_
     stream_pages(lengths_ref=it.kv_end, table_ref=table_ref, state_ref=state_ref, batch=items,
                  pages_per_seq=pages_per_seq, page_size=page_size, pages_per_block=pages_per_block,
                  page_copies=page_copies, slot_copies=slot_copies, block_compute=block, init=jnp.int32(0),
-                 table_row=lambda s: it.seq[s])
+                 table_row=lambda s: it.seq[s], slots=slots)
 
     for when, rows, n_rows, tok0 in pieces():
         @pl.when(when)
@@ -359,7 +367,7 @@ def ragged_paged_attention_grouped(qg, k_pages, v_pages, kv_lens, page_table, cu
     qo_spec = pl.BlockSpec((kv_heads, q_block * groups, head_dim), lambda w, items_ref, _: (0, items_ref[w], 0))
     kernel = functools.partial(ragged_paged_attention_kernel, sm_scale=sm_scale, q_sub=bs.q_sub, groups=groups,
                                pages_per_block=ppb, pages_per_seq=pages_per_seq, items=items,
-                               sliding_window=sliding_window, soft_cap=soft_cap)
+                               sliding_window=sliding_window, soft_cap=soft_cap, slots=bs.slots)
     itemsize = jnp.dtype(k_pages.dtype).itemsize
     pages_read, keys = step_work(padded, seqs, pages_per_seq, page_size, q_block)
     kv_bytes = 2 * pages_read * kv_heads * page_size * head_dim * itemsize  # K and V
@@ -367,11 +375,11 @@ def ragged_paged_attention_grouped(qg, k_pages, v_pages, kv_lens, page_table, cu
     cost = pl.CostEstimate(flops=int(4 * keys * q_heads * head_dim), transcendentals=int(keys * q_heads),
                            bytes_accessed=int(kv_bytes + qo_bytes + 4 * (6 * items + page_table.size)))
     rows = q_block * groups
-    kv_buf = pltpu.VMEM((2, kv_heads, ppb, page_size, head_dim), k_pages.dtype)
+    kv_buf = pltpu.VMEM((bs.slots, kv_heads, ppb, page_size, head_dim), k_pages.dtype)
     state = [pltpu.VMEM((kv_heads, rows, _LANES), jnp.float32), pltpu.VMEM((kv_heads, rows, _LANES), jnp.float32),
              pltpu.VMEM((kv_heads, rows, head_dim), jnp.float32)]
     vmem = vmem_limit(4 * block_bytes((kv_heads, rows, head_dim), jnp.dtype(qg.dtype).itemsize),
-                      scratch=2 * block_bytes((2, kv_heads, ppb, page_size, head_dim), itemsize)
+                      scratch=2 * block_bytes((bs.slots, kv_heads, ppb, page_size, head_dim), itemsize)
                       + 2 * block_bytes((kv_heads, rows, _LANES), 4) + block_bytes((kv_heads, rows, head_dim), 4))
     return pl.pallas_call(
         kernel,
@@ -381,7 +389,8 @@ def ragged_paged_attention_grouped(qg, k_pages, v_pages, kv_lens, page_table, cu
             grid=(items,),
             in_specs=[qo_spec, pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)],
             out_specs=qo_spec,
-            scratch_shapes=[kv_buf, kv_buf, pltpu.SemaphoreType.DMA((2, 2)), pltpu.SMEM((2,), jnp.int32), *state]),
+            scratch_shapes=[kv_buf, kv_buf, pltpu.SemaphoreType.DMA((2, bs.slots)),
+                            pltpu.SMEM(state_shape(), jnp.int32), *state]),
         # "arbitrary": items run in order on one core; the cross-item prefetch and the q block
         # shared by consecutive items rely on it.
         compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",), vmem_limit_bytes=vmem),
@@ -483,6 +492,9 @@ def cases() -> list[Case]:
              {**bs, "sliding_window": 24, "soft_cap": 5.0}, "float32"),
         # decode only: one token each, all in one q block
         Case("decode batch bf16", _make([1] * 6, [80, 1, 17, 64, 33, 50], 6, 16, jnp.bfloat16), bs, "bfloat16"),
+        # the page stream double-buffered (the cases above run it six blocks deep)
+        Case("mixed prefill and decode, 2 slots f32", _make(*mixed, jnp.float32),
+             dict(block_sizes=BlockSizes(q_block=16, q_sub=8, pages_per_block=2, slots=2)), "float32"),
     ]
 
 
