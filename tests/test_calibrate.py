@@ -142,6 +142,21 @@ def test_on_the_chip_calibrate_measures_within_the_data_sheet(tmp_path):
     figures = cal.figures(resolve_target(cal.chip).chip)
     assert 0.5 < figures["hbm_copy_bytes_per_s"].ratio <= 1.02
     assert 0.5 < figures["mxu_bf16_flops_per_s"].ratio <= 1.02
+    assert cal.measurement("mxu_bf16_square").work["static_cycles"] > 0
+
+
+def test_the_square_matmuls_static_cycles_are_the_compilers_for_it(oldest_leg):
+    """The shipped table's static cycles for its square matmul are what the TPU compiler of the
+    table's jax (0.10.2, libtpu 0.0.42.1) gives for that matmul compiled for a v5e here, and the
+    chip took 1.06x them: the factor the estimate sets probes' cycles at."""
+    from tpudiag.api.calibrate import square_static_cycles
+
+    cal = shipped("v5e")
+    m = cal.measurement("mxu_bf16_square")
+    assert square_static_cycles("v5e") == m.work["static_cycles"]
+    ratio = cal.figures(V5E)["mxu_bf16_static_ratio"]
+    assert ratio.value == pytest.approx(m.seconds * V5E.clock_hz / m.work["static_cycles"])
+    assert 1.0 < ratio.value < 1.1 and cal.figures(None).get("mxu_bf16_static_ratio") is None
 
 
 def test_the_estimate_pass_moves_hbm_ops_by_the_measured_bandwidth_and_says_so():

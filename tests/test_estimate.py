@@ -145,9 +145,20 @@ def test_compute_bound_matmuls_are_timed_by_the_compilers_cycles_alone(tmp_path,
     report = json.loads((run / "report.json").read_text())
     timed = [o for o in report["modules"][0]["ops"] if o["cycles_source"] == "matmul_probe"]
     assert timed
+    # each probe's cycles at the v5e's measured time for the square bf16 matmul over the compiler's static
+    # cycles for it (the shipped calibration)
+    from tpudiag.api.calibrate import shipped
+    from tpudiag.targets import resolve_target
+
+    ratio = shipped("v5e").figures(resolve_target("v5e").chip)["mxu_bf16_static_ratio"]
+    assert 1.0 < ratio.value < 1.2 and ratio.source == "mxu_bf16_square"
     for o in timed:
         assert o["bound_by"] == "static_cycles" and o["estimated_cycles"] > 0 and "alone (probe" in o["limit"]
         assert o["estimated_s"] >= o["flops"] / doc["target"]["peak_bf16_flops_per_s"]
+        assert o["estimated_s"] == pytest.approx(o["estimated_cycles"] / doc["target"]["clock_hz"] * ratio.value,
+                                                 rel=1e-6)
+        assert o["calibrated"].startswith(f"x{ratio.value:.3f} the probe's cycles (mxu_bf16_square")
+    assert any(f.startswith("calibration (v5e") and "probes' static cycles" in f for f in doc["findings"])
     # the probes' cycles only ever lengthen an op: the step is the sum of its ops' times x runs
     ops = report["modules"][0]["ops"]
     assert doc["step_s"] >= sum(o["estimated_s"] * o["runs"] for o in timed)

@@ -2,6 +2,9 @@
 worker that holds the chip alone) and write the chip's calibration table; or read a table back
 (`load_calibration`: a file, or the one tpudiag ships for a chip).
 
+Beside the square bf16 matmul's time the table records the TPU compiler's static cycles for the same
+matmul (`square_static_cycles`), so that an estimate can set the compiler's cycles against the chip's.
+
 The table is written whole or not at all (a temporary file renamed into place). No TPU, or another
 program holding it, is one line naming why.
 """
@@ -67,7 +70,10 @@ def measure(out: Path, calls: int = 10, only: tuple[str, ...] = (), force: bool 
         measured = [measurement_of_row(r) for r in rows if "name" in r]
         if code != 0:
             raise InputError(f"calibrate: the chip worker exited {code} after {len(measured)} measurement(s): {words}")
-    cal = Calibration(chip=_chip_of_device(head["device"]), device=head["device"], jax=head.get("jax", "?"),
+    chip = _chip_of_device(head["device"])
+    measured = [_with_static_cycles(m, chip, progress) if m.name == "mxu_bf16_square" and m.status == "ok" else m
+                for m in measured]
+    cal = Calibration(chip=chip, device=head["device"], jax=head.get("jax", "?"),
                       date=datetime.date.today().isoformat(), command=command, measurements=tuple(measured))
     if progress:
         failed = [m.name for m in measured if m.status != "ok"]
@@ -75,6 +81,41 @@ def measure(out: Path, calls: int = 10, only: tuple[str, ...] = (), force: bool 
                  (f"; failed: {', '.join(failed)}" if failed else ""))
     _write_whole(out, json.dumps(cal.to_dict(), indent=1, sort_keys=True) + "\n")
     return cal
+
+
+def square_static_cycles(chip: str) -> int:
+    """The TPU compiler's static cycles for the calibration's square matmul (bf16[4096,4096] @
+    bf16[4096,4096], f32 out) compiled for `chip` (a compile with the static profile, about 20 s)."""
+    import jax
+    import jax.numpy as jnp
+
+    import tpudiag
+    from tpudiag.capture.tpu_compile import Limits
+
+    a = jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16)
+    with tempfile.TemporaryDirectory(prefix="tpudiag-calibrate-static-") as tmp:
+        res = tpudiag.compile(lambda x, y: jax.lax.dot(x, y, preferred_element_type=jnp.float32), a, a, target=chip,
+                              out=Path(tmp) / "run", static_profile=True, jobs=1, limits=Limits(fast_forward=False))
+    cycles = sum(o.estimated_cycles or 0 for m in res.report.modules for o in m.ops if o.flops > 0)
+    if not cycles:
+        raise InputError(f"calibrate: the static profile of the square matmul for {chip} gave no cycles")
+    return cycles
+
+
+def _with_static_cycles(m, chip: str, progress):
+    """The square matmul's measurement with the compiler's static cycles beside it; as it was, with a
+    progress line, where the static profile cannot be had."""
+    from dataclasses import replace
+
+    if progress:
+        progress("the square matmul's static cycles (one compile with the static profile)")
+    try:
+        cycles = square_static_cycles(chip)
+    except Exception as e:  # the measurement stands without it; the estimate then keeps the probes' cycles
+        if progress:
+            progress(f"no static cycles for mxu_bf16_square ({str(e).splitlines()[0][:200]})")
+        return m
+    return replace(m, work={**m.work, "static_cycles": cycles})
 
 
 def _write_whole(path: Path, text: str) -> None:

@@ -70,7 +70,7 @@ class Measurement:
                    error=d.get("error"))
 
 
-_WORK_KEYS = ("bytes", "flops", "elements", "steps", "dmas", "head_dim", "seq", "cost_flops")
+_WORK_KEYS = ("bytes", "flops", "elements", "steps", "dmas", "head_dim", "seq", "cost_flops", "static_cycles")
 
 
 def measurement_of_row(row: dict) -> Measurement:
@@ -131,6 +131,11 @@ class Calibration:
         if m is not None:
             out["op_floor_s"] = Figure("op_floor_s", m.seconds, "s", "op_smallest")
         put("mxu_bf16_flops_per_s", "mxu_bf16_square", "flops", "FLOP/s", nominal_bf16)
+        m = self.measurement("mxu_bf16_square")
+        static = m.work.get("static_cycles") if m is not None else None
+        if static and chip is not None:  # the chip's time for the matmul over the compiler's static cycles
+            out["mxu_bf16_static_ratio"] = Figure("mxu_bf16_static_ratio", m.seconds / (static / chip.clock_hz),
+                                                  "x static", "mxu_bf16_square")
         put("mxu_int8_ops_per_s", "mxu_int8_square", "flops", "OP/s",
             chip.peak_int8_ops_per_s if chip is not None else None)
         put("mxu_fp8_flops_per_s", "mxu_fp8_square", "flops", "FLOP/s",

@@ -5,6 +5,9 @@ the data sheet's figures price work the chip does slower. Each rule comes from o
   bandwidth (hbm_copy: x + 1 over 512 MiB);
 - a compute-bound op at the MXU peak at the measured square-matmul rate of its dtype (mxu_bf16 /
   mxu_int8 / mxu_fp8);
+- a bf16 matmul timed by its probe's static cycles (`matmul_probe`) at the chip's time for the square
+  bf16 matmul over the compiler's static cycles for the same matmul (mxu_bf16_square, whose
+  `static_cycles` the table records beside the time);
 - the bundled flash attention kernels (`flash_attention_fwd|dq|dkv`), whose own cost estimates count
   their FLOPs, at the share of the peak each reached at the nearest measured head dim and sequence;
 - a sort at the measured time per element (sort_f32);
@@ -12,7 +15,7 @@ the data sheet's figures price work the chip does slower. Each rule comes from o
   scatter by all the bytes it accesses at the scatter bandwidth;
 - an executed op faster than the least time the chip took for an op (op_smallest) at that time.
 
-An op the static profile or a probe timed from the compiler's cycles keeps those. Pure: takes the
+Otherwise an op the static profile or a probe timed from the compiler's cycles keeps those. Pure: takes the
 compile report, the step's HLO and the calibration; returns the report with the ops' times, their
 `calibrated` note, and one finding per rule. No I/O.
 """
@@ -67,10 +70,14 @@ def _wraps_scatter(hlo, o) -> bool:
             and any(i.opcode == "scatter" for i in hlo.walk(instr.called[:1], into=("fusion",))))
 
 
+def _int8(o) -> bool:
+    text = (o.limit or "") + " " + (o.name or "")
+    return "s8" in text or "int8" in text
+
+
 def _dtype_rate(o, figures: dict, nominal):
     """(measured rate, nominal rate, source) for a compute-bound op's dtype."""
-    text = (o.limit or "") + " " + (o.name or "")
-    if "s8" in text or "int8" in text:
+    if _int8(o):
         f = figures.get("mxu_int8_ops_per_s")
         return (f.value, nominal.peak_int8_ops_per_s, f.source) if f and nominal.peak_int8_ops_per_s else None
     f = figures.get("mxu_bf16_flops_per_s")
@@ -105,6 +112,10 @@ def _moved(o, hlo, figures, cal, chip) -> tuple[float, tuple[str, str] | None]:
     if o.modelled or o.opcode in _NOT_EXECUTED:
         return o.estimated_s, None
     timed = o.cycles_source in ("static_profile", "matmul_probe", "kernel_probe") and o.estimated_cycles
+    if (o.cycles_source == "matmul_probe" and timed and not _int8(o)
+            and (f := figures.get("mxu_bf16_static_ratio")) is not None):
+        return o.estimated_s * f.value, ("probe", f"x{f.value:.3f} the probe's cycles ({f.source}: the chip's "
+                                                  "time over the compiler's static cycles)")
     kernel = _kernel_of(o)
     if kernel is not None and not timed and o.flops > 0:
         d, seq = _attention_dims(hlo, o) or (128, 2048)
@@ -147,6 +158,8 @@ def _moved(o, hlo, figures, cal, chip) -> tuple[float, tuple[str, str] | None]:
 _RULES = {
     "hbm": "HBM-bound op(s) at the measured copy bandwidth",
     "mxu": "compute-bound op(s) at the measured matmul rate of their dtype",
+    "probe": "matmul(s) timed by their probes' static cycles, at the chip's time for the square matmul over its "
+             "static cycles",
     "kernel": "flash attention kernel op(s) at the share of the peak they reached on the chip",
     "sort": "sort(s) at the measured time per element",
     "gather": "gather(s) at the measured gather bandwidth",
