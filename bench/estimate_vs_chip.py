@@ -7,7 +7,8 @@ CHIP_RUN: `tpudiag profile` of the program on the chip (fixtures/tpu-v5e/llama_t
 `tpudiag estimate ... --target v5e:1x1 --out DIR` of the same program and arguments. Per step: the
 chip's measured self time per op (the report's ops over its steps), the estimate's op time x runs
 (its compile report), joined by HLO op name, then by XProf category where names differ. Prints the
-categories and the ops with the largest differences.
+categories, the joined ops grouped by where the estimate took each one's time (a matmul probe's
+cycles, bytes at HBM bandwidth, ...), and the ops with the largest differences.
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ def main() -> None:
     for cat, (c, e) in sorted(by.items(), key=lambda kv: -max(kv[1])):
         print(f"{cat:34} {c * 1e3:9.2f} {e * 1e3:9.2f} {e / c if c else float('nan'):9.2f}")
     print(f"(asynchronous copies, overlapped in the estimate: {hidden * 1e3:.2f} ms)")
+    src = defaultdict(lambda: [0.0, 0.0, 0])
+    for n in both:
+        row = src[f"{est[n]['source']}/{est[n]['bound_by']}"]
+        row[0], row[1], row[2] = row[0] + chip[n]["s"], row[1] + est[n]["s"], row[2] + 1
+    print(f"\n{'where the estimate took the time':34} {'ops':>5} {'chip ms':>9} {'est ms':>9} {'est/chip':>9}")
+    for key, (c, e, k) in sorted(src.items(), key=lambda kv: -kv[1][0]):
+        print(f"{key:34} {k:5d} {c * 1e3:9.2f} {e * 1e3:9.2f} {e / c if c else float('nan'):9.2f}")
     print(f"\n{'op':40} {'category':24} {'chip us':>9} {'est us':>9} {'est/chip':>8}  estimate from")
     for n in both[: a.top]:
         c, e = chip[n]["s"], est[n]["s"]
