@@ -89,12 +89,12 @@ def square_static_cycles(chip: str) -> int:
     import jax
     import jax.numpy as jnp
 
-    import tpudiag
+    from tpudiag.api.compile import compile_function
     from tpudiag.capture.tpu_compile import Limits
 
     a = jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16)
     with tempfile.TemporaryDirectory(prefix="tpudiag-calibrate-static-") as tmp:
-        res = tpudiag.compile(lambda x, y: jax.lax.dot(x, y, preferred_element_type=jnp.float32), a, a, target=chip,
+        res = compile_function(lambda x, y: jax.lax.dot(x, y, preferred_element_type=jnp.float32), a, a, target=chip,
                               out=Path(tmp) / "run", static_profile=True, jobs=1, limits=Limits(fast_forward=False))
     cycles = sum(o.estimated_cycles or 0 for m in res.report.modules for o in m.ops if o.flops > 0)
     if not cycles:

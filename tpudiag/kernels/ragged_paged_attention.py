@@ -378,7 +378,7 @@ def ragged_paged_attention_grouped(qg, k_pages, v_pages, kv_lens, page_table, cu
     kv_buf = pltpu.VMEM((bs.slots, kv_heads, ppb, page_size, head_dim), k_pages.dtype)
     state = [pltpu.VMEM((kv_heads, rows, _LANES), jnp.float32), pltpu.VMEM((kv_heads, rows, _LANES), jnp.float32),
              pltpu.VMEM((kv_heads, rows, head_dim), jnp.float32)]
-    vmem = vmem_limit(4 * block_bytes((kv_heads, rows, head_dim), jnp.dtype(qg.dtype).itemsize),
+    vmem = vmem_limit(2 * block_bytes((kv_heads, rows, head_dim), jnp.dtype(qg.dtype).itemsize),  # q in, o out
                       scratch=2 * block_bytes((bs.slots, kv_heads, ppb, page_size, head_dim), itemsize)
                       + 2 * block_bytes((kv_heads, rows, _LANES), 4) + block_bytes((kv_heads, rows, head_dim), 4))
     return pl.pallas_call(
