@@ -593,7 +593,7 @@ SPEC = KernelSpec(
     signature=("ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs, *, "
                "sm_scale=None, sliding_window=None, soft_cap=None, block_sizes=None, interpret=False)"),
     tuned_for=("Llama 3 8B heads (H32 KVH8 D128), page_size 128, context 2048: a 512-token prefill chunk with "
-               "63 decode tokens; q_block=128, q_sub=32, pages_per_block=8"),
+               "63 decode tokens; q_block=128, q_sub=32, pages_per_block=8, the page stream 6 slots deep"),
     usage=("from tpudiag.kernels.ragged_paged_attention import ragged_paged_attention, write_kv_pages\n"
            "k_pages, v_pages = write_kv_pages(k_pages, v_pages, new_k, new_v, kv_lens, table, cu_q_lens, num_seqs)\n"
            "out = ragged_paged_attention(q, k_pages, v_pages, kv_lens, table, cu_q_lens, num_seqs)  # [T,H,D]"),
