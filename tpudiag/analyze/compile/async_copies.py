@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpudiag.analyze.compile.host_transfers import crossing, overlapping, window_time
+from tpudiag.analyze.compile.host_transfers import computation_totals, crossing, overlapping, window_time
 
 
 @dataclass(frozen=True)
@@ -34,20 +34,16 @@ def copy_time(module, runs: dict[str, int], ops) -> CopyTime | None:
     copies = {name: s for name, _, s, _, _, opcode in ops if opcode == "copy-start"}
     compute = {name: s for name, _, s, _, bound, opcode in ops if bound != "hbm" and opcode not in ("copy-start",
                                                                                                     "copy-done")}
-    comp_total: dict[str, float] = {}
-    for name, comp, s, n, _, _ in ops:
-        if name in compute:
-            comp_total[comp] = comp_total.get(comp, 0.0) + s * n
+    comp_total = computation_totals((name, comp, s, n) for name, comp, s, n, _, _ in ops if name in compute)
     total = exposed = 0.0
     for c in module.executed_computations:
         instrs = module.computations[c].instructions
         names = [i.name for i in instrs]
-        index = {n: k for k, n in enumerate(names)}
         dones = {d.operands[0]: d.name for d in instrs if d.operands and d.opcode == "copy-done"}
-        spans = [(index[i.name], index.get(dones.get(i.name), index[i.name]), copies[i.name]) for i in instrs
+        pairs = [(i.name, dones.get(i.name), copies[i.name]) for i in instrs
                  if i.opcode == "copy-start" and i.name in copies and crossing(module, i) is None]
         n = runs.get(c, 1)
-        for lo, hi, members in overlapping(spans):
+        for lo, hi, members in overlapping(names, pairs):
             need = sum(members)
             total += need * n
             exposed += max(0.0, need - window_time(module, c, names, lo, hi, compute, comp_total, n)) * n

@@ -102,9 +102,21 @@ def offload_bytes(transfers: list[Transfer]) -> tuple[int, int]:
             sum(t.bytes * t.runs for t in transfers if not t.to_host))
 
 
-def overlapping(spans: list[tuple[int, int, object]]) -> list[tuple[int, int, list]]:
-    """Spans (start position, done position, item) of one computation merged where their windows
-    overlap: (first start, last done, the items), in schedule order."""
+def computation_totals(rows) -> dict[str, float]:
+    """Seconds per computation over all its runs, from (name, computation, seconds of one run, runs)
+    op rows: what `window_time` counts for a loop, branch or call in a window."""
+    out: dict[str, float] = {}
+    for _, comp, s, n in rows:
+        out[comp] = out.get(comp, 0.0) + s * n
+    return out
+
+
+def overlapping(names: list[str], pairs) -> list[tuple[int, int, list]]:
+    """(start name, done name or None, item) pairs of one computation whose instructions are `names`
+    in schedule order, merged where their windows overlap: (first start's position, last done's
+    position, the items), in schedule order. A done not in the computation ends at its start."""
+    index = {n: k for k, n in enumerate(names)}
+    spans = [(index[start], index.get(done, index[start]), item) for start, done, item in pairs]
     groups: list[list] = []
     for lo, hi, item in sorted(spans, key=lambda x: (x[0], x[1])):
         if groups and lo < groups[-1][1]:
@@ -135,18 +147,14 @@ def host_time(module, transfers: list[Transfer], ops, bytes_per_s: float) -> Hos
     `ops`: (name, computation, estimated seconds of one run, runs) of the op rows that take compute
     or HBM time (collectives left out, as the collective model leaves them out of its windows)."""
     times = {name: s for name, _, s, _ in ops}
-    comp_total: dict[str, float] = {}
-    for _, comp, s, n in ops:
-        comp_total[comp] = comp_total.get(comp, 0.0) + s * n
+    comp_total = computation_totals(ops)
     by_comp: dict[str, list[Transfer]] = {}
     for t in transfers:
         by_comp.setdefault(t.computation, []).append(t)
     link = exposed = 0.0
     for comp, ts in by_comp.items():
         names = [i.name for i in module.computations[comp].instructions]
-        index = {n: k for k, n in enumerate(names)}
-        spans = [(index[t.start], index[t.done] if t.done in index else index[t.start], t) for t in ts]
-        for lo, hi, members in overlapping(spans):
+        for lo, hi, members in overlapping(names, [(t.start, t.done, t) for t in ts]):
             need = max(sum(t.bytes for t in members if t.to_host),
                        sum(t.bytes for t in members if not t.to_host)) / bytes_per_s
             n = members[0].runs
