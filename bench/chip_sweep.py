@@ -3,7 +3,8 @@ once; nothing is compiled for the static profile, so a sweep of tens of points t
 
     python bench/chip_sweep.py OUT.jsonl KERNEL:POINT|POINT... [KERNEL:...]
 
-A POINT is `field=v;field=v` (the kernel's default block sizes with those fields replaced), the
+A POINT is `field=v;field=v` (the kernel's default block sizes with those fields replaced; a field
+`@name=v` replaces a field of the bench's shape instead, e.g. `@page_size=16;pages_per_block=64`), the
 index of one of its block candidates, or `xla` / `jax` (its bench's comparison variants). Each
 point is timed as `tpudiag kernels bench --on-chip` times a variant (capture/chip_bench.py: device
 time from the trace, 5 calls, argument sets rotated beyond twice VMEM) and written to OUT.jsonl as
@@ -32,14 +33,19 @@ def _points(spec, text: str, chip):
                 items.append((label, fn, setup.args_for(pt)))
                 labels[label] = pt
                 continue
-            if "=" in pt:
-                kw = {k: int(v) for k, v in (x.split("=") for x in pt.split(";"))}
-                blocks = dataclasses.replace(type(spec.block_candidates[0])(), **kw)
+            kw = {k: int(v) for k, v in (x.split("=") for x in pt.split(";"))} if "=" in pt else {}
+            shape = {k[1:]: v for k, v in kw.items() if k.startswith("@")}
+            kw = {k: v for k, v in kw.items() if not k.startswith("@")}
+            if kw or shape:
+                blocks = dataclasses.replace(type(spec.block_candidates[0])(), **kw) if kw else None
             else:
                 blocks = spec.block_candidates[int(pt)]
-            setup = spec.bench_setup(blocks, chip)
+            if shape:  # the bench at another shape (fields of the kernel's production shape)
+                setup = spec.bench(blocks, shape=shape, **({"chip": chip} if spec.chip_bench else {}))
+            else:
+                setup = spec.bench_setup(blocks, chip)
             items.append((label, setup.kernel, setup.args_for("kernel")))
-            labels[label] = str(blocks)
+            labels[label] = setup.blocks + "".join(f"; {k}={v}" for k, v in shape.items())
         except Exception as e:  # block sizes the kernel refuses
             print(json.dumps({"kernel": spec.name, "point": pt, "status": "failed", "error": str(e)[:300]}), flush=True)
     return items, labels

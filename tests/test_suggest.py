@@ -383,7 +383,8 @@ def test_latent_attention_not_absorbed_is_priced_with_mla_decode(compiled):
     assert holders and holders <= set(m.ops)
     setup = setup_for(m.detector, s)
     assert setup.kernel == "mla_decode"
-    assert [a.shape for a in setup.args] == [(4, 16, 640), (256, 16, 640), (4,), (4, 64)]
+    # the cache as one page of 1024 rows a sequence (tpu-inference's MLA page size)
+    assert [a.shape for a in setup.args] == [(4, 16, 640), (4, 1024, 640), (4,), (4, 1)]
     # the bound, by hand: the bf16 latent and RoPE key of 4 x 1024 tokens read once (q and out are
     # 4 x 16 rows of 576, counted both ways), against 2 x 4 x 16 x 1024 x (512 + 64 + 512) FLOPs
     from tpudiag.targets import resolve_target

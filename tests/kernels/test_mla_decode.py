@@ -65,3 +65,14 @@ def test_bad_shapes_are_refused_by_name(q_shape, pool_shape, latent, says):
     with pytest.raises(ValueError, match=says):
         mla.mla_decode(jnp.zeros(q_shape, jnp.bfloat16), jnp.zeros(pool_shape, jnp.bfloat16),
                        jnp.zeros((2,), jnp.int32), jnp.zeros((2, 4), jnp.int32), latent=latent, interpret=True)
+
+
+def test_the_default_blocks_stream_long_pages_a_whole_production_sequence_at_a_time():
+    """At tpu-inference's 1024-token pages the production context (2048) is one block through a
+    3-slot stream (129.9 us on a v5e, against 136.9 at one page a block); 16-token pages take blocks
+    of as many tokens through the 2 slots that were fastest for them (202.5 us; 3 slots slower)."""
+    big = mla.default_blocks(mla.PROD["page_size"])
+    assert big.pages_per_block * mla.PROD["page_size"] == mla.PROD["context"] and big.slots == 3
+    small = mla.default_blocks(16)
+    assert small.pages_per_block * 16 == mla.PROD["context"] and small.slots == 2
+    assert mla.bench().blocks == str(big)

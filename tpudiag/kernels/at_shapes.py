@@ -174,16 +174,17 @@ def _ragged_paged_attention(b: int, h: int, kvh: int, d: int, page: int, pps: in
 
 def _mla_decode(shapes, notes) -> AtShapes | str:
     """MLA decode with the up-projections absorbed, at the program's batch, heads, context, latent
-    and RoPE widths: the cache as pages of 16 rows of [latent | RoPE key | zeros] (a contiguous
-    cache is pages in order)."""
+    and RoPE widths: the cache as pages of rows of [latent | RoPE key | zeros] (a contiguous cache is
+    pages in order), 1024 rows a page as tpu-inference's MLA cache on TPU (a shorter context: one page
+    of it, rounded up to 16 rows), so that each DMA is long (mla_decode.default_blocks)."""
     import jax
 
-    from tpudiag.kernels.mla_decode import mla_decode, padded_width, xla_mla_decode
+    from tpudiag.kernels.mla_decode import TPU_PAGE, mla_decode, padded_width, xla_mla_decode
 
     b, h, t, lat, r = shapes.batch, shapes.heads, shapes.kv_len, shapes.latent, shapes.rope
     if lat % 128:
         return f"mla_decode takes a latent of whole 128-lane tiles (here {lat})"
-    page = 16
+    page = min(TPU_PAGE, -(-t // 16) * 16)
     pps = -(-t // page)
     w = padded_width(lat, r) if r else lat
     scale = 1.0 / (shapes.qk_head_dim ** 0.5)

@@ -19,9 +19,10 @@ is a fully masked row: zeros. Forward only (decode does not train).
 
 Design (as `paged_attention`, one grid step per sequence, all heads at once): the page table and
 lengths are scalar-prefetched into SMEM; the pool stays in HBM and the kernel DMAs only the pages
-a sequence's length needs, `pages_per_block` pages per compute block, double-buffered, with the next
-sequence's first block started under the current one's last (`page_stream.py`); online softmax in
-f32.
+a sequence's length needs, `pages_per_block` pages per compute block, through a ring of VMEM slots
+that runs ahead into the next sequences (`page_stream.py`); online softmax in f32. Each page is one
+DMA: large pages (tpu-inference's 1024 tokens) stream at HBM speed, 16-token pages at the DMA
+engine's rate of starts (`default_blocks`).
 Each block is read once and used twice: all L + R columns as the keys, the first L as the values;
 what makes MLA's cache (640 values a token for all heads) cheap to stream.
 
@@ -44,22 +45,37 @@ from tpudiag.kernels.page_stream import check_table, clear_past_length, page_tab
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, mxu_precision, vmem_limit
 
+# tpu-inference 0.32's MLA page size on TPU (`PallasMLAttentionBackend.get_page_size`): tokens a page.
+TPU_PAGE = 1024
 # Production shape: DeepSeek V3's MLA (128 heads, kv_lora_rank 512, qk_rope_head_dim 64; softmax
-# scale 1/sqrt(192)), a decode batch of 32 at context 2048 in pages of 16 tokens, in a pool of 4x
-# the pages the batch uses (302 MB: a serving engine's pool is shared and larger than VMEM; a pool
-# that fits, 75 MB, is copied whole into VMEM by the TPU compiler, which a real one never is).
-PROD = dict(batch=32, heads=128, latent=512, rope=64, page_size=16, context=2048, pool=4)
+# scale 1/sqrt(192)), a decode batch of 32 at context 2048 in pages of TPU_PAGE tokens, in a pool
+# of 4x the pages the batch uses (302 MB: a serving engine's pool is shared and larger than VMEM; a
+# pool that fits, 75 MB, is copied whole into VMEM by the TPU compiler, which a real one never is).
+PROD = dict(batch=32, heads=128, latent=512, rope=64, page_size=TPU_PAGE, context=2048, pool=4)
 _LANES = 128
 PROD_SCALE = 1.0 / math.sqrt(192)
 
+# Tokens a compute block covers by default (pages_per_block = BLOCK_TOKENS // page_size, at least 1).
+BLOCK_TOKENS = 2048
+# Pages of at least this many tokens are long DMAs and stream through 3 VMEM slots by default;
+# smaller pages through 2 (`default_blocks`).
+LARGE_PAGE = 256
 
-# The static profile ties 4 to 32 pages a block at the HBM floor (it does not charge the kernel's
-# own DMAs). On a v5e chip at the bench shape (device time): 16 pages 313.6 us, 32 pages 272.1,
-# 64 pages 255.7: each block is 64 DMAs of 20 KiB, and fewer, longer blocks amortise the per-block
-# wait and the online-softmax rescale. With the latent's rows past a length cleared only in the
-# pages that hold them (clear_past_length), 227.8 us at 64 pages; with the page stream's ring of
-# slots (its cursor crossing into the next sequence), 211.4 us at 2 slots, 232.4 at 3, 214.0 at 4.
-DEFAULT_BLOCKS = BlockSizes(pages_per_block=64)
+
+def default_blocks(page_size: int) -> BlockSizes:
+    """The blocks `block_sizes=None` takes for pages of `page_size` tokens.
+
+    Each page is one DMA, and the v5e's DMA engine starts about one every 45 ns whatever its size
+    up to ~32 KiB (the calibration's `pallas_dma_16kib`: 47.6 ns), so pages of 16 rows of 640 bf16
+    (20 KiB) arrive at no more than ~440 GB/s. On a v5e chip at the bench shape (device time; pages
+    of P tokens, N a block, S slots; the floor 113.9 us):
+
+        P16    N64 S2 211.4 us   N64 S3 232.4   N128 S2 202.5
+        P64    N16 S2 155.1      N16 S3 162.2   N32 S2 146.2
+        P256   N4 S2 150.0       N4 S3 141.2    N8 S3 133.4
+        P512   N2 S2 149.8
+        P1024  N1 S2 149.3       N1 S3 136.9    N1 S4 137.4    N2 S3 129.9 (88% of the floor)"""
+    return BlockSizes(pages_per_block=max(1, BLOCK_TOKENS // page_size), slots=3 if page_size >= LARGE_PAGE else 2)
 
 
 def padded_width(latent: int, rope: int) -> int:
@@ -141,11 +157,11 @@ def mla_decode(q, kv_pages, lengths, page_table, *, latent: int = 512, sm_scale:
     output, before W_UV). sm_scale defaults to 1/sqrt(L + R); DeepSeek's is 1/sqrt(qk_nope_head_dim
     + R) times its YaRN factor, passed explicitly. Shape errors raise ValueError before tracing."""
     _check_shapes(q, kv_pages, lengths, page_table, latent)
-    block_sizes = block_sizes or DEFAULT_BLOCKS
     batch, heads, width = q.shape
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(width)
     _, page_size, _ = kv_pages.shape
+    block_sizes = block_sizes or default_blocks(page_size)
     pages_per_seq = page_table.shape[1]
     ppb = min(block_sizes.pages_per_block, pages_per_seq)
     slots = block_sizes.slots
@@ -234,12 +250,17 @@ def _make(batch, heads, latent, rope, page_size, pages_per_seq, lengths, dtype, 
 
 
 def cases() -> list[Case]:
-    """One small shape (the TPU interpreter retraces per shape): B3, 16 heads, latent 256 + RoPE 64,
-    page 16, 5 pages a sequence, 2 pages a block. Lengths are data: ragged, full, one token, zero."""
+    """Small shapes (the TPU interpreter retraces per shape): B3, 16 heads, latent 256 + RoPE 64,
+    page 16, 5 pages a sequence, 2 pages a block; and pages of 256, 3 a sequence, in the large-page
+    default's blocks (a sequence a block here, 3 slots across sequences). Lengths are data: ragged,
+    full, one token, zero."""
     params = dict(latent=256, block_sizes=BlockSizes(pages_per_block=2))
     shape = (3, 16, 256, 64, 16, 5)
+    big = dict(latent=256, block_sizes=default_blocks(LARGE_PAGE))
     return [
         Case("ragged lengths f32", _make(*shape, [37, 80, 1], jnp.float32), params, "float32"),
+        Case("pages of 256, the large-page stream f32", _make(3, 16, 256, 64, LARGE_PAGE, 3, [300, 768, 1],
+                                                               jnp.float32), big, "float32"),
         Case("ragged lengths bf16", _make(*shape, [17, 79, 64], jnp.bfloat16), params, "bfloat16"),
         Case("zero-length rows f32", _make(*shape, [0, 33, 0], jnp.float32), params, "float32"),
         Case("large logits f32", _make(*shape, [45, 70, 3], jnp.float32, q_scale=30.0), params, "float32"),
@@ -270,8 +291,8 @@ def _prod_args(p: dict):
 def bench(blocks: BlockSizes | None = None, shape: dict | None = None) -> BenchSetup:
     """At the production shape by default; `shape` replaces fields of PROD (`batch`, `context`,
     `heads`: 16 for DeepSeek V3's 128 heads at tensor parallelism 8, say)."""
-    blocks = blocks or DEFAULT_BLOCKS
     p = at_shape(PROD, shape)
+    blocks = blocks or default_blocks(p["page_size"])
     scale = PROD_SCALE  # DeepSeek V3's 1/sqrt(128 + 64); a scale changes no cycles
 
     def kernel(q, kv, lengths, table):
@@ -293,7 +314,8 @@ SPEC = KernelSpec(
               "contiguously to HBM and reads them back twice (scores, then the weighted sum)."),
     signature=("mla_decode(q, kv_pages, lengths, page_table, *, latent=512, sm_scale=None, "
                "block_sizes=None, interpret=False)"),
-    tuned_for="B32 H128 latent 512 rope 64 (rows of 640), page_size 16, context 2048, bf16; pages_per_block=64",
+    tuned_for=("B32 H128 latent 512 rope 64 (rows of 640), page_size 1024, context 2048, bf16; pages_per_block=2, "
+               "slots=3 (`default_blocks`: 2048-token blocks, 3 slots for pages of 256 tokens or more, else 2)"),
     usage=("from tpudiag.kernels.mla_decode import mla_decode\n"
            "# q [B,H,640] = absorbed latent query | RoPE query | zeros; kv_pages [P,page,640] likewise\n"
            "out = mla_decode(q, kv_pages, lengths, page_table, latent=512, sm_scale=scale)  # -> [B,H,512]"),
@@ -302,6 +324,6 @@ SPEC = KernelSpec(
     cases=cases,
     tolerances=TOLERANCES,
     bench=bench,
-    block_candidates=tuple(BlockSizes(n) for n in (64, 16, 32, 128)),
+    block_candidates=(BlockSizes(2, slots=3), BlockSizes(1, slots=3), BlockSizes(2), BlockSizes(2, slots=4)),
     differentiable=False,
 )
