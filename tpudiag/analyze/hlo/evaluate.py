@@ -124,13 +124,9 @@ def evaluate(flow, instr: Instruction, max_elems: int = MAX_ELEMS, parameters: i
             for k, d in enumerate(sorted(keep)):
                 shape[d] = a.shape[k]
             out = np.broadcast_to(a.reshape(shape), s.dims)
-        elif op == "custom-call" and (whole := flow.whole_copy_of(i)) is not i:  # a copy in pieces
+        elif op in ("custom-call", "copy-done") and (whole := flow.whole_copy_of(i)) is not i and whole is not None:
+            # a copy in pieces, or an async copy (to or from host memory): copy-done(copy-start(x)) is x
             out = ev(flow.resolve(whole))
-        elif op == "copy-done":  # an async copy (to or from host memory): copy-done(copy-start(x)) is x
-            start = flow.operand(i, 0)
-            if start is None or start.opcode != "copy-start":
-                raise _Stop(Evaluated(None, unsupported=f"{i.name} (a copy-done of no copy-start)"))
-            out = ev(flow.operand(start, 0))
         elif op in SAME_ELEMENTS or op == "bitcast" and _physical_reshape_ok(i, flow.operand(i, 0)):
             out = ops(0).reshape(s.dims)
         elif op == "transpose":
