@@ -161,7 +161,8 @@ def _measure(run: str) -> tuple[dict, str]:
     return json.loads(proc.stdout), proc.stderr
 
 
-@pytest.mark.parametrize("run,kernel", [("sampler", "sampling"), ("llama_train_xla_attention", "flash_attention")])
+@pytest.mark.parametrize("run,kernel", [("sampler", "sampling"), ("llama_train_xla_attention", "flash_attention"),
+                                        ("mla_naive_decode", "mla_decode")])
 @pytest.mark.tpu
 @pytest.mark.skipif(not HAS_TPU, reason="needs a TPU attached to this machine (run on the chip)")
 def test_measure_on_the_chip(run, kernel):
