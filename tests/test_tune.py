@@ -269,3 +269,17 @@ def test_a_kernel_with_nested_block_sizes_is_searched_over_its_candidates():
     assert points[0] == {"gate_up": str(cands[0].gate_up), "down": str(cands[0].down)}
     assert own == points[0]  # the first candidate is the kernel's default
     json.dumps({"space": space, "points": points, "own": own})
+
+
+def test_a_kernel_whose_default_follows_its_shape_is_ranked_at_the_blocks_its_bench_takes():
+    """mla_decode's blocks follow the page size (`default_blocks`), not its BlockSizes class's
+    defaults: the search names the blocks its bench shape takes as the kernel's own, over its
+    candidates and over a --space of one field."""
+    from tpudiag.api.tune import _bundled_points
+    from tpudiag.kernels import mla_decode
+
+    own_blocks = mla_decode.default_blocks(mla_decode.PROD["page_size"])
+    space, points, build, *_, own = _bundled_points("mla_decode", None, None)
+    assert own == {f: getattr(own_blocks, f) for f in space} and own in points
+    space, points, build, *_, own = _bundled_points("mla_decode", "pages_per_block=1,2", None)
+    assert own == {"pages_per_block": own_blocks.pages_per_block} and len(points) == 2

@@ -56,7 +56,7 @@ def _bundled_points(name: str, space_text: str | None, inputs_text: str | None, 
     """A bundled kernel's search: (space, points, build(i, choice) -> function, args, inputs shown,
     the kernel's own choice). Without --space the points are the kernel's block candidates (the
     fields that differ between them are the choice); with one, every combination of the kernel's
-    block-size fields, the others at their defaults. The shape is the kernel's production shape."""
+    block-size fields, the others at the kernel's own. The shape is the kernel's production shape."""
 
     from tpudiag.analyze.compile.tune import parse_space, space_points
     from tpudiag.kernels.registry import get_spec
@@ -70,7 +70,10 @@ def _bundled_points(name: str, space_text: str | None, inputs_text: str | None, 
         raise InputError(f"{name}: has no block sizes to tune")
     cls = type(spec.block_candidates[0])
     fields = [f.name for f in dataclasses.fields(cls)]
-    default = _fields(cls())
+    # The kernel's own blocks: the candidate its bench takes by default (a kernel whose default
+    # depends on the shape, as mla_decode's on the page size, is not its class's defaults).
+    own_blocks = next((c for c in spec.block_candidates if str(c) == setup.blocks), None) or cls()
+    default = _fields(own_blocks)
     if space_text is not None:
         space = parse_space(space_text)
         unknown = [n for n in space if n not in fields]
@@ -80,7 +83,7 @@ def _bundled_points(name: str, space_text: str | None, inputs_text: str | None, 
         points = space_points(space)
 
         def blocks(i, choice):
-            return dataclasses.replace(cls(), **choice)
+            return dataclasses.replace(own_blocks, **choice)
     else:
         cands = list(spec.block_candidates)
         rows = [_fields(c) for c in cands]
