@@ -174,8 +174,7 @@ def main(argv: list[str]) -> int:
             print(f"{name}: max |err| {np.abs(got - ref).max():.4g} (|ref| up to {np.abs(ref).max():.3g})")
         return 0
     if argv[:1] == ["--static"] and len(argv) == 2:
-        sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-        import sweep_common
+        import sweep_common  # bench/ is sys.path[0]: the script runs as `python bench/...`
 
         for name in ["kernel", *VARIANTS]:
             fn = setup.kernel if name == "kernel" else _call(name)

@@ -86,16 +86,14 @@ def measure(out: Path, calls: int = 10, only: tuple[str, ...] = (), force: bool 
 def square_static_cycles(chip: str) -> int:
     """The TPU compiler's static cycles for the calibration's square matmul (bf16[4096,4096] @
     bf16[4096,4096], f32 out) compiled for `chip` (a compile with the static profile, about 20 s)."""
-    import jax
-    import jax.numpy as jnp
-
     from tpudiag.api.compile import compile_function
+    from tpudiag.capture.calibrate_chip import programs
     from tpudiag.capture.tpu_compile import Limits
 
-    a = jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16)
+    (square,) = [p for p in programs() if p["name"] == "mxu_bf16_square"]  # the matmul the chip timed
     with tempfile.TemporaryDirectory(prefix="tpudiag-calibrate-static-") as tmp:
-        res = compile_function(lambda x, y: jax.lax.dot(x, y, preferred_element_type=jnp.float32), a, a, target=chip,
-                              out=Path(tmp) / "run", static_profile=True, jobs=1, limits=Limits(fast_forward=False))
+        res = compile_function(square["fn"], *square["args"], target=chip, out=Path(tmp) / "run",
+                               static_profile=True, jobs=1, limits=Limits(fast_forward=False))
     cycles = sum(o.estimated_cycles or 0 for m in res.report.modules for o in m.ops if o.flops > 0)
     if not cycles:
         raise InputError(f"calibrate: the static profile of the square matmul for {chip} gave no cycles")

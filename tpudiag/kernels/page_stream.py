@@ -31,6 +31,12 @@ def state_shape() -> tuple[int]:
     return (_STATE_WORDS,)
 
 
+def check_slots(slots) -> None:
+    """ValueError unless `slots` (a stream's ring of VMEM slots) is an int of at least 2."""
+    if not isinstance(slots, int) or isinstance(slots, bool) or slots < 2:
+        raise ValueError(f"slots must be an int >= 2, got {slots!r}")
+
+
 def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq: int, page_size: int,
                  pages_per_block: int, page_copies: Callable, block_compute: Callable, init,
                  slot_copies: Callable, table_row: Callable | None = None, slots: int = 2):
@@ -53,8 +59,7 @@ def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq
     last positions copy its last live page again. `table_row(s)` is the page-table row grid step s
     reads (default: row s), for grids whose steps are pieces of sequences.
     """
-    if not isinstance(slots, int) or slots < 2:
-        raise ValueError(f"slots must be an int >= 2, got {slots!r}")
+    check_slots(slots)
     b = pl.program_id(0)
     block_tokens = pages_per_block * page_size
     max_len = pages_per_seq * page_size
@@ -105,18 +110,18 @@ def stream_pages(*, lengths_ref, table_ref, state_ref, batch: int, pages_per_seq
                 state_ref[2] = s
                 state_ref[3] = blk
 
-    length = seq_len(b)
+    length, n_blocks = seq_len(b), n_blocks_of(b)
 
     def body(i, carry):
         top_up()
         slot = state_ref[0]
         wait_block(slot)
-        carry = block_compute(i, slot, length, n_blocks_of(b), carry)
+        carry = block_compute(i, slot, length, n_blocks, carry)
         state_ref[0] = lax.rem(slot + 1, slots)
         state_ref[1] = state_ref[1] - 1
         return carry
 
-    return lax.fori_loop(0, n_blocks_of(b), body, init)
+    return lax.fori_loop(0, n_blocks, body, init)
 
 
 def clear_past_length(buf, index: Callable, i, n_blocks, length, *, page_size: int, pages_per_block: int):

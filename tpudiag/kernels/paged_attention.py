@@ -31,7 +31,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from tpudiag.kernels.page_stream import check_table, clear_past_length, page_table, state_shape, stream_pages
+from tpudiag.kernels.page_stream import (check_slots, check_table, clear_past_length, page_table, state_shape,
+                                         stream_pages)
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance
 from tpudiag.kernels.tiling import block_bytes, mxu_precision, vmem_limit
 
@@ -57,8 +58,7 @@ class BlockSizes:
     def __post_init__(self):
         if not isinstance(self.pages_per_block, int) or self.pages_per_block < 1:
             raise ValueError(f"pages_per_block must be a positive int, got {self.pages_per_block!r}")
-        if not isinstance(self.slots, int) or self.slots < 2:
-            raise ValueError(f"slots must be an int >= 2, got {self.slots!r}")
+        check_slots(self.slots)
 
     def __str__(self) -> str:
         return f"pages_per_block={self.pages_per_block}" + (f", slots={self.slots}" if self.slots != 2 else "")

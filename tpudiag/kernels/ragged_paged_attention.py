@@ -46,7 +46,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from tpudiag.kernels.flash_attention_bwd import LOG2E
 from tpudiag.kernels.paged_attention import _interpret_mode
-from tpudiag.kernels.page_stream import clear_past_length, state_shape, stream_pages
+from tpudiag.kernels.page_stream import check_slots, clear_past_length, state_shape, stream_pages
 from tpudiag.kernels.rpa_schedule import ItemTable, step_work, work_items
 from tpudiag.kernels.spec import BenchSetup, Case, KernelSpec, Tolerance, at_shape
 from tpudiag.kernels.tiling import block_bytes, mxu_precision, vmem_limit
@@ -80,8 +80,7 @@ class BlockSizes:
     slots: int = 6
 
     def __post_init__(self):
-        if not isinstance(self.slots, int) or self.slots < 2:
-            raise ValueError(f"slots must be an int >= 2, got {self.slots!r}")
+        check_slots(self.slots)
         for name in ("q_block", "q_sub", "pages_per_block"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
